@@ -1,0 +1,86 @@
+"""The objects that flow through nanorllm.
+
+Two views of one episode travel together:
+- `Trajectory` / `Step`: what happened (interaction semantics, readable text). No tokens.
+- `StepSample`: what the trainer needs (token ids and the logprobs the sampler saw), one per turn.
+`RolloutResult` binds them, so a worker can ship an episode as one object and a learner can
+fill in advantages without losing which samples belong to which trajectory.
+
+Everything here is plain Python data (str, int, float, list, dict) so it pickles cheaply across
+a multiprocessing queue; only the learner turns samples into tensors.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Step:
+    """One turn: observation -> model response -> env feedback."""
+
+    observation: str  # what the agent was shown this turn (question or retry feedback)
+    model_response: str = ""  # the policy's text
+    action: str | None = None  # the extracted answer the env graded (None if no \boxed{})
+    reward: float = 0.0
+    done: bool = False
+    feedback: str | None = None  # env text for the next turn, None when done
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One whole episode on one task."""
+
+    task_id: str
+    steps: list[Step] = field(default_factory=list)
+    final_reward: float = 0.0
+    terminated: bool = False  # the env said done (solved, or failed on the last allowed turn)
+    termination_reason: str = ""  # "correct" | "max_turns" | "truncated" | "error"
+    task: dict = field(default_factory=dict)  # the task record (task_id, question, answer)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.steps)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StepSample:
+    """One turn as a training sample. Plain lists; padded into tensors only by the learner.
+
+    prompt_ids: (P,) every token the model was conditioned on this turn (history included)
+    response_ids: (R,) the tokens the policy sampled this turn
+    rollout_logprobs: (R,) log p(token) under the sampling policy (temperature applied)
+    """
+
+    task_id: str
+    episode_id: str  # unique per episode; samples of one episode share it
+    turn: int  # 0-based turn index inside the episode
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float = 0.0  # filled in by compute_advantage
+    reward: float = 0.0  # the episode's final reward, copied for logging
+    policy_version: int = 0  # version of the weights that sampled response_ids
+    truncated: bool = False  # the response hit max_new_tokens without EOS
+
+
+@dataclass
+class RolloutResult:
+    """One episode: its Trajectory and its StepSamples (one per turn), plus where it came from."""
+
+    trajectory: Trajectory
+    step_samples: list[StepSample]
+    policy_version: int = 0
+    worker_id: int = -1  # -1 = the serial loop
+    group_id: str = ""  # the (task, round) group this episode belongs to
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return self.trajectory.task_id
+
+    @property
+    def reward(self) -> float:
+        return self.trajectory.final_reward

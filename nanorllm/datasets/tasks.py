@@ -1,0 +1,212 @@
+"""Loading task sets: synthetic arithmetic specs or JSONL files, validated before training starts.
+
+A task is a plain dict {"task_id": str, "question": str, "answer": str}. `load_tasks` accepts
+either an arithmetic spec ("arith:digits=2,count=500", see `nanorllm.datasets.arithmetic`) or
+the path of a JSONL file in one of two formats, detected from the file's first JSON object:
+
+- the seed schema: task_id, question, answer (answer may be a JSON number);
+- GSM8K's own format: question, answer, where the answer is a worked solution whose final line
+  is "#### N"; task ids are made from the file stem and line number.
+
+A bad file is reported in full, one problem per bad line with file, line number and field, so
+that it can be fixed in one pass instead of one crash at a time.
+"""
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+from nanorllm.datasets.arithmetic import make_arithmetic_tasks, parse_arith_spec
+
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
+
+
+class TaskFileError(Exception):
+    """A tasks file that cannot be used; `problems` lists every defect found in it."""
+
+    def __init__(self, path: str | os.PathLike, problems: list[str]):
+        super().__init__(path, problems)
+        self.path = str(path)
+        self.problems = list(problems)
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        summary = f"{n} problem{'' if n == 1 else 's'} in tasks file {self.path}:"
+        return "\n".join([summary, *self.problems])
+
+
+def _is_arith_spec(spec: str) -> bool:
+    return spec == "arith" or spec.startswith("arith:")
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _normalize_answer_text(text: str) -> str:
+    """Final-answer text without surrounding space or thousands separators ("1,000" -> "1000")."""
+    text = text.strip()
+    if _THOUSANDS.fullmatch(text):
+        text = text.replace(",", "")
+    return text
+
+
+def _number_text(value: int | float) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _text_field(record: dict, key: str) -> tuple[str | None, str | None]:
+    """(stripped value, None) for a usable string field, else (None, problem message)."""
+    if key not in record:
+        return None, f"field {key!r} is missing"
+    value = record[key]
+    if not isinstance(value, str):
+        return None, f"field {key!r} must be a string, got {_type_name(value)}"
+    if not value.strip():
+        return None, f"field {key!r} is empty"
+    return value.strip(), None
+
+
+def _seed_answer(record: dict) -> tuple[str | None, str | None]:
+    """The answer of a seed-schema record; JSON numbers become their decimal text."""
+    value = record.get("answer")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None, f"field 'answer' is not a finite number ({value})"
+        return _number_text(value), None
+    if "answer" in record and not isinstance(value, str):
+        return None, f"field 'answer' must be a string or number, got {_type_name(value)}"
+    return _text_field(record, "answer")
+
+
+def _gsm8k_answer(record: dict) -> tuple[str | None, str | None]:
+    """The final answer after the last "####" of a GSM8K solution text."""
+    solution, problem = _text_field(record, "answer")
+    if problem:
+        return None, problem
+    if "####" not in solution:
+        return None, "field 'answer' has no '#### <answer>' line"
+    answer = _normalize_answer_text(solution.rsplit("####", 1)[1])
+    if not answer:
+        return None, "field 'answer' is empty after '####'"
+    return answer, None
+
+
+def _read_records(path: Path, problems: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    """(line number, object) for every line holding a JSON object; other lines become problems."""
+    records = []
+    for line_no, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            byte = raw[err.start]
+            problems.append((line_no, f"not valid UTF-8 (byte 0x{byte:02x} at offset {err.start})"))
+            continue
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            problems.append((line_no, f"invalid JSON ({err.msg} at column {err.colno})"))
+            continue
+        if not isinstance(value, dict):
+            problems.append((line_no, f"expected a JSON object, got {_type_name(value)}"))
+            continue
+        records.append((line_no, value))
+    return records
+
+
+def _load_file(label: str) -> list[dict]:
+    path = Path(label)
+    if not path.is_file():
+        reason = "is not a file" if path.exists() else "file not found"
+        raise TaskFileError(label, [f"{label}: {reason}"])
+    problems: list[tuple[int, str]] = []
+    try:
+        records = _read_records(path, problems)
+    except OSError as err:
+        raise TaskFileError(label, [f"{label}: cannot read file ({err.strerror or err})"]) from err
+    if not records and not problems:
+        raise TaskFileError(label, [f"{label}: no tasks (the file has no JSON records)"])
+
+    gsm8k = bool(records) and "task_id" not in records[0][1]
+    first_line = records[0][0] if records else 0
+    tasks = []
+    id_lines: dict[str, int] = {}
+    for line_no, record in records:
+        found = []
+        question, problem = _text_field(record, "question")
+        found.append(problem)
+        if gsm8k:
+            if "task_id" in record:
+                found.append(
+                    f"field 'task_id' is present, but line {first_line} has none "
+                    "so the file was read as GSM8K format"
+                )
+            task_id = f"{path.stem}-{line_no:05d}"
+            answer, problem = _gsm8k_answer(record)
+        else:
+            task_id, problem = _text_field(record, "task_id")
+            found.append(problem)
+            if task_id is not None:
+                if task_id in id_lines:
+                    found.append(
+                        f"field 'task_id' duplicates line {id_lines[task_id]} ({task_id!r})"
+                    )
+                else:
+                    id_lines[task_id] = line_no
+            answer, problem = _seed_answer(record)
+        found.append(problem)
+        found = [p for p in found if p]
+        if found:
+            problems.extend((line_no, p) for p in found)
+        else:
+            tasks.append({"task_id": task_id, "question": question, "answer": answer})
+    if problems:
+        problems.sort(key=lambda item: item[0])
+        raise TaskFileError(label, [f"{label}:{line_no}: {p}" for line_no, p in problems])
+    return tasks
+
+
+def load_tasks(spec: str, *, limit: int | None = None) -> list[dict]:
+    """Tasks from an arithmetic spec ("arith", "arith:...") or a JSONL file path.
+
+    A file is validated in full before anything is returned: every problem found is collected
+    into one TaskFileError. `limit` keeps the first N tasks.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    spec = os.fspath(spec)
+    if _is_arith_spec(spec):
+        params = parse_arith_spec(spec)
+        if limit is not None:
+            params["count"] = min(params["count"], limit)
+        return make_arithmetic_tasks(**params)
+    tasks = _load_file(spec)
+    return tasks if limit is None else tasks[:limit]
+
+
+def _normalize_question(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def remove_overlap(train: list[dict], heldout: list[dict]) -> tuple[list[dict], int]:
+    """Training tasks that share neither question nor task_id with the held-out set.
+
+    Questions are compared lowercased with whitespace collapsed, so a held-out problem copied
+    with different spacing or capitals is still dropped. Returns (kept tasks, number dropped).
+    """
+    held_questions = {_normalize_question(t["question"]) for t in heldout}
+    held_ids = {t["task_id"] for t in heldout}
+    kept = [
+        t
+        for t in train
+        if t["task_id"] not in held_ids and _normalize_question(t["question"]) not in held_questions
+    ]
+    return kept, len(train) - len(kept)

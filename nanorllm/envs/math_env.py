@@ -1,0 +1,41 @@
+"""MathEnv: the self-refine environment. One question, up to `max_turns` answers.
+
+Rules (from the design notes, exactly):
+- correct answer in \\boxed{} -> done, reward 1.0
+- wrong, turns left            -> not done, reward 0.0, retry feedback
+- wrong on the last turn       -> done, reward 0.0
+The reward is terminal: only the last step's reward is the episode's reward.
+"""
+
+from nanorllm.envs.grader import grade
+
+RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
+                  "Put your final answer in \\boxed{}.")
+NO_BOX_FEEDBACK = ("I could not find a final answer. Solve it again and put your final answer "
+                   "in \\boxed{}.")
+
+
+class MathEnv:
+    def __init__(self, *, max_turns: int = 2, grader_timeout_s: int = 2):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.grader_timeout_s = grader_timeout_s
+        self.task: dict | None = None
+        self.turn = 0
+
+    def reset(self, task: dict) -> dict:
+        self.task, self.turn = task, 0
+        return {"question": task["question"]}
+
+    def step(self, response: str) -> tuple[str | None, float, bool, dict]:
+        """Grade one response. Returns (feedback or None, reward, done, info)."""
+        assert self.task is not None, "call reset(task) first"
+        self.turn += 1
+        correct, extracted = grade(response, self.task["answer"], timeout_s=self.grader_timeout_s)
+        info = {"extracted": extracted, "correct": correct, "turn": self.turn}
+        if correct:
+            return None, 1.0, True, info
+        if self.turn >= self.max_turns:
+            return None, 0.0, True, info
+        return (RETRY_FEEDBACK if extracted is not None else NO_BOX_FEEDBACK), 0.0, False, info

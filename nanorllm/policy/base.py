@@ -1,0 +1,47 @@
+"""What the RolloutEngine needs from a policy, whether a local model or a hosted API.
+
+A local model works on token ids: each episode's prompt is a token stream that every later turn
+extends, so the learner can score all turns of an episode with one forward pass. An API model
+sees only chat messages and returns text; it has no token ids or logprobs and cannot be trained.
+The engine asks for both views and each policy uses the one it has.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Generation:
+    """One sampled response."""
+
+    text: str
+    response_ids: list[int] = field(default_factory=list)  # empty for API models
+    logprobs: list[float] = field(default_factory=list)  # one per response id
+    truncated: bool = False  # stopped by max_new_tokens, not by end-of-turn
+
+
+class Policy:
+    """Interface. `trainable` policies return token ids and logprobs."""
+
+    trainable: bool = False
+    version: int = 0
+
+    def first_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of the opening prompt (chat template + generation prompt). [] for API models."""
+        return []
+
+    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_message: dict) -> list[int]:
+        """Extend last turn's prompt + response with one new user message and the generation prompt."""
+        return []
+
+    def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
+                 params: SamplingParams) -> list[Generation]:
+        """Sample one response for each conversation, all in one batch."""
+        raise NotImplementedError

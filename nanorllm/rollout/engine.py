@@ -1,0 +1,108 @@
+"""RolloutEngine: runs many agent-env-policy episodes at once.
+
+Every live episode of every group goes into one `policy.generate` call per turn (chunked only to
+bound memory), so a batch of G groups x K samples costs max_turns generate calls, not G*K*turns.
+Episodes leave the batch as they finish; the survivors get the env's feedback and go again.
+"""
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from nanorllm.agents.math_agent import MathAgent
+from nanorllm.core.types import RolloutResult, StepSample
+from nanorllm.envs.math_env import MathEnv
+from nanorllm.policy.base import Policy, SamplingParams
+
+
+@dataclass
+class _Episode:
+    task: dict
+    episode_id: str
+    group_id: str
+    env: MathEnv
+    agent: MathAgent
+    prompt_ids: list[int] = field(default_factory=list)
+    samples: list[StepSample] = field(default_factory=list)
+    result: RolloutResult | None = None
+
+
+class RolloutEngine:
+    def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
+                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: int = 2):
+        self.policy = policy
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.max_batch_episodes = max_batch_episodes
+        self.agent_kwargs = agent_kwargs or {}
+        self.grader_timeout_s = grader_timeout_s
+
+    def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
+            seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
+        """num_samples episodes per task; results in task order, then sample order."""
+        t0 = time.perf_counter()
+        if seed is not None:
+            self.policy.seed(seed)
+        params = sampling or self.sampling
+        group_ids = group_ids or [t["task_id"] for t in tasks]
+        episodes = []
+        for task, gid in zip(tasks, group_ids):
+            for k in range(num_samples):
+                ep = _Episode(task=task, episode_id=f"{gid}#{k}", group_id=gid,
+                              env=MathEnv(max_turns=self.max_turns, grader_timeout_s=self.grader_timeout_s),
+                              agent=MathAgent(**self.agent_kwargs))
+                ep.agent.reset(task, ep.env.reset(task))
+                ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
+                episodes.append(ep)
+        live, n_generated, gen_s = list(episodes), 0, 0.0
+        while live:
+            still_live = []
+            for i in range(0, len(live), self.max_batch_episodes):
+                chunk = live[i:i + self.max_batch_episodes]
+                tg = time.perf_counter()
+                gens = self.policy.generate([e.agent.messages for e in chunk], [e.prompt_ids for e in chunk], params)
+                gen_s += time.perf_counter() - tg
+                for ep, gen in zip(chunk, gens):
+                    n_generated += len(gen.response_ids)
+                    if self._advance(ep, gen):
+                        still_live.append(ep)
+            live = still_live
+        elapsed = time.perf_counter() - t0
+        version = getattr(self.policy, "version", 0)
+        for ep in episodes:
+            ep.result.policy_version = version
+            ep.result.timings = {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated}
+        return [ep.result for ep in episodes]
+
+    def _advance(self, ep: _Episode, gen) -> bool:
+        """Apply one response to its episode. True if the episode goes on to another turn."""
+        agent, env = ep.agent, ep.env
+        agent.update_from_model(gen.text)
+        ep.samples.append(StepSample(
+            task_id=ep.task["task_id"], episode_id=ep.episode_id, turn=len(ep.samples),
+            prompt_ids=ep.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
+            policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
+        try:
+            feedback, reward, done, info = env.step(gen.text)
+        except Exception:  # one bad episode must not stop the batch: end it, keep the reason
+            agent.trajectory.steps[-1].info["error"] = traceback.format_exc(limit=3)
+            self._finish(ep, 0.0, terminated=False, reason="error")
+            return False
+        if done:
+            agent.update_from_env(feedback, reward, done, info)
+            self._finish(ep, reward, terminated=True, reason="correct" if reward > 0 else "max_turns")
+            return False
+        if gen.truncated:  # a cut-off response ends the episode: no retry after it
+            agent.update_from_env(None, reward, True, info)
+            self._finish(ep, 0.0, terminated=False, reason="truncated")
+            return False
+        agent.update_from_env(feedback, reward, done, info)
+        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids,
+                                                    {"role": "user", "content": feedback})
+        return True
+
+    def _finish(self, ep: _Episode, reward: float, *, terminated: bool, reason: str) -> None:
+        traj = ep.agent.finish(reward, terminated=terminated, reason=reason)
+        for s in ep.samples:
+            s.reward = reward
+        ep.result = RolloutResult(trajectory=traj, step_samples=ep.samples, group_id=ep.group_id)

@@ -1,0 +1,245 @@
+"""TrainingRun: setup -> train -> cleanup, the same for the serial loop and the pipeline's learner.
+
+The only thing that differs between the two modes is where a step's episodes come from, a
+`RolloutSource`: `SerialSource` runs the RolloutEngine in this process; the pipeline's source takes
+finished episode batches off the workers' queue. Everything after that (advantages, update,
+metrics, eval, checkpoints) is this file.
+
+    for step in range(start, max_steps):
+        results = source.next_batch(step)   # generate (here or in workers)
+        metrics = train_step(...)           # group, advantage, collate, loss, optimizer step
+        source.after_update(step)           # publish weights (pipeline) / nothing (serial)
+        log, evaluate, checkpoint
+"""
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, replace
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT
+from nanorllm.config import TrainConfig, format_config
+from nanorllm.core.types import RolloutResult
+from nanorllm.datasets.stream import TaskStream
+from nanorllm.datasets.tasks import load_tasks, remove_overlap
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer import checkpoint
+from nanorllm.trainer.evaluate import evaluate
+from nanorllm.trainer.metrics import rollout_metrics
+from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
+from nanorllm.utils.devices import configure_threads, resolve_devices
+from nanorllm.utils.logger import RunLogger
+
+
+def sampling_params(cfg: TrainConfig) -> SamplingParams:
+    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+
+
+def agent_kwargs(cfg: TrainConfig) -> dict:
+    return {"system_prompt": cfg.system_prompt if cfg.system_prompt is not None else DEFAULT_SYSTEM_PROMPT,
+            "example": DEFAULT_EXAMPLE if cfg.worked_example else None}
+
+
+def rollout_seed(cfg: TrainConfig, step: int) -> int:
+    """Sampling seed of one step's batch: the same in serial and pipeline mode."""
+    return cfg.seed * 1_000_003 + step
+
+
+def default_run_name(cfg: TrainConfig) -> str:
+    tasks = Path(cfg.tasks).stem if not cfg.tasks.startswith("arith") else "arith"
+    return f"{tasks}__{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def load_task_sets(cfg: TrainConfig) -> tuple[list[dict], list[dict], int]:
+    """(train, held-out, number of training tasks dropped because they are held out)."""
+    train = load_tasks(cfg.tasks, limit=cfg.limit)
+    heldout = load_tasks(cfg.eval_tasks, limit=cfg.eval_limit) if cfg.eval_tasks else []
+    train, dropped = remove_overlap(train, heldout)
+    if not train:
+        raise ValueError(f"no training tasks left after removing the {dropped} that are held out")
+    return train, heldout, dropped
+
+
+class SerialSource:
+    """Rollouts in the training process: generate, then train, one after the other."""
+
+    def __init__(self, run: "TrainingRun"):
+        self.run = run
+        cfg = run.cfg
+        self.engine = RolloutEngine(run.policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
+                                    max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
+                                    grader_timeout_s=cfg.grader_timeout_s)
+
+    def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
+        picked = self.run.stream.take(self.run.cfg.tasks_per_step)
+        t0 = time.perf_counter()
+        results = collect_rollouts(self.engine, [t for t, _ in picked], self.run.cfg.num_samples_per_task,
+                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.run.cfg, step))
+        rollout_s = time.perf_counter() - t0
+        gen_tokens = results[0].timings["gen_tokens"] if results else 0
+        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9)}
+
+    def after_update(self, step: int) -> dict:
+        self.run.policy.version = step + 1
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class TrainingRun:
+    def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None):
+        self.cfg = cfg
+        self.resume_dir = resume_dir
+        self.overrides = overrides or {}
+        self.start_step = 0
+        self.stop_requested = False
+        self.in_update = False  # a stop signal during an update waits for it to finish
+        self.final_step = 0
+        self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
+
+    # ---- setup -----------------------------------------------------------------------------
+    def setup(self, *, num_processes: int = 1) -> None:
+        cfg = self.cfg
+        self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial)
+        configure_threads(self.devices.learner, cfg.threads, num_processes)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"] = load_task_sets(cfg)
+        state = None
+        if self.resume_dir:
+            self.run_dir = Path(self.resume_dir)
+            ckpt_dir, state = checkpoint.load_latest(self.run_dir)
+            model_source = str(ckpt_dir / "model")
+        else:
+            self.run_dir = Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg))
+            if self.run_dir.exists() and any(self.run_dir.iterdir()):
+                raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
+                                      "to continue it or choose another --run-name")
+            model_source = cfg.model
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+        self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
+                                               seed=cfg.seed)
+        self.ref_policy = None
+        if cfg.kl_coef > 0:  # the only case a reference model is loaded
+            self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
+                                                       device=self.devices.learner, dtype=cfg.dtype)
+            self.ref_policy.model.requires_grad_(False).eval()
+        self.optimizer = make_optimizer(self.policy, cfg)
+        self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
+        if state:
+            checkpoint.restore_trainer_state(state, self)
+        self.final_step = self.start_step
+        self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
+                                purge_step=self.start_step if state else None)
+        print(format_config(cfg).replace("|-|-|\n", ""), flush=True)
+        if self.overrides:
+            print(f"[resume] overriding the saved config with: {self.overrides}", flush=True)
+        print(f"[run] {self.run_dir} | train tasks {len(self.train_tasks)} (held-out removed: "
+              f"{self.totals['dropped_heldout']}) | eval tasks {len(self.eval_tasks)} | "
+              f"devices {self.devices}", flush=True)
+        if not state:
+            self.logger.text("hyperparameters", format_config(cfg), 0)
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict | None:
+        if not self.eval_tasks:
+            return None
+        t0 = time.perf_counter()
+        res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns,
+                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes)
+        self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
+                             res["first_turn_success"], "eval/mean_turns": res["mean_turns"]}, step)
+        print(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
+              f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f} | n {res['n']} | "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        return res
+
+    def write_eval_summary(self, before: dict | None, after: dict | None) -> None:
+        path = self.run_dir / "eval.json"
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        if before is not None and "before" not in summary:
+            summary["before"] = before
+        if after is not None:
+            summary["after"] = after
+        if "before" in summary and "after" in summary:
+            summary["gain"] = summary["after"]["success_rate"] - summary["before"]["success_rate"]
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    # ---- the loop --------------------------------------------------------------------------
+    def train(self, source) -> dict:
+        cfg = self.cfg
+        before = self.evaluate(self.start_step) if self.start_step == 0 else None
+        self.write_eval_summary(before, None)
+        bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False)
+        for step in bar:
+            if self.stop_requested:
+                break
+            t0 = time.perf_counter()
+            results, extra = source.next_batch(step)
+            if self.stop_requested or results is None:
+                break
+            metrics = rollout_metrics(results)
+            metrics.update(extra)
+            self.in_update = True
+            metrics.update(train_step(self.policy, self.optimizer, results, cfg, ref_policy=self.ref_policy))
+            metrics.update(source.after_update(step))
+            self.final_step = step + 1
+            self.in_update = False
+            self.totals["skipped_nan"] += metrics["train/skipped_nan"]
+            metrics["train/skipped_nan_total"] = self.totals["skipped_nan"]
+            metrics["perf/step_s"] = time.perf_counter() - t0
+            metrics["perf/tokens_per_s"] = metrics["train/tokens"] / max(metrics["perf/train_s"], 1e-9)
+            metrics["perf/episodes_per_s"] = len(results) / metrics["perf/step_s"]
+            self.logger.scalars(metrics, step + 1)
+            self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
+            bar.write(self.console_line(step + 1, metrics))
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
+                self.evaluate(step + 1)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                self.save_checkpoint(step + 1)
+        bar.close()
+        return {"step": self.final_step}
+
+    def console_line(self, step: int, m: dict) -> str:
+        line = (f"step {step}/{self.cfg.max_steps} | reward {m.get('reward/mean', 0):.2f} | success "
+                f"{m.get('success_rate', 0):.2f} | first {m.get('success_rate/first_turn', 0):.2f} | "
+                f"loss {m.get('loss/policy', 0):+.4f} | ")
+        if "pipeline/policy_lag_mean" in m:
+            line += f"lag {m['pipeline/policy_lag_mean']:.1f} | "
+        return line + f"{m['perf/step_s']:.1f} s"
+
+    def save_checkpoint(self, step: int) -> Path:
+        path = checkpoint.save(self, step)
+        print(f"[checkpoint] {path}", flush=True)
+        return path
+
+    def finish(self, *, interrupted: bool = False) -> dict:
+        """Checkpoint, final eval (unless interrupted), final model. Returns eval.json's content."""
+        step = self.final_step
+        if step > self.start_step or not checkpoint.list_complete(self.run_dir):
+            self.save_checkpoint(step)
+        if not interrupted:
+            after = self.evaluate(step)
+            self.write_eval_summary(None, after)
+            if self.cfg.save_model:
+                self.policy.save(str(self.run_dir / "final_model"))
+        self.logger.flush()
+        path = self.run_dir / "eval.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def cleanup(self) -> None:
+        if hasattr(self, "logger"):
+            self.logger.close()

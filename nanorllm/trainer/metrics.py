@@ -1,0 +1,34 @@
+"""Outcome metrics of a batch of episodes, named as GRPO users already read them."""
+
+from collections import Counter
+
+from nanorllm.algos.grpo import group_by_task_id
+from nanorllm.core.types import RolloutResult
+
+
+def rollout_metrics(results: list[RolloutResult]) -> dict:
+    if not results:
+        return {}
+    n = len(results)
+    rewards = [r.reward for r in results]
+    mean = sum(rewards) / n
+    samples = [s for r in results for s in r.step_samples]
+    lengths = [len(s.response_ids) for s in samples]
+    m = {
+        "reward/mean": mean,
+        "reward/std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
+        "success_rate": sum(r.reward > 0 for r in results) / n,
+        "success_rate/first_turn": sum(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0
+                                       for r in results) / n,
+        "episode/num_turns": sum(r.trajectory.num_turns for r in results) / n,
+        "completions/mean_length": sum(lengths) / max(len(lengths), 1),
+        "completions/clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1),
+    }
+    for reason, c in Counter(r.trajectory.termination_reason for r in results).items():
+        m[f"episode/termination/{reason}"] = c / n
+    groups = group_by_task_id(results).values()
+    solved = [sum(r.reward > 0 for r in g) / len(g) for g in groups]
+    m["groups/solve_none"] = sum(s == 0 for s in solved) / len(solved)
+    m["groups/solve_all"] = sum(s == 1 for s in solved) / len(solved)
+    m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
+    return m

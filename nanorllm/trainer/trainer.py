@@ -1,0 +1,127 @@
+"""One GRPO update, in the order of the design notes:
+
+    results = collect_rollouts(engine, tasks, num_samples_per_task)
+    groups  = group_by_task_id(results)
+    groups  = compute_advantage(groups)
+    samples = flatten_step_samples(groups)
+    batch   = collate_train_batch(samples, pad_id=...)
+    out     = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+    loss, _ = compute_policy_loss(out.logits, batch)
+    loss.backward(); optimizer.step()
+
+`train_step` is exactly that, with micro-batches so memory stays bounded (gradients accumulate
+against the whole step's normaliser, so the update equals one big batch) and a guard that skips
+the update when the loss or the gradient is not finite.
+"""
+
+import math
+import time
+
+import torch
+
+from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
+from nanorllm.core.types import RolloutResult, StepSample
+from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
+
+
+def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_task: int, *,
+                     group_ids: list[str] | None = None, seed: int | None = None) -> list[RolloutResult]:
+    """num_samples_per_task episodes for each task, all batched together by the engine."""
+    return engine.run(tasks, num_samples=num_samples_per_task, group_ids=group_ids, seed=seed)
+
+
+def micro_batches(samples: list[StepSample], max_tokens: int) -> list[list[StepSample]]:
+    """Split into chunks of whole episodes whose padded size (rows x longest row) stays under
+    max_tokens; an episode longer than max_tokens gets a chunk of its own."""
+    episodes: list[list[StepSample]] = []
+    for s in samples:
+        if episodes and episodes[-1][0].episode_id == s.episode_id:
+            episodes[-1].append(s)
+        else:
+            episodes.append([s])
+    length = lambda ep: len(ep[-1].prompt_ids) + len(ep[-1].response_ids)  # noqa: E731
+    episodes.sort(key=length)  # similar lengths together: less padding
+    chunks, cur, longest = [], [], 0
+    for ep in episodes:
+        n = length(ep)
+        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
+            chunks.append([s for e in cur for s in e])
+            cur, longest = [], 0
+        cur.append(ep)
+        longest = max(longest, n)
+    if cur:
+        chunks.append([s for e in cur for s in e])
+    return chunks
+
+
+def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(policy.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutResult], cfg, *,
+               ref_policy=None) -> dict:
+    """group -> advantage -> flatten -> (collate -> forward -> loss -> backward) per micro-batch -> step."""
+    t0 = time.perf_counter()
+    groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps)
+    samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
+    advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
+    m = {
+        "frac_reward_zero_std": sum(is_zero_std(rs) for rs in groups.values()) / max(len(groups), 1),
+        "advantage/mean": sum(advs) / max(len(advs), 1),
+        "advantage/std": _std(advs),
+        "train/samples": len(samples),
+        "train/skipped_nan": 0,
+    }
+    sums = {"tokens": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl": 0.0}
+    loss_total, padded_tokens = 0.0, 0
+    optimizer.zero_grad(set_to_none=True)
+    if samples:
+        policy.model.train()
+        n_tokens = sum(len(s.response_ids) for s in samples)
+        normalizer = n_tokens if cfg.loss_agg == "token-mean" else len(samples)
+        for chunk in micro_batches(samples, cfg.micro_batch_tokens):
+            batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device)
+            padded_tokens += batch["input_ids"].numel()
+            ref_lp = None
+            if cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+                    ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
+            out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+            loss, mm = compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                           temperature=cfg.temperature, loss_agg=cfg.loss_agg,
+                                           kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer)
+            if not torch.isfinite(loss):
+                m["train/skipped_nan"] = 1
+                break
+            loss.backward()
+            loss_total += float(loss)
+            for k in sums:
+                sums[k] += mm[k]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm))
+        if m["train/skipped_nan"] or not math.isfinite(grad_norm):
+            m["train/skipped_nan"] = 1  # a non-finite loss or gradient skips the update, counted
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            optimizer.step()
+            m["grad_norm"] = grad_norm
+        optimizer.zero_grad(set_to_none=True)
+    n = max(sums["tokens"], 1.0)
+    m.update({
+        "loss/policy": loss_total, "clip_ratio/low": sums["clip_low"] / n, "clip_ratio/high": sums["clip_high"] / n,
+        "approx_kl": sums["approx_kl"] / n, "entropy": sums["entropy"] / n,
+        "train/tokens": sums["tokens"], "train/padded_tokens": padded_tokens,
+        "lr": optimizer.param_groups[0]["lr"], "perf/train_s": time.perf_counter() - t0,
+    })
+    if cfg.kl_coef > 0:
+        m["loss/kl"] = sums["kl"] / n
+    return m
+
+
+def _std(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    mean = sum(xs) / len(xs)
+    return (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5

@@ -1,0 +1,75 @@
+"""RunLogger: everything a run writes while it trains, from the one process that trains.
+
+- TensorBoard scalars (namespaced: reward/, loss/, perf/, pipeline/, eval/ ...), the config as a
+  text table, and every `sample_every` steps a few whole trajectories as text;
+- one console line per step;
+- `rollouts.jsonl`: the most recent episodes, bounded, rewritten atomically, for debugging.
+"""
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+from nanorllm.core.types import RolloutResult
+
+
+def episode_record(r: RolloutResult) -> dict:
+    t = r.trajectory
+    return {
+        "task_id": t.task_id, "question": t.task.get("question"), "answer": t.task.get("answer"),
+        "turns": [{"observation": s.observation, "response": s.model_response, "extracted": s.action,
+                   "reward": s.reward, "feedback": s.feedback} for s in t.steps],
+        "final_reward": t.final_reward,
+        "advantage": r.step_samples[0].advantage if r.step_samples else 0.0,
+        "termination_reason": t.termination_reason, "policy_version": r.policy_version,
+        "worker_id": r.worker_id, "group_id": r.group_id,
+    }
+
+
+def format_episode(rec: dict) -> str:
+    lines = [f"**{rec['task_id']}** (answer {rec['answer']}, reward {rec['final_reward']}, "
+             f"advantage {rec['advantage']:.3f}, {rec['termination_reason']}, v{rec['policy_version']})",
+             f"> {rec['question']}"]
+    for i, turn in enumerate(rec["turns"]):
+        lines.append(f"- turn {i}: `{turn['response']}` -> reward {turn['reward']}"
+                     + (f", feedback: {turn['feedback']}" if turn["feedback"] else ""))
+    return "\n".join(lines)
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, *, dump_size: int = 512, purge_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        self.dump_path = self.run_dir / "rollouts.jsonl"
+        self.recent: deque = deque(maxlen=dump_size)
+        if self.dump_path.exists():  # a resumed run keeps its history
+            with open(self.dump_path, encoding="utf-8") as f:
+                self.recent.extend(json.loads(line) for line in f if line.strip())
+
+    def scalars(self, metrics: dict, step: int) -> None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)):
+                self.writer.add_scalar(k, v, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
+
+    def episodes(self, results: list[RolloutResult], step: int, *, log_text: bool, n_text: int = 4) -> None:
+        records = [episode_record(r) for r in results]
+        self.recent.extend(records)
+        tmp = self.dump_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rec in self.recent:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, self.dump_path)
+        if log_text:
+            self.text("samples", "\n\n".join(format_episode(r) for r in records[:n_text]), step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
