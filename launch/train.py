@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.serial:
             source = SerialSource(run)
         else:
-            from nanorllm.pipeline.launcher import PipelineSource
+            from nanorllm.pipeline.learner import PipelineSource
             source = PipelineSource(run)
         run.train(source)
         summary = run.finish(interrupted=run.stop_requested)

@@ -51,7 +51,7 @@ def save(run, step: int) -> Path:
     torch.save(run.optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
     state = {
-        "step": step, "stream_position": run.stream.position, "python_rng": _jsonable(random.getstate()),
+        "step": step, "stream_position": run.source.position_at(step) if run.source else run.stream.position, "python_rng": _jsonable(random.getstate()),
         "totals": run.totals, "config": asdict(run.cfg),
         "reference_model": run.cfg.model,
     }

@@ -92,6 +92,9 @@ class SerialSource:
         self.run.policy.version = step + 1
         return {}
 
+    def position_at(self, step: int) -> int:
+        return self.run.stream.position  # serial draws each step's tasks just before it runs
+
     def close(self) -> None:
         pass
 
@@ -105,6 +108,7 @@ class TrainingRun:
         self.stop_requested = False
         self.in_update = False  # a stop signal during an update waits for it to finish
         self.final_step = 0
+        self.source = None
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
 
     # ---- setup -----------------------------------------------------------------------------
@@ -181,6 +185,7 @@ class TrainingRun:
     # ---- the loop --------------------------------------------------------------------------
     def train(self, source) -> dict:
         cfg = self.cfg
+        self.source = source
         before = self.evaluate(self.start_step) if self.start_step == 0 else None
         self.write_eval_summary(before, None)
         bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False)
@@ -201,7 +206,12 @@ class TrainingRun:
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
             metrics["train/skipped_nan_total"] = self.totals["skipped_nan"]
             metrics["perf/step_s"] = time.perf_counter() - t0
-            metrics["perf/tokens_per_s"] = metrics["train/tokens"] / max(metrics["perf/train_s"], 1e-9)
+            metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / max(metrics["perf/train_s"], 1e-9)
+            gen_tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
+            metrics["perf/tokens_per_s"] = (gen_tokens + metrics["train/padded_tokens"]) / metrics["perf/step_s"]
+            # approx_kl is measured before the update: sampler vs learner logprobs on the same tokens
+            # (policy lag plus numerical differences between the decode and the training forward).
+            metrics["pipeline/mismatch_kl"] = metrics["approx_kl"]
             metrics["perf/episodes_per_s"] = len(results) / metrics["perf/step_s"]
             self.logger.scalars(metrics, step + 1)
             self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)

@@ -1,0 +1,136 @@
+import math
+
+import pytest
+
+from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
+from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+
+
+def episode(task_id, k, reward, *, turns=1, group_id=""):
+    samples = [StepSample(task_id=task_id, episode_id=f"{task_id}#{k}", turn=t, prompt_ids=[5] * (t + 1),
+                          response_ids=[6], rollout_logprobs=[-1.0]) for t in range(turns)]
+    return RolloutResult(trajectory=Trajectory(task_id=task_id, final_reward=reward), step_samples=samples,
+                         group_id=group_id)
+
+
+def advantages(results):
+    return [r.step_samples[0].advantage for r in results]
+
+
+def test_known_example_with_std_normalisation():
+    results = [episode("a", k, r) for k, r in enumerate([1.0, 0.0, 0.0, 0.0])]
+    compute_advantage(group_by_task_id(results))
+    std = math.sqrt(0.1875)
+    assert std == pytest.approx(0.4330127)
+    assert advantages(results) == pytest.approx([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], rel=1e-5)
+    assert advantages(results) == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-5)
+
+
+def test_known_example_without_std_normalisation():
+    results = [episode("a", k, r) for k, r in enumerate([1.0, 0.0, 0.0, 0.0])]
+    compute_advantage(group_by_task_id(results), normalize_std=False)
+    assert advantages(results) == [0.75, -0.25, -0.25, -0.25]
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_zero_mean_per_group(normalize_std):
+    rewards = {"a": [1.0, 0.0, 1.0], "b": [0.2, 0.9, 0.4, 0.0, 0.5]}
+    results = [episode(t, k, r) for t, rs in rewards.items() for k, r in enumerate(rs)]
+    groups = compute_advantage(group_by_task_id(results), normalize_std=normalize_std)
+    for rs in groups.values():
+        advs = advantages(rs)
+        assert sum(advs) == pytest.approx(0.0, abs=1e-9)
+        assert any(a != 0 for a in advs)
+
+
+def test_normalised_group_has_unit_population_std():
+    results = [episode("b", k, r) for k, r in enumerate([0.2, 0.9, 0.4, 0.0, 0.5])]
+    compute_advantage(group_by_task_id(results), eps=0.0)
+    advs = advantages(results)
+    assert math.sqrt(sum(a * a for a in advs) / len(advs)) == pytest.approx(1.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("reward", [0.0, 1.0, 0.3])
+def test_constant_reward_group_gets_exact_zero(normalize_std, reward):
+    results = [episode("c", k, reward) for k in range(4)]
+    for r in results:
+        r.step_samples[0].advantage = 123.0
+    compute_advantage(group_by_task_id(results), normalize_std=normalize_std)
+    assert advantages(results) == [0.0, 0.0, 0.0, 0.0]
+    assert is_zero_std(results)
+
+
+def test_constant_non_dyadic_reward_gives_no_nan_and_negligible_advantage():
+    results = [episode("c", k, 0.1) for k in range(3)]
+    compute_advantage(group_by_task_id(results))
+    assert all(abs(a) < 1e-9 for a in advantages(results))
+
+
+CONSTANT_GROUP_BUG = (
+    "compute_advantage relies on r - mean == 0 for a constant group, but mean is a float sum: "
+    "for rewards [0.1]*3 r - mean == -1.39e-17 == -std, so with adv_eps=0 (accepted by "
+    "TrainConfig.validate) every advantage is -1.0, and for [1.0]*4 it raises ZeroDivisionError")
+
+
+@pytest.mark.xfail(strict=True, reason=CONSTANT_GROUP_BUG)
+def test_constant_group_with_zero_eps_gets_zero_advantage():
+    results = [episode("c", k, 0.1) for k in range(3)]
+    compute_advantage(group_by_task_id(results), eps=0.0)
+    assert advantages(results) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason=CONSTANT_GROUP_BUG)
+def test_constant_integer_group_with_zero_eps_does_not_raise():
+    results = [episode("c", k, 1.0) for k in range(4)]
+    compute_advantage(group_by_task_id(results), eps=0.0)
+    assert advantages(results) == [0.0] * 4
+
+
+def test_group_of_one_gets_zero():
+    results = [episode("solo", 0, 1.0)]
+    compute_advantage(group_by_task_id(results))
+    assert advantages(results) == [0.0]
+
+
+def test_every_turn_of_an_episode_gets_its_advantage():
+    results = [episode("a", 0, 1.0, turns=1), episode("a", 1, 0.0, turns=3)]
+    compute_advantage(group_by_task_id(results), normalize_std=False)
+    assert [s.advantage for s in results[0].step_samples] == [0.5]
+    assert [s.advantage for s in results[1].step_samples] == [-0.5, -0.5, -0.5]
+
+
+def test_group_by_task_id_keeps_arrival_order():
+    results = [episode("b", 0, 0.0), episode("a", 0, 1.0), episode("b", 1, 1.0), episode("a", 1, 0.0)]
+    groups = group_by_task_id(results)
+    assert list(groups) == ["b", "a"]
+    assert groups["b"] == [results[0], results[2]]
+    assert groups["a"] == [results[1], results[3]]
+
+
+def test_group_by_prefers_group_id():
+    results = [episode("a", 0, 1.0, group_id="a@r1"), episode("a", 1, 0.0, group_id="a@r2"),
+               episode("a", 2, 0.0, group_id="a@r1"), episode("b", 0, 0.0)]
+    groups = group_by_task_id(results)
+    assert list(groups) == ["a@r1", "a@r2", "b"]
+    assert groups["a@r1"] == [results[0], results[2]]
+    compute_advantage(groups, normalize_std=False)
+    assert advantages(results) == [0.5, 0.0, -0.5, 0.0]
+
+
+def test_flatten_keeps_episodes_contiguous_in_turn_order():
+    results = [episode("a", 0, 1.0, turns=2), episode("a", 1, 0.0, turns=3), episode("b", 0, 0.5, turns=1)]
+    samples = flatten_step_samples(group_by_task_id(results))
+    assert [(s.episode_id, s.turn) for s in samples] == [
+        ("a#0", 0), ("a#0", 1), ("a#1", 0), ("a#1", 1), ("a#1", 2), ("b#0", 0)]
+
+
+def test_flatten_drop_zero_std_drops_constant_groups_only():
+    results = [episode("a", 0, 1.0, turns=2), episode("a", 1, 0.0),
+               episode("c", 0, 1.0), episode("c", 1, 1.0),
+               episode("z", 0, 0.0, turns=2), episode("z", 1, 0.0)]
+    groups = compute_advantage(group_by_task_id(results))
+    kept = flatten_step_samples(groups, drop_zero_std=True)
+    assert [(s.episode_id, s.turn) for s in kept] == [("a#0", 0), ("a#0", 1), ("a#1", 0)]
+    assert len(flatten_step_samples(groups)) == 8
+    assert [is_zero_std(rs) for rs in groups.values()] == [False, True, True]
