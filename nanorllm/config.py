@@ -35,9 +35,9 @@ class TrainConfig:
     # --- episodes ---
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = 32
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
-    temperature: float = 1.0
+    temperature: float = 0.7
     """Sampling temperature for training rollouts (evaluation is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling mass for training rollouts."""
@@ -48,13 +48,13 @@ class TrainConfig:
     grader_timeout_s: int = 2
     """Time limit for one answer check."""
     # --- GRPO ---
-    max_steps: int = 30
+    max_steps: int = 25
     """Learner updates."""
     tasks_per_step: int = 8
     """Groups (distinct tasks) per update."""
-    num_samples_per_task: int = 8
+    num_samples_per_task: int = 4
     """Episodes per task: the GRPO group size."""
-    lr: float = 1e-5
+    lr: float = 3e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

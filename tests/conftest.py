@@ -20,3 +20,9 @@ def tiny_policy():
 @pytest.fixture
 def fresh_tiny_policy():
     return _tiny()
+
+
+@pytest.fixture
+def tiny_policy_factory():
+    """Builds any number of fresh tiny policies; all start from the same weights."""
+    return _tiny

@@ -73,14 +73,14 @@ CONSTANT_GROUP_BUG = (
     "TrainConfig.validate) every advantage is -1.0, and for [1.0]*4 it raises ZeroDivisionError")
 
 
-@pytest.mark.xfail(strict=True, reason=CONSTANT_GROUP_BUG)
+
 def test_constant_group_with_zero_eps_gets_zero_advantage():
     results = [episode("c", k, 0.1) for k in range(3)]
     compute_advantage(group_by_task_id(results), eps=0.0)
     assert advantages(results) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason=CONSTANT_GROUP_BUG)
+
 def test_constant_integer_group_with_zero_eps_does_not_raise():
     results = [episode("c", k, 1.0) for k in range(4)]
     compute_advantage(group_by_task_id(results), eps=0.0)

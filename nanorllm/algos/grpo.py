@@ -21,16 +21,17 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
                       eps: float = 1e-6) -> dict[str, list[RolloutResult]]:
     """Write (r - mean) [/ (std + eps)] into every StepSample of every episode; returns `groups`.
 
-    A constant-reward group has r - mean == 0 exactly, so its advantage is 0, never NaN.
+    A constant-reward group gets advantage exactly 0, never NaN, whatever eps is.
     std is the population std of the group (a group of one has std 0 and advantage 0).
     """
     for results in groups.values():
         rewards = [r.reward for r in results]
         mean = sum(rewards) / len(rewards)
         std = (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5
+        constant = is_zero_std(results)  # exact test: a float mean can differ from r by 1e-17
         for r in results:
-            adv = r.reward - mean
-            if normalize_std:
+            adv = 0.0 if constant else r.reward - mean
+            if normalize_std and not constant:
                 adv = adv / (std + eps)
             for s in r.step_samples:
                 s.advantage = adv

@@ -72,7 +72,7 @@ class HFCausalPolicy(Policy):
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         tail = text.split(_SENTINEL, 1)[1]
         eos_text = self.tokenizer.eos_token
-        if response_ids and response_ids[-1] in self.eos_ids and tail.startswith(eos_text):
+        if response_ids and response_ids[-1] == self.tokenizer.eos_token_id and tail.startswith(eos_text):
             tail = tail[len(eos_text):]  # the sampled response already ends with it
         return prompt_ids + response_ids + self.tokenizer(tail, add_special_tokens=False)["input_ids"]
 

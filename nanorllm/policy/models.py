@@ -84,10 +84,12 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_model(vocab_size: int, *, seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True)
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -99,7 +101,7 @@ def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) on CPU for a built-in name, a local HF directory or a hub id."""
     if name == TINY:
         tokenizer = tiny_tokenizer()
-        return tiny_model(len(tokenizer)).to(dtype), tokenizer
+        return tiny_model(tokenizer).to(dtype), tokenizer
     path = ensure_smollm2() if name == SMOLLM2 else name
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

@@ -97,7 +97,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
                 m["train/skipped_nan"] = 1
                 break
             loss.backward()
-            loss_total += float(loss)
+            loss_total += loss.item()
             for k in sums:
                 sums[k] += mm[k]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm))

@@ -1,0 +1,217 @@
+import math
+
+import pytest
+import torch
+
+from nanorllm.config import TrainConfig
+from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+from nanorllm.policy.base import SamplingParams
+from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.trainer.trainer import make_optimizer, micro_batches, train_step
+
+REWARDS = {"g0": [1.0, 0.0, 0.0, 1.0], "g1": [0.0, 1.0, 0.0, 0.0]}
+TWO_TURNS = {("g0", 1), ("g0", 2), ("g1", 0), ("g1", 2), ("g1", 3)}  # wrong first answers that retried
+
+
+def build_results(policy, rewards=REWARDS, two_turns=TWO_TURNS, *, max_new_tokens=8):
+    """Episodes sampled from `policy`: one generate call per turn, rewards set by hand."""
+    policy.seed(0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    keys = [(g, k) for g, rs in rewards.items() for k in range(len(rs))]
+    prompts = {key: policy.first_prompt_ids([{"role": "user", "content": f"Question {key[0]}: 2 + {len(key[0])}?"}])
+               for key in keys}
+    samples = {key: [] for key in keys}
+    live = list(keys)
+    for turn in range(2):
+        if not live:
+            break
+        gens = policy.generate([[]] * len(live), [prompts[key] for key in live], params)
+        for key, gen in zip(live, gens):
+            samples[key].append(StepSample(task_id=key[0], episode_id=f"{key[0]}#{key[1]}", turn=turn,
+                                           prompt_ids=prompts[key], response_ids=gen.response_ids,
+                                           rollout_logprobs=gen.logprobs, truncated=gen.truncated))
+            prompts[key] = policy.next_prompt_ids(prompts[key], gen.response_ids,
+                                                  {"role": "user", "content": "Try again."})
+        live = [key for key in live if key in two_turns]
+    results = []
+    for key in keys:
+        reward = rewards[key[0]][key[1]]
+        for s in samples[key]:
+            s.reward = reward
+        results.append(RolloutResult(trajectory=Trajectory(task_id=key[0], final_reward=reward),
+                                     step_samples=samples[key]))
+    return results
+
+
+def config(**kw):
+    return TrainConfig(model="tiny-random", lr=1e-2, temperature=1.0,
+                       micro_batch_tokens=kw.pop("micro_batch_tokens", 128), **kw)
+
+
+def snapshot(policy):
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+def max_change(policy, before):
+    return max(float((p.detach() - b).abs().max()) for p, b in zip(policy.parameters(), before))
+
+
+def test_build_results_shapes(tiny_policy):
+    results = build_results(tiny_policy)
+    assert [len(r.step_samples) for r in results] == [1, 2, 2, 1, 2, 1, 2, 2]
+    two = results[1].step_samples
+    assert two[1].prompt_ids[:len(two[0].prompt_ids) + len(two[0].response_ids)] == (
+        two[0].prompt_ids + two[0].response_ids)
+    batch = collate_train_batch([s for r in results for s in r.step_samples], pad_id=tiny_policy.pad_id)
+    assert batch["input_ids"].shape[0] == 8
+
+
+def test_one_step_updates_parameters_with_finite_metrics(fresh_tiny_policy):
+    policy = fresh_tiny_policy
+    results = build_results(policy)
+    cfg = config()
+    before = snapshot(policy)
+    m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
+    assert max_change(policy, before) > 1e-3
+    for key in ["loss/policy", "grad_norm", "entropy", "clip_ratio/low", "clip_ratio/high", "approx_kl"]:
+        assert math.isfinite(m[key]), key
+    assert m["train/skipped_nan"] == 0
+    assert m["grad_norm"] > 0
+    assert m["frac_reward_zero_std"] == 0.0
+    samples = [s for r in results for s in r.step_samples]
+    n_tokens = sum(len(s.response_ids) for s in samples)
+    assert (m["train/samples"], m["train/tokens"]) == (len(samples), n_tokens)
+    assert m["clip_ratio/low"] == 0.0 and m["clip_ratio/high"] == 0.0
+    assert abs(m["approx_kl"]) < 1e-4
+    expected = -sum(s.advantage * len(s.response_ids) for s in samples) / n_tokens
+    assert m["loss/policy"] == pytest.approx(expected, abs=1e-4)
+    assert 0 < m["entropy"] <= math.log(len(policy.tokenizer)) + 1e-4
+
+
+def test_constant_reward_groups_are_dropped_and_nothing_changes(fresh_tiny_policy):
+    policy = fresh_tiny_policy
+    results = build_results(policy, rewards={"g0": [1.0, 1.0, 1.0], "g1": [0.0, 0.0, 0.0]},
+                            two_turns={("g1", 0)})
+    cfg = config(drop_zero_std_groups=True)
+    before = snapshot(policy)
+    m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
+    assert max_change(policy, before) == 0.0
+    assert m["frac_reward_zero_std"] == 1.0
+    assert (m["train/samples"], m["train/tokens"], m["loss/policy"]) == (0, 0.0, 0.0)
+    assert "grad_norm" not in m
+
+
+def test_half_constant_groups_reported(fresh_tiny_policy):
+    policy = fresh_tiny_policy
+    results = build_results(policy, rewards={"g0": [1.0, 0.0], "g1": [0.0, 0.0]}, two_turns=set())
+    m = train_step(policy, make_optimizer(policy, config()), results, config())
+    assert m["frac_reward_zero_std"] == 0.5
+    assert m["train/samples"] == 2
+
+
+def _inject_nan_logprob(results):
+    longest = max(results, key=lambda r: len(r.step_samples[-1].prompt_ids) + len(r.step_samples[-1].response_ids))
+    longest.step_samples[-1].rollout_logprobs[0] = float("nan")
+
+
+def _inject_nan_reward(results):
+    results[0].trajectory.final_reward = float("nan")
+
+
+@pytest.mark.parametrize("inject", [_inject_nan_logprob, _inject_nan_reward])
+@pytest.mark.parametrize("micro_batch_tokens", [40, 4096])
+def test_nan_skips_the_update(fresh_tiny_policy, inject, micro_batch_tokens):
+    policy = fresh_tiny_policy
+    results = build_results(policy)
+    inject(results)
+    cfg = config(micro_batch_tokens=micro_batch_tokens)
+    samples = [s for r in results for s in r.step_samples]
+    assert (len(micro_batches(samples, micro_batch_tokens)) > 2) == (micro_batch_tokens == 40)
+    before = snapshot(policy)
+    opt = make_optimizer(policy, cfg)
+    m = train_step(policy, opt, results, cfg)
+    assert m["train/skipped_nan"] == 1
+    assert max_change(policy, before) == 0.0
+    assert "grad_norm" not in m
+    assert all(p.grad is None for p in policy.parameters())
+    assert not opt.state
+
+
+def _episodes(lengths):
+    """Hand-made samples: `lengths[e]` lists (prompt, response) sizes per turn of episode e."""
+    samples = []
+    for e, turns in enumerate(lengths):
+        prompt = []
+        for t, (p, r) in enumerate(turns):
+            prompt = prompt + [7] * p
+            samples.append(StepSample(task_id="t", episode_id=f"t#{e}", turn=t, prompt_ids=prompt,
+                                      response_ids=[8] * r, rollout_logprobs=[-1.0] * r))
+            prompt = prompt + [8] * r
+    return samples
+
+
+def test_micro_batches_keep_episodes_whole_and_respect_budget():
+    samples = _episodes([[(5, 3)], [(4, 2), (3, 4)], [(20, 10), (5, 5)], [(2, 1)], [(6, 6), (2, 2), (1, 1)],
+                         [(3, 3)], [(60, 20)]])
+    budget = 40
+    chunks = micro_batches(samples, budget)
+    flat = [s for c in chunks for s in c]
+    assert sorted(map(id, flat)) == sorted(map(id, samples))
+    for chunk in chunks:
+        episodes = []
+        for s in chunk:
+            if not episodes or episodes[-1][0].episode_id != s.episode_id:
+                episodes.append([s])
+            else:
+                episodes[-1].append(s)
+        ids = [ep[0].episode_id for ep in episodes]
+        assert len(ids) == len(set(ids))
+        for ep in episodes:
+            assert [s.turn for s in ep] == list(range(len(ep)))
+            assert sum(1 for s in samples if s.episode_id == ep[0].episode_id) == len(ep)
+        batch = collate_train_batch(chunk, pad_id=0)
+        assert batch["input_ids"].shape[0] == len(episodes)
+        assert batch["input_ids"].numel() <= budget or len(episodes) == 1
+    assert any(len({s.episode_id for s in c}) > 1 for c in chunks)
+    (big,) = [c for c in chunks if c[0].episode_id == "t#6"]
+    assert len(big) == 1
+    assert len(chunks) >= 4
+
+
+def test_micro_batches_one_chunk_when_budget_is_large():
+    samples = _episodes([[(5, 3)], [(4, 2), (3, 4)], [(2, 1)]])
+    (chunk,) = micro_batches(samples, 10_000)
+    assert len(chunk) == 4
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
+def test_micro_batched_update_equals_single_batch_update(tiny_policy_factory, loss_agg):
+    a, b = tiny_policy_factory(), tiny_policy_factory()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    results_a, results_b = build_results(a), build_results(b)
+    samples = [s for r in results_a for s in r.step_samples]
+    assert len(micro_batches(samples, 40)) > 2
+    assert len(micro_batches(samples, 100_000)) == 1
+    before = snapshot(a)
+    out = []
+    for policy, results, tokens in [(a, results_a, 40), (b, results_b, 100_000)]:
+        cfg = config(micro_batch_tokens=tokens, loss_agg=loss_agg, max_grad_norm=1e6)
+        opt = torch.optim.SGD(policy.model.parameters(), lr=1.0)
+        out.append(train_step(policy, opt, results, cfg))
+    ma, mb = out
+    assert ma["loss/policy"] == pytest.approx(mb["loss/policy"], rel=1e-5, abs=1e-7)
+    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-5)
+    assert ma["train/padded_tokens"] < mb["train/padded_tokens"]
+    for pa, pb, p0 in zip(a.parameters(), b.parameters(), before):
+        torch.testing.assert_close(pa.detach() - p0, pb.detach() - p0, rtol=1e-4, atol=1e-6)
+    assert max_change(a, before) > 1e-3
+
+
+def test_kl_to_identical_reference_is_zero(fresh_tiny_policy, tiny_policy_factory):
+    policy, ref = fresh_tiny_policy, tiny_policy_factory()
+    results = build_results(policy)
+    cfg = config(kl_coef=0.1)
+    m = train_step(policy, make_optimizer(policy, cfg), results, cfg, ref_policy=ref)
+    assert m["loss/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["train/skipped_nan"] == 0 and math.isfinite(m["loss/policy"])
