@@ -57,27 +57,32 @@ def main(argv: list[str] | None = None) -> int:
         if not run.in_update:
             raise KeyboardInterrupt
 
+    summary = {}
     try:
-        run.setup(num_processes=1 if cfg.serial else cfg.num_workers + 1)
+        run.setup()
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        run.evaluate_before()
+        run.use_cores(alone=False)
         if cfg.serial:
             source = SerialSource(run)
         else:
             from nanorllm.pipeline.learner import PipelineSource
             source = PipelineSource(run)
         run.train(source)
-        summary = run.finish(interrupted=run.stop_requested)
     except (TaskFileError, ConfigError, CheckpointError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         run.stop_requested = True
-        summary = run.finish(interrupted=True) if hasattr(run, "policy") else {}
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if source is not None:
-            source.close()
+            source.close()  # workers are gone before the final eval takes every core
+        if hasattr(run, "policy"):
+            run.use_cores(alone=True)
+            summary = run.finish(interrupted=run.stop_requested)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         run.cleanup()
     if run.stop_requested:
         print(f"[stopped] checkpoint under {run.run_dir / 'checkpoints'}; continue with --resume {run.run_dir}")

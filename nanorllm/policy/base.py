@@ -33,6 +33,9 @@ class Policy:
     trainable: bool = False
     version: int = 0
 
+    def seed(self, seed: int) -> None:
+        """Seed the sampler (a no-op where sampling happens elsewhere)."""
+
     def first_prompt_ids(self, messages: list[dict]) -> list[int]:
         """Token ids of the opening prompt (chat template + generation prompt). [] for API models."""
         return []

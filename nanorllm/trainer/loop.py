@@ -112,10 +112,10 @@ class TrainingRun:
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
 
     # ---- setup -----------------------------------------------------------------------------
-    def setup(self, *, num_processes: int = 1) -> None:
+    def setup(self) -> None:
         cfg = self.cfg
         self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial)
-        configure_threads(self.devices.learner, cfg.threads, num_processes)
+        self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"] = load_task_sets(cfg)
@@ -145,7 +145,7 @@ class TrainingRun:
             checkpoint.restore_trainer_state(state, self)
         self.final_step = self.start_step
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
-                                purge_step=self.start_step if state else None)
+                                purge_step=self.start_step + 1 if state else None)
         print(format_config(cfg).replace("|-|-|\n", ""), flush=True)
         if self.overrides:
             print(f"[resume] overriding the saved config with: {self.overrides}", flush=True)
@@ -155,7 +155,19 @@ class TrainingRun:
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
 
+    def use_cores(self, *, alone: bool) -> None:
+        """All CPU cores while this process runs alone (setup, evaluation before and after
+        training), its share while worker processes run beside it."""
+        alone = alone or self.cfg.serial
+        configure_threads(self.devices.learner, self.cfg.threads if not alone else None,
+                          1 if alone else self.cfg.num_workers + 1)
+
     # ---- evaluation ------------------------------------------------------------------------
+    def evaluate_before(self) -> None:
+        """Held-out eval at step 0 (not again on resume), recorded in eval.json."""
+        if self.start_step == 0:
+            self.write_eval_summary(self.evaluate(0), None)
+
     def evaluate(self, step: int) -> dict | None:
         if not self.eval_tasks:
             return None
@@ -186,8 +198,6 @@ class TrainingRun:
     def train(self, source) -> dict:
         cfg = self.cfg
         self.source = source
-        before = self.evaluate(self.start_step) if self.start_step == 0 else None
-        self.write_eval_summary(before, None)
         bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False)
         for step in bar:
             if self.stop_requested:
@@ -239,7 +249,8 @@ class TrainingRun:
     def finish(self, *, interrupted: bool = False) -> dict:
         """Checkpoint, final eval (unless interrupted), final model. Returns eval.json's content."""
         step = self.final_step
-        if step > self.start_step or not checkpoint.list_complete(self.run_dir):
+        saved = [p.name for p in checkpoint.list_complete(self.run_dir)]
+        if f"{checkpoint.PREFIX}{step}" not in saved:
             self.save_checkpoint(step)
         if not interrupted:
             after = self.evaluate(step)

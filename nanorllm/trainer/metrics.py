@@ -5,6 +5,8 @@ from collections import Counter
 from nanorllm.algos.grpo import group_by_task_id
 from nanorllm.core.types import RolloutResult
 
+TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error")
+
 
 def rollout_metrics(results: list[RolloutResult]) -> dict:
     if not results:
@@ -24,8 +26,9 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
         "completions/mean_length": sum(lengths) / max(len(lengths), 1),
         "completions/clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1),
     }
-    for reason, c in Counter(r.trajectory.termination_reason for r in results).items():
-        m[f"episode/termination/{reason}"] = c / n
+    reasons = Counter(r.trajectory.termination_reason for r in results)
+    for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
+        m[f"episode/termination/{reason}"] = reasons[reason] / n
     groups = group_by_task_id(results).values()
     solved = [sum(r.reward > 0 for r in g) / len(g) for g in groups]
     m["groups/solve_none"] = sum(s == 0 for s in solved) / len(solved)
