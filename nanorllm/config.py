@@ -190,7 +190,8 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     if known.config:
         base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
     cfg = tyro.cli(TrainConfig, default=base, args=rest,
-                   description="Train a causal LM with GRPO on multi-turn math self-refine episodes.")
+                   description="Train a causal LM with GRPO on multi-turn math self-refine episodes. "
+                               "Also: --config FILE (JSON/YAML defaults), --resume RUN_DIR (continue a run).")
     problems = cfg.validate()
     if problems:
         raise ConfigError(problems, known.config or "command-line flags")

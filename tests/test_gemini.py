@@ -292,3 +292,26 @@ def test_policy_from_spec(monkeypatch):
         policy_from_spec("gemini:")
     with pytest.raises(ValueError, match="gemini:<model-name>"):
         policy_from_spec("openai:gpt-4o")
+
+
+def test_eval_script_runs_the_self_refine_loop_against_the_api(stub, monkeypatch, capsys):
+    """First answer is always wrong, the retry is right: success 1.0, first-turn 0.0, 2 turns each."""
+    import re
+
+    from launch.eval import main
+
+    def solver(request):
+        contents = request["body"]["contents"]
+        question = next(c["parts"][0]["text"] for c in reversed(contents) if c["parts"][0]["text"].startswith("What"))
+        total = sum(int(x) for x in re.findall(r"\d+", question))
+        retry = contents[-1]["parts"][0]["text"].startswith("Your answer is incorrect")
+        return 200, ok_reply(f"\\boxed{{{total if retry else total + 1}}}"), {}, 0.05
+
+    stub.handler = solver
+    monkeypatch.setenv("GEMINI_API_KEY", API_KEY)
+    monkeypatch.setenv("GEMINI_BASE_URL", stub.url)
+    assert main(["--model", "gemini:test-model", "--tasks", "arith:digits=1,terms=3,count=12,seed=4",
+                 "--api-concurrency", "4"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result == {"success_rate": 1.0, "first_turn_success": 0.0, "mean_turns": 2.0, "n": 12}
+    assert len(stub.requests) == 24 and 1 < stub.max_in_flight <= 4

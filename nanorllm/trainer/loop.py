@@ -109,6 +109,7 @@ class TrainingRun:
         self.in_update = False  # a stop signal during an update waits for it to finish
         self.final_step = 0
         self.source = None
+        self.history: list[dict] = []  # every step's metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
 
     # ---- setup -----------------------------------------------------------------------------
@@ -222,8 +223,10 @@ class TrainingRun:
             # approx_kl is measured before the update: sampler vs learner logprobs on the same tokens
             # (policy lag plus numerical differences between the decode and the training forward).
             metrics["pipeline/mismatch_kl"] = metrics["approx_kl"]
+            metrics["train/episodes"] = len(results)
             metrics["perf/episodes_per_s"] = len(results) / metrics["perf/step_s"]
             self.logger.scalars(metrics, step + 1)
+            self.history.append(metrics)
             self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
             bar.write(self.console_line(step + 1, metrics))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:

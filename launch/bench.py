@@ -1,0 +1,199 @@
+"""Benchmarks: each figure is a ratio of two things measured side by side in this one run.
+
+    python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
+    python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
+
+Figures (targets in TARGETS):
+  pipeline_speedup          serial wall time / pipeline wall time, same updates, tasks and seeds
+  overlap_efficiency        pipeline_speedup / ideal, ideal = (rollout + train) / max(rollout, train) (serial)
+  broadcast_vs_copy         weight publish + one worker load / one plain copy_ of the same bytes
+  worker_blocked_frac       share of worker time waiting for weights or queue space
+  learner_wait_frac         share of learner time waiting for data
+  policy_lag_mean/max, stale_dropped
+  rollout_batching_speedup  tokens/s of one batched engine call / one episode at a time with `generate`
+  learner_efficiency        train tokens/s of train_step / a bare fwd+bwd+step on the same batch
+  worker_scaling            throughput with 2 workers / (2 x 1 worker), tiny model (learner not the bottleneck)
+"""
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import tyro  # noqa: E402
+
+from nanorllm.config import TrainConfig  # noqa: E402
+from nanorllm.datasets.tasks import load_tasks  # noqa: E402
+from nanorllm.pipeline.weights import SharedWeights  # noqa: E402
+from nanorllm.policy.base import SamplingParams  # noqa: E402
+from nanorllm.policy.hf_causal import HFCausalPolicy  # noqa: E402
+from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
+from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
+from nanorllm.trainer.trainer import make_optimizer, train_step  # noqa: E402
+from nanorllm.utils.trial import run_trial  # noqa: E402
+
+TARGETS = {  # (comparison, target)
+    "pipeline_speedup": (">=", 1.6), "overlap_efficiency": (">=", 0.85), "broadcast_vs_copy": ("<=", 2.0),
+    "worker_blocked_frac": ("<=", 0.01), "learner_wait_frac": ("<=", 0.1), "rollout_batching_speedup": (">=", 4.0),
+    "learner_efficiency": (">=", 0.8), "worker_scaling": (">=", 0.9),
+}
+
+
+@dataclass
+class BenchConfig:
+    quick: bool = False
+    """tiny-random everywhere and few steps (minutes on a 2-core CPU)."""
+    model: str = "smollm2-135m-instruct"
+    """Model for the full run (ignored with --quick)."""
+    steps: int = 5
+    """Learner updates per timed run (the first is warm-up and not timed)."""
+    json: str | None = None
+    """Also write the figures here."""
+    devices: str = "auto"
+    """Devices for the pipeline runs (see launch/train.py --devices)."""
+
+
+def train_config(b: BenchConfig, **kw) -> TrainConfig:
+    model = "tiny-random" if b.quick else b.model
+    base = TrainConfig(model=model, max_steps=b.steps, tasks_per_step=4, num_samples_per_task=4,
+                       max_new_tokens=32 if not b.quick else 48, devices=b.devices, seed=0)
+    return replace(base, **kw)
+
+
+def bench_pipeline(b: BenchConfig) -> dict:
+    cpu = b.devices == "cpu" or (b.devices == "auto" and not torch.cuda.is_available())
+    serial = run_trial(train_config(b, serial=True))
+    pipe = run_trial(train_config(b, num_workers=1, max_policy_lag=1, threads=1 if cpu else None))
+    speedup = serial["timed_s"] / pipe["timed_s"]
+    ideal = (serial["rollout_s"] + serial["train_s"]) / max(serial["rollout_s"], serial["train_s"])
+    return {
+        "pipeline_speedup": speedup, "overlap_efficiency": speedup / ideal,
+        "worker_blocked_frac": pipe["worker_wait_frac"], "learner_wait_frac": pipe["learner_wait_frac"],
+        "policy_lag_mean": pipe["policy_lag_mean"], "policy_lag_max": pipe["policy_lag_max"],
+        "stale_dropped": pipe["stale_dropped"],
+        "_serial": serial, "_pipeline": pipe, "_ideal": ideal,
+    }
+
+
+def bench_broadcast(policy: HFCausalPolicy, repeats: int = 5) -> dict:
+    store = SharedWeights(policy.model)
+    flat_src = torch.empty_like(store.flat).copy_(store.flat)
+    flat_dst = torch.empty_like(store.flat)
+    copy_s, publish_s, load_s = [], [], []
+    for v in range(repeats):
+        t0 = time.perf_counter()
+        flat_dst.copy_(flat_src)
+        copy_s.append(time.perf_counter() - t0)
+        publish_s.append(store.publish(policy.model, v + 1))
+        load_s.append(store.load_into(policy.model)[1])
+    best = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731  (median)
+    return {"broadcast_vs_copy": (best(publish_s) + best(load_s)) / best(copy_s),
+            "_copy_s": best(copy_s), "_publish_s": best(publish_s), "_load_s": best(load_s), "_bytes": store.nbytes}
+
+
+def bench_rollout_batching(policy: HFCausalPolicy, tasks: list[dict], max_new_tokens: int) -> dict:
+    """Same episodes, same forced length (no EOS): one batched engine call vs plain generate, one by one."""
+    eos = policy.eos_ids
+    policy.eos_ids = []  # every response runs to max_new_tokens
+    try:
+        engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=max_new_tokens), max_turns=1)
+        t0 = time.perf_counter()
+        results = engine.run(tasks, num_samples=1, seed=0)
+        batched_s = time.perf_counter() - t0
+        tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
+        t0 = time.perf_counter()
+        single_tokens = 0
+        for r in results:
+            ids = torch.tensor([r.step_samples[0].prompt_ids], device=policy.device)
+            out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                        max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                        pad_token_id=policy.pad_id, top_k=0)
+            single_tokens += out.shape[1] - ids.shape[1]
+        single_s = time.perf_counter() - t0
+    finally:
+        policy.eos_ids = eos
+    return {"rollout_batching_speedup": (tokens / batched_s) / (single_tokens / single_s),
+            "_batched_tokens_per_s": tokens / batched_s, "_single_tokens_per_s": single_tokens / single_s,
+            "_episodes": len(tasks)}
+
+
+def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens,
+                                                           temperature=cfg.temperature), max_turns=cfg.max_turns)
+    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
+        r.trajectory.final_reward = float(i % 2)
+    cfg = replace(cfg, drop_zero_std_groups=False, micro_batch_tokens=10**9)
+    opt = make_optimizer(policy, cfg)
+    train_step(policy, opt, results, cfg)  # warm-up
+    m = train_step(policy, opt, results, cfg)
+    ours = m["train/tokens"] / m["perf/train_s"]
+    batch = collate_train_batch([s for r in results for s in r.step_samples], pad_id=policy.pad_id,
+                                device=policy.device)
+    labels = batch["input_ids"].masked_fill(batch["loss_mask"] == 0, -100)
+    policy.model.train()
+    for _ in range(2):  # warm-up, then timed
+        t0 = time.perf_counter()
+        loss = policy.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        bare_s = time.perf_counter() - t0
+    return {"learner_efficiency": ours / (m["train/tokens"] / bare_s), "_train_step_s": m["perf/train_s"],
+            "_bare_s": bare_s, "_tokens": m["train/tokens"]}
+
+
+def bench_worker_scaling(b: BenchConfig) -> dict:
+    quick = replace(b, quick=True)
+    one = run_trial(train_config(quick, num_workers=1, max_policy_lag=2, threads=1, max_steps=b.steps + 1))
+    two = run_trial(train_config(quick, num_workers=2, max_policy_lag=2, threads=1, max_steps=b.steps + 1))
+    return {"worker_scaling": two["episodes_per_s"] / (2 * one["episodes_per_s"]),
+            "_one_worker_episodes_per_s": one["episodes_per_s"], "_two_workers_episodes_per_s": two["episodes_per_s"]}
+
+
+def main() -> int:
+    b = tyro.cli(BenchConfig)
+    torch.set_flush_denormal(True)
+    figures, t_start = {}, time.perf_counter()
+    print("[bench] pipeline vs serial ...", flush=True)
+    figures.update(bench_pipeline(b))
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = train_config(b)
+    policy = HFCausalPolicy.from_name(cfg.model, device="cuda:0" if torch.cuda.is_available() else "cpu")
+    tasks = load_tasks(cfg.tasks, limit=16)
+    print("[bench] weight broadcast ...", flush=True)
+    figures.update(bench_broadcast(policy))
+    print("[bench] rollout batching ...", flush=True)
+    figures.update(bench_rollout_batching(policy, tasks, max_new_tokens=16))
+    print("[bench] learner efficiency ...", flush=True)
+    figures.update(bench_learner(policy, cfg, tasks[:4]))
+    print("[bench] worker scaling ...", flush=True)
+    figures.update(bench_worker_scaling(b))
+
+    print(f"\n{'figure':28s} {'value':>9s}  target")
+    for k, v in figures.items():
+        if k.startswith("_"):
+            continue
+        cmp, target = TARGETS.get(k, ("", None))
+        ok = "" if target is None else ("ok" if (v >= target if cmp == ">=" else v <= target) else "MISS")
+        print(f"{k:28s} {v:9.3f}  {cmp} {target if target is not None else ''} {ok}")
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
+              "model": "tiny-random" if b.quick else b.model, "machine": f"{platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
+              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
+    if b.json:
+        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"[bench] {record['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
