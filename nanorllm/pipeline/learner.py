@@ -163,6 +163,10 @@ class PipelineSource:
             for jid in stale_jobs:  # the same groups again, on current weights
                 self._submit({**self.specs[jid], "min_version": version})
             pending = stale_jobs
+        for jid in self.step_jobs.pop(step):  # a late duplicate of these is now recognised as one
+            self.owner.pop(jid, None)
+            self.specs.pop(jid, None)
+            self.attempts.pop(jid, None)
         self._wait_s = time.perf_counter() - t0
         return results, self._batch_metrics(results, version)
 

@@ -53,6 +53,8 @@ class WorkerPool:
         while True:
             msgs = []
             for wid, q in list(self.results.items()):
+                if not self.procs[wid].is_alive():
+                    continue  # a writer killed mid-message can leave a partial one: never read it
                 try:
                     while True:
                         msgs.append(q.get_nowait())

@@ -1,0 +1,22 @@
+"""Worker-count recommendation from trial rows."""
+
+from launch.tune_workers import recommend
+
+
+def row(n, eps, learner_wait):
+    return {"num_workers": n, "episodes_per_s": eps, "learner_wait_frac": learner_wait}
+
+
+def test_learner_bound_when_the_learner_never_waits():
+    line = recommend([row(1, 2.0, 0.40), row(2, 3.1, 0.05), row(3, 3.0, 0.01)])
+    assert line.startswith("learner-bound at N=2") and "--num-workers 2" in line
+
+
+def test_rollout_bound_when_the_largest_count_is_fastest_and_the_learner_waits():
+    line = recommend([row(1, 1.0, 0.8), row(2, 1.9, 0.6)])
+    assert line.startswith("rollout-bound up to N=2") and "--num-workers 2" in line
+
+
+def test_peak_in_the_middle():
+    line = recommend([row(1, 1.0, 0.8), row(2, 1.5, 0.5), row(3, 1.2, 0.5)])
+    assert "peaks at N=2" in line and "--num-workers 2" in line
