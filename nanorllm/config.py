@@ -9,8 +9,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-DEFAULT_TASKS = "arith:digits=1,terms=3,ops=+,count=1000,seed=1"
-DEFAULT_EVAL_TASKS = "arith:digits=1,terms=3,ops=+,count=200,seed=2"
+DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
+DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
 
 
 class ConfigError(ValueError):
@@ -48,13 +48,13 @@ class TrainConfig:
     grader_timeout_s: int = 2
     """Time limit for one answer check."""
     # --- GRPO ---
-    max_steps: int = 25
+    max_steps: int = 24
     """Learner updates."""
     tasks_per_step: int = 8
     """Groups (distinct tasks) per update."""
     num_samples_per_task: int = 4
     """Episodes per task: the GRPO group size."""
-    lr: float = 3e-5
+    lr: float = 3e-6
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

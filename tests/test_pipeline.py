@@ -6,7 +6,6 @@ import time
 from collections import Counter
 
 import pytest
-import torch
 
 from nanorllm.core.types import RolloutResult, Trajectory
 from nanorllm.pipeline.learner import split_stale

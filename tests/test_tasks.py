@@ -161,7 +161,7 @@ def test_generator_rejects_bad_arguments(kwargs):
 
 # ---------------------------------------------------------------- spec strings
 
-DEFAULTS = {"digits": 1, "terms": 2, "ops": "+", "count": 1000, "seed": 0}
+DEFAULTS = {"digits": 1, "terms": 2, "ops": "+", "count": 1000, "seed": 0, "max_operand": None}
 
 
 def test_parse_spec_defaults_and_values():
@@ -173,8 +173,22 @@ def test_parse_spec_defaults_and_values():
         "ops": "+-",
         "count": 500,
         "seed": 3,
+        "max_operand": None,
     }
     assert parse_arith_spec("arith:ops=*,digits=3") == {**DEFAULTS, "ops": "*", "digits": 3}
+    assert parse_arith_spec("arith:max=20")["max_operand"] == 20
+
+
+def test_max_operand_bounds_and_space():
+    from nanorllm.datasets.arithmetic import arithmetic_space_size
+
+    assert arithmetic_space_size(1, 2, "+-", max_operand=20) == 21 * 21 * 2
+    tasks = load_tasks("arith:max=20,terms=2,ops=+-,count=882,seed=5")
+    operands = [int(x) for t in tasks for x in t["question"][len("What is "):-1].split()[::2]]
+    assert min(operands) == 0 and max(operands) == 20
+    assert len({t["question"] for t in tasks}) == 882
+    with pytest.raises(ValueError, match="max"):
+        load_tasks("arith:max=0")
 
 
 @pytest.mark.parametrize(

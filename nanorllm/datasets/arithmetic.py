@@ -1,6 +1,7 @@
 """Synthetic arithmetic tasks: a cheap, exactly gradable curriculum for smoke runs and warm-up.
 
-A problem is `terms` operands of exactly `digits` digits joined by operators from `ops`, asked as
+A problem is `terms` operands of exactly `digits` digits (or, with `max_operand`, any integer from
+0 to max_operand) joined by operators from `ops`, asked as
 "What is 7 + 3 * 5?". The answer is computed with integer arithmetic under the usual precedence
 (`*` before `+`/`-`, left to right otherwise), never with `eval`.
 
@@ -14,7 +15,9 @@ import random
 
 ALLOWED_OPS = "+-*"
 ENUMERATE_LIMIT = 2_000_000
-SPEC_DEFAULTS: dict = {"digits": 1, "terms": 2, "ops": "+", "count": 1000, "seed": 0}
+SPEC_DEFAULTS: dict = {"digits": 1, "terms": 2, "ops": "+", "count": 1000, "seed": 0, "max_operand": None}
+SPEC_KEYS = {"digits": "digits", "terms": "terms", "ops": "ops", "count": "count", "seed": "seed",
+             "max": "max_operand"}  # spec key -> keyword argument
 
 
 def _unique_ops(ops: str) -> str:
@@ -32,16 +35,21 @@ def _check_params(digits: int, terms: int, ops: str) -> str:
     return _unique_ops(ops)
 
 
-def _operand_range(digits: int) -> tuple[int, int]:
-    """Smallest and largest operand with exactly `digits` digits (one digit includes 0)."""
+def _operand_range(digits: int, max_operand: int | None = None) -> tuple[int, int]:
+    """Smallest and largest operand: 0..max_operand if given, else exactly `digits` digits
+    (one digit includes 0)."""
+    if max_operand is not None:
+        if max_operand < 1:
+            raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+        return 0, max_operand
     low = 0 if digits == 1 else 10 ** (digits - 1)
     return low, 10**digits - 1
 
 
-def arithmetic_space_size(digits: int, terms: int, ops: str) -> int:
+def arithmetic_space_size(digits: int, terms: int, ops: str, max_operand: int | None = None) -> int:
     """Number of distinct problems: operand tuples times operator tuples."""
     ops = _check_params(digits, terms, ops)
-    low, high = _operand_range(digits)
+    low, high = _operand_range(digits, max_operand)
     return (high - low + 1) ** terms * len(ops) ** (terms - 1)
 
 
@@ -98,6 +106,7 @@ def make_arithmetic_tasks(
     count: int = 1000,
     seed: int = 0,
     prefix: str = "arith",
+    max_operand: int | None = None,
 ) -> list[dict]:
     """`count` arithmetic tasks, identical for identical arguments.
 
@@ -110,9 +119,9 @@ def make_arithmetic_tasks(
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     rng = random.Random(seed)
-    low, high = _operand_range(digits)
+    low, high = _operand_range(digits, max_operand)
     n_values = high - low + 1
-    size = arithmetic_space_size(digits, terms, ops)
+    size = arithmetic_space_size(digits, terms, ops, max_operand)
     problems: list[tuple[list[int], list[str]]] = []
     if size <= ENUMERATE_LIMIT:
         order = list(range(size))
@@ -142,7 +151,8 @@ def _parse_int(key: str, value: str, spec: str) -> int:
 def parse_arith_spec(spec: str) -> dict:
     """Keyword arguments for `make_arithmetic_tasks` from "arith:key=value,...".
 
-    Keys are digits, terms, ops, count and seed, each optional (defaults as in
+    Keys are digits, terms, ops, count, seed and max (operands 0..max instead of `digits`
+    digits), each optional (defaults as in
     `make_arithmetic_tasks`); "arith" and "arith:" alone give all defaults. Anything else
     (unknown or repeated keys, non-integers, digits/terms/count < 1, ops outside "+-*")
     raises ValueError naming the key and the spec.
@@ -162,8 +172,8 @@ def parse_arith_spec(spec: str) -> dict:
         key = key.strip()
         if not sep:
             raise ValueError(f"arith spec {spec!r}: item {item!r} is not key=value")
-        if key not in SPEC_DEFAULTS:
-            known = ", ".join(SPEC_DEFAULTS)
+        if key not in SPEC_KEYS:
+            known = ", ".join(SPEC_KEYS)
             raise ValueError(f"arith spec {spec!r}: unknown key {key!r} (known: {known})")
         if key in seen:
             raise ValueError(f"arith spec {spec!r}: key {key!r} is given twice")
@@ -180,5 +190,5 @@ def parse_arith_spec(spec: str) -> dict:
         number = _parse_int(key, value, spec)
         if key != "seed" and number < 1:
             raise ValueError(f"arith spec {spec!r}: key {key!r} must be >= 1, got {number}")
-        params[key] = number
+        params[SPEC_KEYS[key]] = number
     return params

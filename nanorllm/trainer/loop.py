@@ -13,11 +13,10 @@ metrics, eval, checkpoints) is this file.
 """
 
 import json
-import math
 import os
 import random
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
