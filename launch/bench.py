@@ -171,13 +171,13 @@ def main() -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = train_config(b)
     policy = HFCausalPolicy.from_name(cfg.model, device="cuda:0" if torch.cuda.is_available() else "cpu")
-    tasks = load_tasks(cfg.tasks, limit=16)
+    tasks = load_tasks(cfg.tasks, limit=32)  # 32 episodes: one default training step (8 tasks x 4)
     print("[bench] weight broadcast ...", flush=True)
     figures.update(bench_broadcast(policy))
     print("[bench] rollout batching ...", flush=True)
     figures.update(bench_rollout_batching(policy, tasks, max_new_tokens=16))
     print("[bench] learner efficiency ...", flush=True)
-    figures.update(bench_learner(policy, cfg, tasks[:4]))
+    figures.update(bench_learner(policy, cfg, tasks[:4]))  # 4 tasks x 4 episodes
     print("[bench] worker scaling ...", flush=True)
     figures.update(bench_worker_scaling(b))
 
