@@ -181,3 +181,12 @@ def test_agent_rewards_come_only_from_env_and_finish():
     traj = agent.finish(0.25, terminated=True, reason="correct")
     assert (traj.final_reward, traj.terminated, traj.termination_reason) == (0.25, True, "correct")
     assert [s.reward for s in traj.steps] == [0.25]
+
+
+def test_only_real_thousands_separators_are_dropped():
+    from nanorllm.envs.grader import grade
+
+    assert grade("\\boxed{12,345}", "12345")[0]
+    assert grade("\\boxed{-1,000.5}", "-1000.5")[0]
+    assert not grade("\\boxed{1,2}", "12")[0]
+    assert not grade("\\boxed{12,34}", "1234")[0]

@@ -6,6 +6,7 @@ hand only the box content to math-verify. Over-long answers are rejected before 
 10,000-character "answer" is not an answer and must not cost the rollout seconds of sympy.
 """
 
+import re
 import threading
 
 from math_verify import parse, verify
@@ -29,9 +30,12 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+
+
 def _parse(answer: str, timeout_s: int | None):
-    # "1,000" is a thousands separator in a final answer, not a tuple.
-    cleaned = answer.replace(",", "") if answer.replace(",", "").replace(".", "").lstrip("-").isdigit() else answer
+    # "1,000" is a thousands separator in a final answer; "1,2" is not a number twelve.
+    cleaned = answer.replace(",", "") if _THOUSANDS.fullmatch(answer) else answer
     return parse(f"${cleaned}$", extraction_config=_EXTRACTION, parsing_timeout=timeout_s)
 
 
