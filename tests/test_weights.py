@@ -1,9 +1,10 @@
-"""SharedWeights: publish/load round trip, versions, and no torn reads under concurrent publishing."""
+"""SharedWeights: flat parameters, publish/load round trip, the optimizer write guard, no torn reads."""
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
-from nanorllm.pipeline.weights import SharedWeights
+from nanorllm.pipeline.weights import SharedWeights, flatten_parameters
 
 
 def _model(fill: float = 0.0) -> torch.nn.Module:
@@ -14,32 +15,74 @@ def _model(fill: float = 0.0) -> torch.nn.Module:
     return m
 
 
+def test_flatten_keeps_values_parameter_objects_and_tied_weights():
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    m[1].weight = m[0].weight  # tied, as in the default model
+    with torch.no_grad():
+        m[0].weight.copy_(torch.arange(40.0).view(10, 4))
+    before = list(m.parameters())
+    flat = flatten_parameters(m)
+    assert flat.numel() == 40  # the tied weight has one slot
+    assert [id(p) for p in m.parameters()] == [id(p) for p in before]
+    assert torch.equal(m[1].weight, torch.arange(40.0).view(10, 4))
+    flat.fill_(3.0)  # the parameters are views: writing the block writes the model
+    assert bool((m[0].weight == 3.0).all()) and m[1].weight is m[0].weight
+
+
 def test_publish_then_load_copies_every_parameter_and_the_version():
     src, dst = _model(), _model()
     with torch.no_grad():
         for i, p in enumerate(src.parameters()):
             p.copy_(torch.randn_like(p) + i)
     store = SharedWeights(src)
+    assert store.in_place  # a CPU learner's parameters are the shared buffer
+    assert src[0].weight.data_ptr() == store.flat.data_ptr()
+    block = store.attach(dst)
     assert store.version == 0
-    store.publish(src, version=7)
-    version, seconds = store.load_into(dst)
+    store.publish(version=7)
+    version, seconds = store.load_into(block)
     assert version == 7 and seconds >= 0
     for a, b in zip(src.parameters(), dst.parameters()):
         assert torch.equal(a, b)
     assert store.nbytes == sum(p.numel() for p in src.parameters()) * 4
 
 
+def test_a_replica_with_another_layout_is_refused():
+    store = SharedWeights(_model())
+    with pytest.raises(ValueError, match="names and shapes"):
+        store.attach(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 32)))
+
+
+def test_optimizer_step_hides_the_buffer_until_publish():
+    learner, replica = _model(1.0), _model()
+    opt = torch.optim.SGD(learner.parameters(), lr=1.0)
+    store = SharedWeights(learner, opt)
+    block = store.attach(replica)
+    learner(torch.ones(1, 256)).sum().backward()
+    opt.step()  # writes the shared buffer in place: readers must not see it yet
+    assert int(store.state[0]) % 2 == 1
+    with pytest.raises(TimeoutError):
+        store.load_into(block, max_wait_s=0.05)
+    store.publish(version=1)
+    assert store.load_into(block)[0] == 1
+    assert torch.equal(replica[0].weight, learner[0].weight)
+    assert not torch.equal(replica[0].weight, torch.ones(256, 256))
+    store.close()
+    opt.step()  # hook removed: the counter no longer moves
+    assert int(store.state[0]) % 2 == 0
+
+
 def _reader(store: SharedWeights, n_reads: int, out) -> None:
     torch.set_num_threads(1)
     model = _model()
+    block = store.attach(model)
     torn = versions = 0
     last = -1
     for _ in range(n_reads):
-        version, _ = store.load_into(model)
-        values = torch.cat([p.detach().flatten() for p in model.parameters()])
+        version, _ = store.load_into(block)
         # The writer fills every parameter with float(version): a consistent read is uniform and
         # equal to its version number.
-        if not bool((values == values[0]).all()) or float(values[0]) != float(version):
+        if not bool((block == block[0]).all()) or float(block[0]) != float(version):
             torn += 1
         versions += version != last
         last = version
@@ -56,10 +99,11 @@ def test_no_torn_reads_while_publishing():
     version = 0
     while reader.is_alive() and version < 200_000:
         version += 1
+        store.begin_write()  # the learner's parameters are the buffer: writing them is writing it
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float(version))
-        store.publish(model, version)
+        store.publish(version)
     torn, distinct = out.get(timeout=60)
     reader.join(timeout=10)
     assert torn == 0

@@ -48,9 +48,10 @@ class PipelineSource:
         self.run, self.cfg = run, run.cfg
         self.rollout_seed = rollout_seed
         self.lag = run.cfg.max_policy_lag
-        self.weights = SharedWeights(run.policy.model)  # the one allocation of the shared buffer
+        # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
+        self.weights = SharedWeights(run.policy.model, run.optimizer)
         run.policy.version = run.start_step
-        self.weights.publish(run.policy.model, run.start_step)
+        self.weights.publish(run.start_step)
         n = len(run.devices.workers)
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
                                num_processes=n + 1)
@@ -202,7 +203,7 @@ class PipelineSource:
     def after_update(self, step: int) -> dict:
         version = step + 1
         self.run.policy.version = version
-        publish_s = self.weights.publish(self.run.policy.model, version)
+        publish_s = self.weights.publish(version)
         self._dispatch_upto(version + self.lag)
         cycle = time.perf_counter() - self._cycle_t0
         return {"pipeline/weight_publish_s": publish_s,
@@ -213,3 +214,4 @@ class PipelineSource:
 
     def close(self) -> None:
         self.pool.close()
+        self.weights.close()

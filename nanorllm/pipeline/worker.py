@@ -27,7 +27,8 @@ def worker_main(worker_id: int, cfg, device: str, threads: int | None, num_proce
 
     configure_threads(device, threads, num_processes)
     policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed)
-    policy.version, load_s = weights.load_into(policy.model)
+    block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
+    policy.version, load_s = weights.load_into(block)
     engine = RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
                            max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
                            grader_timeout_s=cfg.grader_timeout_s)
@@ -51,7 +52,7 @@ def worker_main(worker_id: int, cfg, device: str, threads: int | None, num_proce
         if stop.is_set():
             break
         if weights.version != policy.version:
-            policy.version, s = weights.load_into(policy.model)
+            policy.version, s = weights.load_into(block)
             loads.append(s)
         t_run = time.perf_counter()
         try:
