@@ -12,7 +12,8 @@ Figures (targets in TARGETS):
   policy_lag_mean/max, stale_dropped
   rollout_batching_speedup  tokens/s of one batched engine call / one episode at a time with `generate`
   learner_efficiency        train tokens/s of train_step / a bare fwd+bwd+step on the same batch
-  worker_scaling            throughput with 2 workers / (2 x 1 worker), tiny model (learner not the bottleneck)
+  worker_scaling            throughput with 2 workers / (2 x 1 worker), same job per worker, tiny model
+                            (learner not the bottleneck)
 """
 
 import copy
@@ -47,6 +48,13 @@ TARGETS = {  # (comparison, target)
 }
 
 
+CEILINGS = {  # what this machine allows, from the same runs: a figure at its ceiling cannot go higher here
+    "_split_ceiling": "pipeline_speedup ceiling (serial step / slower pipeline phase at its thread count)",
+    "_cpu_ceiling": "worker_scaling ceiling (CPU cores / twice the cores busy with one worker)",
+    "_bare_two_process_scaling": "two plain rollout processes, no learner, no pipeline (2 procs / 2 x 1 proc)",
+}
+
+
 @dataclass
 class BenchConfig:
     quick: bool = False
@@ -70,14 +78,19 @@ def train_config(b: BenchConfig, **kw) -> TrainConfig:
     return replace(base, **kw)
 
 
+def on_cpu(b: BenchConfig) -> bool:
+    return b.devices == "cpu" or (b.devices == "auto" and not torch.cuda.is_available())
+
+
 def bench_pipeline(b: BenchConfig) -> dict:
-    cpu = b.devices == "cpu" or (b.devices == "auto" and not torch.cuda.is_available())
     serial = run_trial(train_config(b, serial=True))
-    pipe = run_trial(train_config(b, num_workers=1, max_policy_lag=1, threads=1 if cpu else None))
+    pipe = run_trial(train_config(b, num_workers=1, max_policy_lag=1, threads=1 if on_cpu(b) else None))
     speedup = serial["timed_s"] / pipe["timed_s"]
     ideal = (serial["rollout_s"] + serial["train_s"]) / max(serial["rollout_s"], serial["train_s"])
+    # The pipeline cannot step faster than its slower phase as it runs there (one thread each on CPU):
+    split_ceiling = serial["step_s"] / max(pipe["rollout_s"], pipe["train_s"])
     return {
-        "pipeline_speedup": speedup, "overlap_efficiency": speedup / ideal,
+        "pipeline_speedup": speedup, "overlap_efficiency": speedup / ideal, "_split_ceiling": split_ceiling,
         "worker_blocked_frac": pipe["worker_wait_frac"], "learner_wait_frac": pipe["learner_wait_frac"],
         "policy_lag_mean": pipe["policy_lag_mean"], "policy_lag_max": pipe["policy_lag_max"],
         "stale_dropped": pipe["stale_dropped"],
@@ -160,12 +173,75 @@ def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -
             "_bare_s": bare_s, "_tokens": m["train/tokens"]}
 
 
+def _rollout_server(cfg: TrainConfig, commands, out) -> None:
+    """One process, one thread: on each command n, run n engine calls of one worker job's size."""
+    from nanorllm.trainer.loop import agent_kwargs, sampling_params
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
+    engine = RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
+                           agent_kwargs=agent_kwargs(cfg))
+    tasks = load_tasks(cfg.tasks, limit=cfg.tasks_per_step)
+    engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
+    out.put(None)
+    while (n := commands.get()) is not None:
+        for i in range(n):
+            engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=i + 1)
+        out.put(n)
+
+
+def bare_process_scaling(cfg: TrainConfig, jobs: int = 4, rounds: int = 5) -> float:
+    """Two independent rollout processes / twice one: what the machine gives two workers, no pipeline.
+
+    Alone and together alternate `rounds` times (median ratio), so drift on a shared machine
+    hits both sides alike."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    commands, outs = [ctx.Queue(), ctx.Queue()], [ctx.Queue(), ctx.Queue()]
+    procs = [ctx.Process(target=_rollout_server, args=(cfg, c, o)) for c, o in zip(commands, outs)]
+    for p in procs:
+        p.start()
+    try:
+        for o in outs:
+            o.get(timeout=300)  # both warmed up
+        ratios = []
+        for _ in range(rounds):  # jobs per second of wall time, timed here: from the command to the last result
+            t0 = time.perf_counter()
+            commands[0].put(jobs)
+            alone = outs[0].get(timeout=300) / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for c in commands:
+                c.put(jobs)
+            together = sum(o.get(timeout=300) for o in outs) / (time.perf_counter() - t0)
+            ratios.append(together / (2 * alone))
+    finally:
+        for c in commands:
+            c.put(None)
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return sorted(ratios)[len(ratios) // 2]
+
+
 def bench_worker_scaling(b: BenchConfig) -> dict:
+    """Every worker gets the same job (4 tasks x 4 episodes) with 1 or 2 workers, so the figure
+    measures what a second worker adds, not the smaller batches of a step split in two."""
     quick = replace(b, quick=True)
-    one = run_trial(train_config(quick, num_workers=1, max_policy_lag=2, threads=1, max_steps=b.steps + 1))
-    two = run_trial(train_config(quick, num_workers=2, max_policy_lag=2, threads=1, max_steps=b.steps + 1))
-    return {"worker_scaling": two["episodes_per_s"] / (2 * one["episodes_per_s"]),
-            "_one_worker_episodes_per_s": one["episodes_per_s"], "_two_workers_episodes_per_s": two["episodes_per_s"]}
+    steps = max(b.steps, 25) + 1  # tiny-model steps are sub-second: time enough of them
+    trial = lambda n: run_trial(train_config(quick, num_workers=n, tasks_per_step=4 * n,  # noqa: E731
+                                             max_policy_lag=2, threads=1, max_steps=steps))
+    one, two = trial(1), trial(2)
+    out = {"worker_scaling": two["episodes_per_s"] / (2 * one["episodes_per_s"]),
+           "_one_worker_episodes_per_s": one["episodes_per_s"], "_two_workers_episodes_per_s": two["episodes_per_s"],
+           "_one": one, "_two": two}
+    if on_cpu(b):
+        # Cores busy with one worker (learner + worker); twice the episodes need twice that.
+        busy = (1 - one["learner_wait_frac"]) + (1 - one["worker_idle_frac"] - one["worker_wait_frac"])
+        out["_cores_busy_one_worker"] = busy
+        out["_cpu_ceiling"] = min(1.0, (os.cpu_count() or 1) / (2 * busy))
+        out["_bare_two_process_scaling"] = bare_process_scaling(train_config(quick))
+    return out
 
 
 def main() -> int:
@@ -194,6 +270,9 @@ def main() -> int:
         cmp, target = TARGETS.get(k, ("", None))
         ok = "" if target is None else ("ok" if (v >= target if cmp == ">=" else v <= target) else "MISS")
         print(f"{k:28s} {v:9.3f}  {cmp} {target if target is not None else ''} {ok}")
+    for key, what in CEILINGS.items():
+        if key in figures:
+            print(f"  {what}: {figures[key]:.3f}")
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
               "model": "tiny-random" if b.quick else b.model, "machine": f"{platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} cores, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
