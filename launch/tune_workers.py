@@ -18,9 +18,13 @@ from nanorllm.config import ConfigError, parse_config  # noqa: E402
 from nanorllm.utils.trial import run_trial  # noqa: E402
 
 
-def recommend(rows: list[dict]) -> str:
-    """One line: which N to use and what limits it."""
-    best = max(rows, key=lambda r: r["episodes_per_s"])
+def recommend(rows: list[dict], *, flags: str = "", tolerance: float = 0.05) -> str:
+    """One line: which N to use and what limits it.
+
+    The smallest N within `tolerance` of the best throughput wins: a worker that adds less than
+    trial noise only adds memory, lag and stale samples."""
+    top = max(r["episodes_per_s"] for r in rows)
+    best = min((r for r in rows if r["episodes_per_s"] >= (1 - tolerance) * top), key=lambda r: r["num_workers"])
     n = best["num_workers"]
     if best["learner_wait_frac"] < 0.1:
         why = f"learner-bound at N={n} (learner waits {best['learner_wait_frac']:.0%} for data): " \
@@ -29,7 +33,7 @@ def recommend(rows: list[dict]) -> str:
         why = f"rollout-bound up to N={n}: more workers (or devices) may still help"
     else:
         why = f"throughput peaks at N={n}; more workers only compete for the same cores/devices"
-    return f"{why}. Use: --num-workers {n} --max-policy-lag 1"
+    return f"{why}. Use: --num-workers {n} --max-policy-lag 1{flags}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"N={n}: {r['episodes_per_s']:.2f} episodes/s | learner wait {r['learner_wait_frac']:.2f} | "
               f"worker wait {r['worker_wait_frac']:.2f} | lag {r['policy_lag_mean']:.2f} | "
               f"step {r['step_s']:.1f} s", flush=True)
-    print(recommend(rows))
+    print(recommend(rows, flags="" if base.devices == "auto" else f" --devices {base.devices}"))
     return 0
 
 

@@ -20,3 +20,8 @@ def test_rollout_bound_when_the_largest_count_is_fastest_and_the_learner_waits()
 def test_peak_in_the_middle():
     line = recommend([row(1, 1.0, 0.8), row(2, 1.5, 0.5), row(3, 1.2, 0.5)])
     assert "peaks at N=2" in line and "--num-workers 2" in line
+
+
+def test_a_worker_that_adds_less_than_the_noise_is_not_recommended():
+    line = recommend([row(1, 1.00, 0.5), row(2, 1.03, 0.4), row(3, 0.9, 0.4)], flags=" --devices cpu")
+    assert "peaks at N=1" in line and line.endswith("--num-workers 1 --max-policy-lag 1 --devices cpu")

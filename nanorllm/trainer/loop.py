@@ -99,8 +99,10 @@ class SerialSource:
 
 
 class TrainingRun:
-    def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None):
+    def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
+                 quiet: bool = False):
         self.cfg = cfg
+        self.quiet = quiet  # no console output (timed trials print their own summary)
         self.resume_dir = resume_dir
         self.overrides = overrides or {}
         self.start_step = 0
@@ -146,14 +148,18 @@ class TrainingRun:
         self.final_step = self.start_step
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
                                 purge_step=self.start_step + 1 if state else None)
-        print(format_config(cfg).replace("|-|-|\n", ""), flush=True)
+        self.say(format_config(cfg).replace("|-|-|\n", ""))
         if self.overrides:
-            print(f"[resume] overriding the saved config with: {self.overrides}", flush=True)
-        print(f"[run] {self.run_dir} | train tasks {len(self.train_tasks)} (held-out removed: "
+            self.say(f"[resume] overriding the saved config with: {self.overrides}")
+        self.say(f"[run] {self.run_dir} | train tasks {len(self.train_tasks)} (held-out removed: "
               f"{self.totals['dropped_heldout']}) | eval tasks {len(self.eval_tasks)} | "
-              f"devices {self.devices}", flush=True)
+              f"devices {self.devices}")
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, flush=True)
 
     def use_cores(self, *, alone: bool) -> None:
         """All CPU cores while this process runs alone (setup, evaluation before and after
@@ -176,9 +182,9 @@ class TrainingRun:
                        agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes)
         self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
                              res["first_turn_success"], "eval/mean_turns": res["mean_turns"]}, step)
-        print(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
-              f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f} | n {res['n']} | "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        self.say(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
+                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f} | n {res['n']} | "
+                 f"{time.perf_counter() - t0:.1f} s")
         return res
 
     def write_eval_summary(self, before: dict | None, after: dict | None) -> None:
@@ -198,7 +204,8 @@ class TrainingRun:
     def train(self, source) -> dict:
         cfg = self.cfg
         self.source = source
-        bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False)
+        bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False,
+                   disable=self.quiet)
         for step in bar:
             if self.stop_requested:
                 break
@@ -227,7 +234,8 @@ class TrainingRun:
             self.logger.scalars(metrics, step + 1)
             self.history.append(metrics)
             self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
-            bar.write(self.console_line(step + 1, metrics))
+            if not self.quiet:
+                bar.write(self.console_line(step + 1, metrics))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
@@ -245,7 +253,7 @@ class TrainingRun:
 
     def save_checkpoint(self, step: int) -> Path:
         path = checkpoint.save(self, step)
-        print(f"[checkpoint] {path}", flush=True)
+        self.say(f"[checkpoint] {path}")
         return path
 
     def finish(self, *, interrupted: bool = False) -> dict:

@@ -16,7 +16,7 @@ def run_trial(cfg: TrainConfig, *, warmup_steps: int = 1) -> dict:
     """Train cfg.max_steps steps; returns wall time and per-step metrics averaged after warm-up."""
     with tempfile.TemporaryDirectory(prefix="nanorllm-trial-") as out:
         cfg = replace(cfg, eval_tasks="", output_dir=out, run_name="trial", save_model=False, sample_every=0)
-        run = TrainingRun(cfg)
+        run = TrainingRun(cfg, quiet=True)
         run.setup()
         run.use_cores(alone=False)
         source = None
