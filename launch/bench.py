@@ -144,7 +144,7 @@ def bench_rollout_batching(policy: HFCausalPolicy, tasks: list[dict], max_new_to
         policy.eos_ids = eos
     return {"rollout_batching_speedup": (tokens / batched_s) / (single_tokens / single_s),
             "_batched_tokens_per_s": tokens / batched_s, "_single_tokens_per_s": single_tokens / single_s,
-            "_episodes": len(tasks)}
+            "_episodes": len(tasks), "_batched_tokens": tokens, "_single_tokens": single_tokens}
 
 
 def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:

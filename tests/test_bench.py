@@ -1,0 +1,25 @@
+"""The benchmark's measuring pieces compare like with like (the figures themselves are timings)."""
+
+import math
+
+import torch
+
+from launch.bench import bench_broadcast, bench_rollout_batching
+from nanorllm.datasets.tasks import load_tasks
+
+
+def test_broadcast_is_one_learner_publish_and_one_worker_load(fresh_tiny_policy):
+    before = [p.detach().clone() for p in fresh_tiny_policy.model.parameters()]
+    out = bench_broadcast(fresh_tiny_policy, repeats=3)
+    assert out["_publish_in_place"]  # CPU learner: its parameters are the shared buffer
+    assert out["_bytes"] == sum(t.numel() for t in before) * 4
+    assert math.isfinite(out["broadcast_vs_copy"]) and out["broadcast_vs_copy"] > 0
+    for a, b in zip(before, fresh_tiny_policy.model.parameters()):  # the learner's values survive the move
+        assert torch.equal(a, b)
+
+
+def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
+    tasks = load_tasks("arith:max=20,terms=2,ops=+-,count=50,seed=1", limit=3)
+    out = bench_rollout_batching(fresh_tiny_policy, tasks, max_new_tokens=5)
+    assert out["_batched_tokens"] == out["_single_tokens"] == 3 * 5
+    assert fresh_tiny_policy.eos_ids  # restored after the forced-length run
