@@ -3,6 +3,9 @@
     python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
     python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
 
+--quick checks that every measurement runs; its figures are not the reference (0.36 MB of weights
+make broadcast_vs_copy a measure of per-call overhead, and tiny-model steps are sub-second).
+
 Figures (targets in TARGETS):
   pipeline_speedup          serial wall time / pipeline wall time, same updates, tasks and seeds
   overlap_efficiency        pipeline_speedup / ideal, ideal = (rollout + train) / max(rollout, train) (serial)
