@@ -178,13 +178,12 @@ def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -
 
 def _rollout_server(cfg: TrainConfig, commands, out) -> None:
     """One process, one thread: on each command n, run n engine calls of one worker job's size."""
-    from nanorllm.trainer.loop import agent_kwargs, sampling_params
+    from nanorllm.trainer.loop import training_engine
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
-    engine = RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
-                           agent_kwargs=agent_kwargs(cfg))
+    engine = training_engine(policy, cfg)
     tasks = load_tasks(cfg.tasks, limit=cfg.tasks_per_step)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
     out.put(None)

@@ -16,22 +16,19 @@ import time
 import traceback
 
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.utils.devices import configure_threads
 
 
 def worker_main(worker_id: int, cfg, device: str, threads: int | None, num_processes: int,
                 jobs: "queue.Queue", results: "queue.Queue", weights, stop) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from nanorllm.trainer.loop import agent_kwargs, sampling_params
+    from nanorllm.trainer.loop import training_engine
 
     configure_threads(device, threads, num_processes)
     policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed)
     block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
     policy.version, load_s = weights.load_into(block)
-    engine = RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
-                           max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
-                           grader_timeout_s=cfg.grader_timeout_s)
+    engine = training_engine(policy, cfg)
     results.put({"kind": "ready", "worker_id": worker_id, "version": policy.version, "load_s": load_s})
     # Time since the last message, by what the worker was doing: the learner reads the shares.
     acc, loads, t_mark = {"idle_s": 0.0, "weight_wait_s": 0.0, "queue_wait_s": 0.0}, [load_s], time.perf_counter()

@@ -48,6 +48,13 @@ def agent_kwargs(cfg: TrainConfig) -> dict:
             "example": DEFAULT_EXAMPLE if cfg.worked_example else None}
 
 
+def training_engine(policy, cfg: TrainConfig) -> RolloutEngine:
+    """The sampling engine every training rollout uses, serial or in a worker."""
+    return RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
+                         max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
+                         grader_timeout_s=cfg.grader_timeout_s)
+
+
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
     """Sampling seed of one step's batch: the same in serial and pipeline mode."""
     return cfg.seed * 1_000_003 + step
@@ -74,9 +81,7 @@ class SerialSource:
     def __init__(self, run: "TrainingRun"):
         self.run = run
         cfg = run.cfg
-        self.engine = RolloutEngine(run.policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
-                                    max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
-                                    grader_timeout_s=cfg.grader_timeout_s)
+        self.engine = training_engine(run.policy, cfg)
 
     def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
         picked = self.run.stream.take(self.run.cfg.tasks_per_step)
