@@ -49,9 +49,8 @@ class PipelineSource:
         self.rollout_seed = rollout_seed
         self.lag = run.cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
-        self.weights = SharedWeights(run.policy.model, run.optimizer)
+        self.weights = SharedWeights(run.policy.model, run.optimizer, version=run.start_step)
         run.policy.version = run.start_step
-        self.weights.publish(run.start_step)
         n = len(run.devices.workers)
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
                                num_processes=n + 1)

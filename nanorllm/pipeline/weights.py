@@ -55,18 +55,18 @@ def _layout(model: torch.nn.Module) -> list[tuple[str, tuple]]:
 class SharedWeights:
     """Created by the learner from its model (which it flattens); pickled to the workers."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 version: int = 0):
         self.layout = _layout(model)
         first = next(model.parameters())
         numel = sum(p.numel() for p in model.parameters())
         self.flat = torch.empty(numel, dtype=first.dtype).share_memory_()  # made once, reused
         self.state = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
-        on_cpu = first.device.type == "cpu"
-        self._source = flatten_parameters(model, into=self.flat if on_cpu else None)
+        self._source = flatten_parameters(model, into=self.flat if first.device.type == "cpu" else None)
         self._hook = None
-        if on_cpu and optimizer is not None:  # in-place updates of the shared block are writes
+        if self.in_place and optimizer is not None:  # in-place updates of the shared block are writes
             self._hook = optimizer.register_step_pre_hook(lambda *_: self.begin_write())
-        self.publish(version=0)
+        self.publish(version)
 
     def __getstate__(self) -> dict:  # workers get the shared buffer and counters, not the learner's side
         return {"layout": self.layout, "flat": self.flat, "state": self.state, "_source": None, "_hook": None}
