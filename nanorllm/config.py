@@ -45,8 +45,8 @@ class TrainConfig:
     """System prompt; None uses the built-in one."""
     worked_example: bool = True
     """Put one worked question/answer pair before the question (teaches the \\boxed{} format)."""
-    grader_timeout_s: int = 2
-    """Time limit for one answer check."""
+    grader_timeout_s: float = 5.0
+    """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
     # --- GRPO ---
     max_steps: int = 24
     """Learner updates."""

@@ -1,19 +1,47 @@
-"""Answer checking: find the last \\boxed{...} in a response and compare it to the gold answer by
-math equivalence (math-verify, which parses LaTeX into sympy), under a time limit. Never `eval`.
+"""Answer checking: find the last \\boxed{...} in a response and compare it to the gold answer. Never `eval`.
 
-We extract the box ourselves (brace matching, last box wins) so the rule is exact and testable, and
-hand only the box content to math-verify. Over-long answers are rejected before parsing: a
-10,000-character "answer" is not an answer and must not cost the rollout seconds of sympy.
+Two paths, chosen by the gold answer:
+- **Numeric gold** (an integer, decimal or fraction, e.g. GSM8K's "1,000"): the box must hold *a plain
+  number*, and it is compared exactly as a rational (`fractions.Fraction`). No sympy, so no time limit
+  and no way for machine load to change a verdict. A general equivalence checker would evaluate
+  `\\boxed{4 - 17}` to -13 and `\\boxed{8 = 7}` to its right-hand side: a policy could earn full reward
+  by restating the question. Accepted forms (see `parse_number`):
+    integer `7`, decimal `7.0` / `.5`, sign `-7` / `+7` / `−7` (U+2212), thousands separators `1,000`
+    (groups of exactly three) and `1{,}000`, fractions `\\frac{1}{2}` / `\\dfrac` / `\\tfrac` / `1/2`
+    in lowest terms with a denominator > 1, surrounding `$` / `\\(...\\)` / spaces / `\\!`, a leading
+    `\\$` (currency), one trailing unit: `\\text{...}` / `\\mathrm{...}` without digits, a single word,
+    `\\%` or `^\\circ`.
+  Anything else scores 0: expressions (`3+4`, `0.7 \\times 10`), equations (`x = 7`), several values
+  (`7, 7`), unreduced fractions (`14/2`), scientific notation, words with numbers.
+- **Any other gold** (`\\sqrt{2}`, `x + 1`, an interval): math-verify equivalence (LaTeX -> sympy).
+  Its own time limit is wall-clock (SIGALRM), which a busy CPU can hit on a correct answer, so we
+  run it without one and bound it by *CPU time* of this process instead (`ITIMER_VIRTUAL`): a
+  contended machine slows the clock, not the budget. Every timeout is reported (`Verdict.timed_out`,
+  counted as `reward/grader_timeouts`).
+
+We extract the box ourselves (brace matching, last box wins) so the rule is exact and testable.
+Over-long answers are rejected before parsing: a 10,000-character "answer" is not an answer.
 """
 
+import math
 import re
+import signal
 import threading
+from dataclasses import dataclass
+from fractions import Fraction
 
 from math_verify import parse, verify
 from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
 
 MAX_ANSWER_CHARS = 200
 _EXTRACTION = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+
+@dataclass
+class Verdict:
+    correct: bool
+    extracted: str | None  # the box content; None when there is no closed box
+    timed_out: bool = False  # the symbolic check ran out of CPU time (counted, scored 0)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -30,36 +58,111 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
-_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+# ---- numbers ----------------------------------------------------------------------------------
+_INT = r"(?:\d{1,3}(?:,\d{3})+|\d+)"  # thousands groups of exactly three, or plain digits
+_DECIMAL = re.compile(rf"({_INT})?(?:\.(\d*))?")
+_FRAC = re.compile(r"\\[dt]?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+)")
+# One unit after the number: \text{ cm} (no digits inside), a word after a space, a percent sign, degrees.
+_UNIT_SUFFIX = re.compile(r"(?<=[\d}.])(?:\s*\\(?:text|mathrm|textrm|mbox)\{[^{}\d]*\}|\s+[A-Za-z]+|\s*\\?%"
+                          r"|\s*\^\{?\\circ\}?)$")
+_WRAPPERS = [("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")]
 
 
-def _parse(answer: str, timeout_s: int | None):
-    # "1,000" is a thousands separator in a final answer; "1,2" is not a number twelve.
-    cleaned = answer.replace(",", "") if _THOUSANDS.fullmatch(answer) else answer
-    return parse(f"${cleaned}$", extraction_config=_EXTRACTION, parsing_timeout=timeout_s)
+def _strip_decorations(s: str) -> str:
+    s = s.strip()
+    for left, right in _WRAPPERS:
+        if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+            s = s[len(left):len(s) - len(right)].strip()
+    s = s.replace("\\!", "").replace("{,}", ",").replace("\u2212", "-")
+    s = re.sub(r"\\[,;: ]|~", " ", s).strip()
+    whole_text = re.fullmatch(r"\\(?:text|mathrm|textrm|mbox)\{([^{}]*)\}", s)
+    if whole_text:  # \text{7}
+        s = whole_text.group(1).strip()
+    s = _UNIT_SUFFIX.sub("", s).strip()
+    if s.startswith("\\$"):  # currency
+        s = s[2:].lstrip()
+    return s
 
 
-def is_equivalent(predicted: str, gold: str, *, timeout_s: int = 2) -> bool:
-    """True when two answer strings are mathematically equal (e.g. '0.5' and '\\frac{1}{2}')."""
+def parse_number(text: str, *, lowest_terms: bool = True) -> Fraction | None:
+    """The exact value of a plain number written as a final answer, or None if it is anything else.
+
+    `lowest_terms=False` is for gold answers, which are data, not something the policy wrote.
+    """
+    s = _strip_decorations(text)
+    sign = 1
+    if s and s[0] in "+-":
+        sign, s = (-1 if s[0] == "-" else 1), s[1:].lstrip()
+    frac = _FRAC.fullmatch(s)
+    if frac:
+        num, den = (int(g) for g in (frac.group(1, 2) if frac.group(1) else frac.group(3, 4)))
+        if den == 0 or (lowest_terms and (den == 1 or math.gcd(num, den) != 1)):
+            return None
+        return sign * Fraction(num, den)
+    dec = _DECIMAL.fullmatch(s)
+    if not dec or not (dec.group(1) or dec.group(2)):
+        return None
+    whole, part = (dec.group(1) or "0").replace(",", ""), dec.group(2) or ""
+    return sign * Fraction(int(whole + part), 10 ** len(part))
+
+
+# ---- symbolic answers -------------------------------------------------------------------------
+class _CpuTimeout(Exception):
+    pass
+
+
+def _raise_timeout(*_):
+    raise _CpuTimeout
+
+
+def _symbolic_equal(predicted: str, gold: str, cpu_limit_s: float) -> tuple[bool, bool]:
+    """(equal, timed out) by math-verify, under a CPU-time limit where signals allow one (main thread)."""
+    limited = threading.current_thread() is threading.main_thread() and cpu_limit_s > 0
+    if limited:
+        old = signal.signal(signal.SIGVTALRM, _raise_timeout)
+        signal.setitimer(signal.ITIMER_VIRTUAL, cpu_limit_s)
+    try:
+        g = parse(f"${gold}$", extraction_config=_EXTRACTION, parsing_timeout=None)
+        p = parse(f"${predicted}$", extraction_config=_EXTRACTION, parsing_timeout=None)
+        return bool(g and p and verify(g, p, timeout_seconds=None)), False
+    except _CpuTimeout:
+        return False, True
+    except Exception:  # a parser failure means "not shown to be equal"
+        return False, False
+    finally:
+        if limited:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+            signal.signal(signal.SIGVTALRM, old)
+
+
+def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> tuple[bool, bool]:
+    """(correct, timed out) for one extracted answer against the gold answer."""
     predicted, gold = predicted.strip(), gold.strip()
     if not predicted or len(predicted) > MAX_ANSWER_CHARS:
-        return False
+        return False, False
+    gold_value = parse_number(gold, lowest_terms=False)
+    if gold_value is not None:
+        return parse_number(predicted) == gold_value, False
     if predicted == gold:
-        return True
-    # math-verify's time limit uses SIGALRM, which only the main thread may set.
-    limit = timeout_s if threading.current_thread() is threading.main_thread() else None
-    try:
-        gold_parsed, pred_parsed = _parse(gold, limit), _parse(predicted, limit)
-        if not gold_parsed or not pred_parsed:
-            return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=limit))
-    except Exception:  # a parser or timeout failure means "not shown to be equal"
-        return False
+        return True, False
+    return _symbolic_equal(predicted, gold, cpu_limit_s)
 
 
-def grade(response: str, gold: str, *, timeout_s: int = 2) -> tuple[bool, str | None]:
-    """(correct, extracted answer). A response without a closed \\boxed{} is wrong."""
+def is_equivalent(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> bool:
+    """True when the answer is right ('0.5' for gold '\\frac{1}{2}'; for a numeric gold only plain numbers)."""
+    return check_answer(predicted, gold, cpu_limit_s=cpu_limit_s)[0]
+
+
+def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0) -> Verdict:
+    """Grade a whole response. A response without a closed \\boxed{} is wrong."""
     boxed = extract_boxed(response)
     if boxed is None:
-        return False, None
-    return is_equivalent(boxed, gold, timeout_s=timeout_s), boxed
+        return Verdict(False, None)
+    correct, timed_out = check_answer(boxed, gold, cpu_limit_s=cpu_limit_s)
+    return Verdict(correct, boxed, timed_out)
+
+
+def grade(response: str, gold: str, *, cpu_limit_s: float = 5.0) -> tuple[bool, str | None]:
+    """(correct, extracted answer)."""
+    v = judge(response, gold, cpu_limit_s=cpu_limit_s)
+    return v.correct, v.extracted

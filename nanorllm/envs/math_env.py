@@ -7,7 +7,7 @@ Rules (from the design notes, exactly):
 The reward is terminal: only the last step's reward is the episode's reward.
 """
 
-from nanorllm.envs.grader import grade
+from nanorllm.envs.grader import judge
 
 RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
                   "Put your final answer in \\boxed{}.")
@@ -16,7 +16,7 @@ NO_BOX_FEEDBACK = ("I could not find a final answer. Solve it again and put your
 
 
 class MathEnv:
-    def __init__(self, *, max_turns: int = 2, grader_timeout_s: int = 2):
+    def __init__(self, *, max_turns: int = 2, grader_timeout_s: float = 5.0):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
@@ -32,10 +32,13 @@ class MathEnv:
         """Grade one response. Returns (feedback or None, reward, done, info)."""
         assert self.task is not None, "call reset(task) first"
         self.turn += 1
-        correct, extracted = grade(response, self.task["answer"], timeout_s=self.grader_timeout_s)
-        info = {"extracted": extracted, "correct": correct, "turn": self.turn}
+        verdict = judge(response, self.task["answer"], cpu_limit_s=self.grader_timeout_s)
+        correct = verdict.correct
+        info = {"extracted": verdict.extracted, "correct": correct, "turn": self.turn}
+        if verdict.timed_out:
+            info["grader_timeout"] = True
         if correct:
             return None, 1.0, True, info
         if self.turn >= self.max_turns:
             return None, 0.0, True, info
-        return (RETRY_FEEDBACK if extracted is not None else NO_BOX_FEEDBACK), 0.0, False, info
+        return (RETRY_FEEDBACK if verdict.extracted is not None else NO_BOX_FEEDBACK), 0.0, False, info

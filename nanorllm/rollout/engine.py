@@ -29,7 +29,7 @@ class _Episode:
 
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
-                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: int = 2):
+                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0):
         self.policy = policy
         self.sampling = sampling
         self.max_turns = max_turns

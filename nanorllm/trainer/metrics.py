@@ -25,6 +25,9 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
         "episode/num_turns": sum(r.trajectory.num_turns for r in results) / n,
         "completions/mean_length": sum(lengths) / max(len(lengths), 1),
         "completions/clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1),
+        # answer checks that ran out of CPU time (scored 0): should stay 0
+        "reward/grader_timeouts": sum(bool(st.info.get("grader_timeout")) for r in results
+                                      for st in r.trajectory.steps),
     }
     reasons = Counter(r.trajectory.termination_reason for r in results)
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
