@@ -178,7 +178,7 @@ def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -
 
 def _rollout_server(cfg: TrainConfig, commands, out) -> None:
     """One process, one thread: on each command n, run n engine calls of one worker job's size."""
-    from nanorllm.trainer.loop import training_engine
+    from nanorllm.rollout.build import training_engine
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)

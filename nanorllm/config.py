@@ -114,6 +114,19 @@ class TrainConfig:
     """Most recent episodes kept in runs/<run>/rollouts.jsonl."""
     save_model: bool = True
     """Save the final model in HF format under runs/<run>/final_model."""
+    # --- faults ---
+    save_every_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed since the last one (0: off): a hard kill loses at most that."""
+    worker_timeout_s: float | None = None
+    """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the longest job)."""
+    worker_start_timeout_s: float = 600.0
+    """Longest a worker may take to load its model and say it is ready."""
+    restart_backoff_s: float = 1.0
+    """Wait before restarting a failed worker; doubles with each failure in a row (at most 60 s)."""
+    max_restarts_per_worker: int = 5
+    """A worker that fails this many times in a row without finishing a job stops the run."""
+    max_restarts_per_run: int = 50
+    """Worker restarts allowed in the whole run before it stops."""
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
@@ -124,12 +137,16 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 p.append(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay"]:
+        for name in ["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay",
+                     "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker", "max_restarts_per_run"]:
             if getattr(self, name) < 0:
                 p.append(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ["limit", "eval_limit", "threads"]:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 p.append(f"{name}: must be >= 1 or unset, got {getattr(self, name)}")
+        for name in ["worker_timeout_s", "worker_start_timeout_s"]:
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                p.append(f"{name}: must be > 0, got {getattr(self, name)}")
         if not self.lr > 0:
             p.append(f"lr: must be > 0, got {self.lr}")
         if not self.temperature > 0:

@@ -36,8 +36,8 @@ def test_two_worker_run_finishes_and_cleans_up(tmp_path):
     assert {r["worker_id"] for r in read_rollouts(run)} == {0, 1}
     scalars = read_scalars(run)
     for tag in ["pipeline/policy_lag_mean", "pipeline/policy_lag_max", "pipeline/stale_dropped",
-                "pipeline/queue_depth", "pipeline/learner_wait_frac", "pipeline/worker_wait_frac",
-                "pipeline/weight_publish_s", "pipeline/worker_restarts", "pipeline/mismatch_kl",
+                "pipeline/ready_batches", "pipeline/learner_wait_frac", "pipeline/worker_wait_frac",
+                "pipeline/weight_publish_s", "pipeline/worker_restarts", "pipeline/worker_hangs", "pipeline/mismatch_kl",
                 "perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s"]:
         assert tag in scalars, tag
     assert max(v for _, v in scalars["pipeline/policy_lag_max"]) <= 1

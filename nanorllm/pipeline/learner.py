@@ -10,8 +10,11 @@ come from changes. Here:
   while this one trains.
 - after each update the learner publishes the weights (version + 1) and dispatches the next step.
 - a batch whose version still lags more than the bound is dropped, counted and re-issued.
-- a dead worker is restarted and its unfinished jobs re-issued; a job's result is used once
-  (a late duplicate is discarded), so no group is lost or trained twice.
+- a worker that dies, or hangs (its heartbeat stands still past the timeout: it is SIGKILLed), is
+  reported with its device and what it was doing, restarted after a back-off that doubles with
+  each failure in a row, and its unfinished jobs go to the other workers (or wait for one). A
+  job's result is used once (a late duplicate is discarded), so no group is lost or trained twice.
+  Past the restart caps the run stops with the worker's own last error (`PipelineError`).
 """
 
 import signal
@@ -19,6 +22,10 @@ import time
 
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot go on (workers keep failing); the message says why."""
 
 
 def split_stale(results: list, learner_version: int, max_lag: int) -> tuple[list, list]:
@@ -41,6 +48,7 @@ def _exit_reason(code: int | None) -> str:
 
 class PipelineSource:
     MAX_JOB_ATTEMPTS = 3
+    MAX_BACKOFF_S = 60.0
 
     def __init__(self, run):
         from nanorllm.trainer.loop import rollout_seed
@@ -55,15 +63,20 @@ class PipelineSource:
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
                                num_processes=n + 1)
         self.outstanding: dict[str, dict] = {}  # job_id -> job, dispatched and not yet returned
-        self.owner: dict[str, int] = {}  # job_id -> worker id it was given to
+        self.owner: dict[str, int | None] = {}  # job_id -> worker it was given to (None: waits for one)
         self.attempts: dict[str, int] = {}
         self.done: dict[str, dict] = {}  # job_id -> message, returned and not yet trained on
         self.specs: dict[str, dict] = {}  # job_id -> job, kept until its step is trained
         self.step_jobs: dict[int, list[str]] = {}
         self.step_position: dict[int, int] = {}  # task-stream position before step s was drawn
-        self.totals = {"stale_dropped": 0, "worker_restarts": 0, "job_errors": 0, "duplicates": 0}
+        self.ready: set[int] = set()  # workers whose current process has loaded its model
+        self.failures = {wid: 0 for wid in range(n)}  # failures in a row, without a finished job
+        self.last_error: dict[int, str] = {}  # a worker's own traceback, from its last "fatal" message
+        self.longest_job_s = 0.0
+        self.totals = {"stale_dropped": 0, "worker_restarts": 0, "worker_hangs": 0, "job_errors": 0,
+                       "duplicates": 0}
         self.next_step = run.start_step
-        self._wait_s, self._cycle_t0, self._msgs = 0.0, time.perf_counter(), []
+        self._wait_s, self._cycle_t0, self._msgs, self._ready_groups = 0.0, time.perf_counter(), [], 0
         self._dispatch_upto(run.start_step + self.lag)
 
     # ---- dispatch ------------------------------------------------------------------------------
@@ -75,7 +88,7 @@ class PipelineSource:
     def _dispatch_step(self, step: int) -> None:
         self.step_position[step] = self.run.stream.position
         picked = self.run.stream.take(self.cfg.tasks_per_step)
-        n_parts = min(len(self.pool.procs) or 1, len(picked))
+        n_parts = min(len(self.pool.devices), len(picked))
         size = -(-len(picked) // n_parts)
         ids = []
         for part in range(n_parts):
@@ -91,23 +104,40 @@ class PipelineSource:
         self.step_jobs[step] = ids
 
     def _submit(self, job: dict, exclude: int | None = None) -> None:
-        load = {wid: 0 for wid in self.pool.procs}
-        for jid, wid in self.owner.items():
-            if jid in self.outstanding and wid in load:
+        """A new attempt at `job`: to the least loaded live worker, or waiting for one."""
+        jid = job["job_id"]
+        self.outstanding[jid] = job
+        self.specs[jid] = job
+        self.attempts[jid] = self.attempts.get(jid, 0) + 1
+        self.owner[jid] = None
+        self._assign(jid, exclude)
+
+    def _assign(self, jid: str, exclude: int | None = None) -> None:
+        live = self.pool.up()
+        if not live:
+            return  # every worker is waiting out a back-off; _assign_waiting places it later
+        load = {wid: 0 for wid in live}
+        for other, wid in self.owner.items():
+            if other in self.outstanding and wid in load:
                 load[wid] += 1
-        candidates = [w for w in load if w != exclude] or list(load)
+        candidates = [w for w in live if w != exclude] or live
         wid = min(candidates, key=lambda w: (load[w], w))
-        self.outstanding[job["job_id"]] = job
-        self.specs[job["job_id"]] = job
-        self.owner[job["job_id"]] = wid
-        self.attempts[job["job_id"]] = self.attempts.get(job["job_id"], 0) + 1
-        self.pool.submit(wid, job)
+        self.owner[jid] = wid
+        self.pool.submit(wid, self.outstanding[jid])
+
+    def _assign_waiting(self) -> None:
+        for jid in [j for j in self.outstanding if self.owner.get(j) is None]:
+            self._assign(jid)
 
     # ---- receive -------------------------------------------------------------------------------
     def _handle(self, msg: dict) -> None:
-        kind = msg["kind"]
+        kind, wid = msg["kind"], msg["worker_id"]
         if kind == "ready":
+            self.ready.add(wid)
             self._msgs.append(msg)
+            return
+        if kind == "fatal":
+            self.last_error[wid] = msg["error"]
             return
         jid = msg["job_id"]
         if jid not in self.outstanding:  # already returned by an earlier attempt
@@ -115,33 +145,72 @@ class PipelineSource:
             return
         if kind == "error":
             self.totals["job_errors"] += 1
-            print(f"[pipeline] worker {msg['worker_id']} failed job {jid}:\n{msg['error']}", flush=True)
+            print(f"[pipeline] worker {wid} failed job {jid}:\n{msg['error']}", flush=True)
             job = self.outstanding.pop(jid)
             if self.attempts[jid] >= self.MAX_JOB_ATTEMPTS:
-                raise RuntimeError(f"job {jid} failed {self.attempts[jid]} times; last error above")
-            self._submit(job, exclude=msg["worker_id"])
+                raise PipelineError(f"job {jid} failed {self.attempts[jid]} times; the last error:\n"
+                                    f"{msg['error']}")
+            self._submit(job, exclude=wid)
             return
         self.outstanding.pop(jid)
         self.done[jid] = msg
         self._msgs.append(msg)
+        self.failures[wid] = 0
+        self.longest_job_s = max(self.longest_job_s, msg["rollout_s"])
+
+    def worker_timeout_s(self) -> float:
+        return self.cfg.worker_timeout_s or max(60.0, 5 * self.longest_job_s)
 
     def _check_workers(self) -> None:
+        """Deal with every worker that died or hung since the last look."""
         for wid, code in self.pool.dead():
-            lost = [jid for jid, w in self.owner.items() if w == wid and jid in self.outstanding]
-            print(f"[pipeline] worker {wid} died ({_exit_reason(code)}); restarting it and re-issuing "
-                  f"{len(lost)} job(s): {lost}", flush=True)
-            self.pool.restart(wid)
-            self.totals["worker_restarts"] += 1
-            for jid in lost:
-                self._submit(self.outstanding.pop(jid))
+            self._lose(wid, f"died ({_exit_reason(code)})")
+        hb = self.pool.heartbeat
+        for wid in self.pool.up():
+            limit = self.worker_timeout_s() if wid in self.ready else self.cfg.worker_start_timeout_s
+            silent = hb.silence(wid)
+            if silent > limit:
+                self.totals["worker_hangs"] += 1
+                self._lose(wid, f"hung: no progress for {silent:.1f} s (limit {limit:.0f} s); SIGKILLed")
+
+    def _lose(self, wid: int, reason: str) -> None:
+        """Remove a dead or hung worker, keep what it finished, restart it later, re-issue the rest."""
+        doing = self.pool.heartbeat.describe(wid)
+        for msg in self.pool.remove(wid):  # whole messages it sent before it went
+            self._handle(msg)
+        self.ready.discard(wid)
+        lost = [jid for jid, w in self.owner.items() if w == wid and jid in self.outstanding]
+        self.failures[wid] += 1
+        self.totals["worker_restarts"] += 1
+        where = f"worker {wid} on {self.pool.devices[wid]}"
+        if (self.failures[wid] > self.cfg.max_restarts_per_worker
+                or self.totals["worker_restarts"] > self.cfg.max_restarts_per_run):
+            raise PipelineError(
+                f"{where} {reason} while {doing}; that is {self.failures[wid]} failures in a row and "
+                f"{self.totals['worker_restarts']} in this run (caps --max-restarts-per-worker "
+                f"{self.cfg.max_restarts_per_worker}, --max-restarts-per-run {self.cfg.max_restarts_per_run}). "
+                + (f"Its last error:\n{self.last_error[wid]}" if wid in self.last_error else "It sent no error."))
+        delay = min(self.cfg.restart_backoff_s * 2 ** (self.failures[wid] - 1), self.MAX_BACKOFF_S)
+        print(f"[pipeline] {where} {reason} while {doing}; restarting it in {delay:.1f} s and re-issuing "
+              f"{len(lost)} job(s): {lost}", flush=True)
+        self.pool.restart_later(wid, delay)
+        for jid in lost:
+            self.owner[jid] = None
+        self._assign_waiting()
+
+    def _pump(self, timeout: float) -> None:
+        """One round of the learner's watch: read messages, handle deaths and hangs, restarts."""
+        for msg in self.pool.poll(timeout):
+            self._handle(msg)
+        self._check_workers()
+        if self.pool.start_due():
+            self._assign_waiting()
 
     def _collect(self, job_ids: list[str]) -> bool:
         while not all(j in self.done for j in job_ids):
             if self.run.stop_requested:
                 return False
-            for msg in self.pool.poll(timeout=0.2):
-                self._handle(msg)
-            self._check_workers()
+            self._pump(timeout=0.2)
         return True
 
     # ---- the RolloutSource interface -------------------------------------------------------------
@@ -149,6 +218,8 @@ class PipelineSource:
         t0 = time.perf_counter()
         self._cycle_t0 = t0
         version = self.run.policy.version
+        self._pump(timeout=0.0)
+        self._ready_groups = sum(len(self.specs[jid]["group_ids"]) for jid in self.done)
         pending, results = list(self.step_jobs[step]), []
         while pending:
             if not self._collect(pending):
@@ -167,6 +238,7 @@ class PipelineSource:
             self.owner.pop(jid, None)
             self.specs.pop(jid, None)
             self.attempts.pop(jid, None)
+        self.step_position.pop(step - 1, None)
         self._wait_s = time.perf_counter() - t0
         return results, self._batch_metrics(results, version)
 
@@ -178,8 +250,10 @@ class PipelineSource:
             "pipeline/policy_lag_mean": sum(lags) / max(len(lags), 1),
             "pipeline/policy_lag_max": max(lags, default=0),
             "pipeline/stale_dropped": self.totals["stale_dropped"],
-            "pipeline/queue_depth": self.pool.queue_depth(),
+            # > 0: finished groups were already waiting when the learner asked (learner-bound)
+            "pipeline/ready_batches": self._ready_groups / self.cfg.tasks_per_step,
             "pipeline/worker_restarts": self.totals["worker_restarts"],
+            "pipeline/worker_hangs": self.totals["worker_hangs"],
             "pipeline/job_errors": self.totals["job_errors"],
         }
         wall = sum(x["wall_s"] for x in msgs)

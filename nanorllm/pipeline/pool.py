@@ -1,17 +1,22 @@
-"""WorkerPool: starts, watches, restarts and stops the rollout worker processes.
+"""WorkerPool: starts, watches, restarts (after a back-off) and stops the rollout worker processes.
 
-Each worker has its own job queue and its own bounded result queue. Why not one shared result
-queue: a process killed while writing a large message into a shared multiprocessing.Queue can
-leave a half-written message, or its write lock held, for every other writer. With one queue per
-worker a dead worker's queues are simply dropped with it; the learner reads all of them as one.
-`spawn` start method: no fork of a process that holds threads and CUDA state.
+Each worker slot has its own pipes (see channel.py) and a row of the shared heartbeat; a restarted
+worker gets fresh pipes, so nothing a dead process half-wrote is ever read. The stop signal is a
+flag in shared memory, not a multiprocessing.Event: an Event has a lock that a worker killed while
+checking it would hold forever. Nothing here creates a named semaphore, so a SIGKILLed learner
+leaves no /dev/shm entry behind. `spawn` start method: no fork of a process that holds threads and
+CUDA state.
 """
 
-import queue
+import os
 import time
+from multiprocessing.connection import wait
 
+import torch
 import torch.multiprocessing as mp
 
+from nanorllm.pipeline.channel import Inbox, Outbox
+from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.pipeline.worker import worker_main
 
 
@@ -20,91 +25,85 @@ class WorkerPool:
         self.cfg, self.weights, self.devices = cfg, weights, devices
         self.threads, self.num_processes = threads, num_processes
         self.ctx = mp.get_context("spawn")
-        self.stop_event = self.ctx.Event()
-        self.procs, self.jobs, self.results = {}, {}, {}
-        self.restarts = 0
+        self.stop_flag = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.heartbeat = Heartbeat(len(devices))
+        self.procs, self.outbox, self.inbox = {}, {}, {}
+        self.started = {wid: 0 for wid in range(len(devices))}  # processes started per slot
+        self.start_at: dict[int, float] = {}  # slots waiting out a back-off: wid -> when to start
         for wid in range(len(devices)):
             self._start(wid)
 
     def _start(self, wid: int) -> None:
-        self.jobs[wid] = self.ctx.Queue()
-        self.results[wid] = self.ctx.Queue(maxsize=self.cfg.queue_size)
+        job_r, job_w = self.ctx.Pipe(duplex=False)
+        res_r, res_w = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(target=worker_main, name=f"nanorllm-worker-{wid}", daemon=True,
-                             args=(wid, self.cfg, self.devices[wid], self.threads, self.num_processes,
-                                   self.jobs[wid], self.results[wid], self.weights, self.stop_event))
+                             args=(wid, self.started[wid], self.cfg, self.devices[wid], self.threads,
+                                   self.num_processes, job_r, res_w, self.weights, self.heartbeat,
+                                   self.stop_flag, os.getpid()))
+        self.heartbeat.reset(wid)
         p.start()
-        self.procs[wid] = p
+        job_r.close()  # only the worker holds these ends: its death closes the pipes
+        res_w.close()
+        self.procs[wid], self.outbox[wid], self.inbox[wid] = p, Outbox(job_w), Inbox(res_r)
+        self.started[wid] += 1
+
+    def up(self) -> list[int]:
+        """Slots with a process (alive, or dead and not yet handled)."""
+        return sorted(self.procs)
 
     def submit(self, wid: int, job: dict) -> None:
-        self.jobs[wid].put(job)
+        self.outbox[wid].put(job)
 
     def dead(self) -> list[tuple[int, int | None]]:
-        """(worker id, exit code) of every worker that is no longer running."""
+        """(worker id, exit code) of every worker process that is no longer running."""
         return [(wid, p.exitcode) for wid, p in self.procs.items() if not p.is_alive()]
 
-    def restart(self, wid: int) -> None:
-        self._discard(wid)
-        self.restarts += 1
-        self._start(wid)
-
-    def poll(self, timeout: float) -> list[dict]:
-        """Messages from any worker, waiting up to `timeout` seconds for the first one."""
-        deadline = time.perf_counter() + timeout
-        while True:
-            msgs = []
-            for wid, q in list(self.results.items()):
-                if not self.procs[wid].is_alive():
-                    continue  # a writer killed mid-message can leave a partial one: never read it
-                try:
-                    while True:
-                        msgs.append(q.get_nowait())
-                except queue.Empty:
-                    pass
-                except (EOFError, OSError, ValueError):  # a queue broken by a killed writer
-                    pass
-            if msgs or time.perf_counter() >= deadline:
-                return msgs
-            time.sleep(0.002)
-
-    def queue_depth(self) -> int:
-        total = 0
-        for q in self.results.values():
-            try:
-                total += q.qsize()
-            except NotImplementedError:
-                pass
-        return total
-
-    def _discard(self, wid: int) -> None:
+    def remove(self, wid: int) -> list[dict]:
+        """Kill slot `wid`'s process if alive; returns the complete messages it sent before it died."""
         p = self.procs.pop(wid)
         if p.is_alive():
             p.kill()
         p.join(timeout=5)
-        for q in (self.jobs.pop(wid), self.results.pop(wid)):
-            q.cancel_join_thread()
-            q.close()
+        inbox, outbox = self.inbox.pop(wid), self.outbox.pop(wid)
+        msgs = inbox.read()
+        inbox.close()
+        outbox.close()
+        return msgs
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Ask every worker to stop, wait a little, then terminate / kill what is left."""
-        self.stop_event.set()
-        for q in self.jobs.values():
-            try:
-                q.put_nowait(None)
-            except Exception:
-                pass
-        deadline = time.perf_counter() + timeout_s
+    def restart_later(self, wid: int, delay_s: float) -> None:
+        self.start_at[wid] = time.monotonic() + delay_s
+
+    def start_due(self) -> list[int]:
+        """Start every slot whose back-off has passed; returns them."""
+        due = [wid for wid, t in self.start_at.items() if t <= time.monotonic()]
+        for wid in due:
+            del self.start_at[wid]
+            self._start(wid)
+        return due
+
+    def poll(self, timeout: float) -> list[dict]:
+        """Messages from any worker, waiting up to `timeout` seconds for the first bytes."""
+        for box in self.outbox.values():
+            box.flush()
+        conns = {self.inbox[wid].conn: wid for wid in self.procs if not self.inbox[wid].eof}
+        msgs = []
+        for conn in wait(list(conns), timeout) if conns else []:
+            msgs.extend(self.inbox[conns[conn]].read())
+        if not conns:
+            time.sleep(timeout)
+        return msgs
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Ask every worker to stop, give them `grace_s`, then SIGKILL what is left.
+
+        By the time this runs the learner has saved what it needs; a worker holds nothing worth
+        waiting for."""
+        self.stop_flag[0] = 1
+        self.start_at.clear()
+        for box in self.outbox.values():
+            box.put(None)
+        deadline = time.monotonic() + grace_s
         for p in self.procs.values():
-            p.join(timeout=max(0.0, deadline - time.perf_counter()))
-        for p in self.procs.values():
-            if p.is_alive():
-                p.terminate()  # a worker in the middle of a long generate call
-        for p in self.procs.values():
-            p.join(timeout=3)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
         for wid in list(self.procs):
-            self.procs.pop(wid)
-            for q in (self.jobs.pop(wid), self.results.pop(wid)):
-                q.cancel_join_thread()
-                q.close()
+            self.remove(wid)

@@ -2,73 +2,147 @@
 
 Loop: take a job -> wait until the shared weights are at least the job's `min_version` (this is
 how `max_policy_lag` is enforced before any token is sampled) -> reload weights only if the
-version moved -> run every episode of the job in one RolloutEngine call -> put the RolloutResults
-(plain Python data) on this worker's result queue, tagged with the weights version and timings.
+version moved -> run every episode of the job in one RolloutEngine call -> hand the RolloutResults
+(plain Python data), tagged with the weights version and timings, to a sender thread that writes
+them to the learner, so the next job can start while a large result is still being written.
 
-Workers ignore SIGINT: Ctrl-C goes to the launcher, which stops them with a message / event and
-joins them with a timeout. An exception outside an episode is reported to the learner as a failed
-job (it re-issues it) and the worker goes on.
+Staying honest with the learner, which must be able to tell a slow worker from a dead or hung one:
+- it exits by itself when the learner dies (`lifeline`);
+- it beats a shared heartbeat on every model forward pass and every poll, with what it is doing;
+- the stop signal is a flag in shared memory, so there is no lock for a dying process to hold;
+- any exception outside an episode is sent to the learner as a message and printed here, so a
+  worker that cannot start still says why. An exception inside a job fails only that job.
+Workers ignore SIGINT: Ctrl-C goes to the launcher, which saves, then stops them.
 """
 
+import os
+import pickle
 import queue
 import signal
+import sys
+import threading
 import time
 import traceback
 
+import torch
+
+from nanorllm.pipeline.channel import frame
+from nanorllm.pipeline.lifeline import die_with_parent
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.build import training_engine
 from nanorllm.utils.devices import configure_threads
+from nanorllm.utils.faults import fault
 
 
-def worker_main(worker_id: int, cfg, device: str, threads: int | None, num_processes: int,
-                jobs: "queue.Queue", results: "queue.Queue", weights, stop) -> None:
+class _Sender:
+    """The one thread that writes this worker's messages to the learner, in order."""
+
+    def __init__(self, conn, maxsize: int, torn: bool):
+        self.conn, self.torn = conn, torn
+        self.q: queue.Queue = queue.Queue(maxsize=maxsize)
+        threading.Thread(target=self._run, name="sender", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            msg = self.q.get()
+            try:
+                if self.torn and msg["kind"] == "result":
+                    self._die_mid_write(msg)
+                self.conn.send(msg)
+            except OSError:
+                os._exit(1)  # the learner closed its end: it is gone
+            self.q.task_done()
+
+    def _die_mid_write(self, msg: dict) -> None:
+        payload = pickle.dumps({**msg, "padding": b"x" * (8 << 20)})
+        os.write(self.conn.fileno(), frame(payload) + payload[:len(payload) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def put(self, msg: dict, *, waiting) -> None:
+        """Queue a message; while the queue is full, call `waiting()` every 0.1 s."""
+        while True:
+            try:
+                return self.q.put(msg, timeout=0.1)
+            except queue.Full:
+                waiting()
+
+    def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.q.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int | None, num_processes: int,
+                jobs, results, weights, heartbeat, stop: torch.Tensor, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from nanorllm.trainer.loop import training_engine
+    sender = _Sender(results, cfg.queue_size, torn=fault("torn_result") is not None and worker_id == 0
+                     and incarnation == 0)
+    try:
+        _serve(worker_id, cfg, device, threads, num_processes, jobs, sender, weights, heartbeat, stop)
+    except BaseException:
+        error = traceback.format_exc()
+        print(f"[worker {worker_id}] stopped by an error:\n{error}", file=sys.stderr, flush=True)
+        sender.put({"kind": "fatal", "worker_id": worker_id, "error": error}, waiting=lambda: None)
+        sender.drain(timeout_s=5.0)
+        sys.exit(1)
 
+
+def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender: _Sender, weights,
+           hb, stop: torch.Tensor) -> None:
+    hb.doing(wid, "starting")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # this process's default device, for allocations we do not place
     configure_threads(device, threads, num_processes)
+    if fault("worker_start") is not None:
+        raise RuntimeError("injected fault: worker_start")
     policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed)
+    policy.model.register_forward_hook(lambda *_: hb.beat(wid))  # progress inside a long generate
     block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
     policy.version, load_s = weights.load_into(block)
     engine = training_engine(policy, cfg)
-    results.put({"kind": "ready", "worker_id": worker_id, "version": policy.version, "load_s": load_s})
+    sender.put({"kind": "ready", "worker_id": wid, "version": policy.version, "load_s": load_s},
+               waiting=lambda: hb.beat(wid))
     # Time since the last message, by what the worker was doing: the learner reads the shares.
     acc, loads, t_mark = {"idle_s": 0.0, "weight_wait_s": 0.0, "queue_wait_s": 0.0}, [load_s], time.perf_counter()
-    while not stop.is_set():
+    while not stop[0]:
+        hb.doing(wid, "waiting for a job")
         t0 = time.perf_counter()
-        try:
-            job = jobs.get(timeout=0.05)
-        except queue.Empty:
+        if not jobs.poll(0.05):
             acc["idle_s"] += time.perf_counter() - t0
             continue
+        job = jobs.recv()
+        acc["idle_s"] += time.perf_counter() - t0
         if job is None:
             break
-        acc["idle_s"] += time.perf_counter() - t0
+        hb.doing(wid, "waiting for weights", job["job_id"])
         t0 = time.perf_counter()
-        while weights.version < job["min_version"] and not stop.is_set():
+        while weights.version < job["min_version"] and not stop[0]:
             time.sleep(0.002)
+            hb.beat(wid)
         acc["weight_wait_s"] += time.perf_counter() - t0
-        if stop.is_set():
+        if stop[0]:
             break
         if weights.version != policy.version:
+            hb.doing(wid, "loading weights", job["job_id"])
             policy.version, s = weights.load_into(block)
             loads.append(s)
+        hb.doing(wid, "generating", job["job_id"])
         t_run = time.perf_counter()
         try:
             out = engine.run(job["tasks"], num_samples=job["num_samples"], group_ids=job["group_ids"],
                              seed=job["seed"])
             for r in out:
-                r.worker_id = worker_id
+                r.worker_id = wid
             msg = {"kind": "result", "job_id": job["job_id"], "results": out}
         except Exception:
             msg = {"kind": "error", "job_id": job["job_id"], "error": traceback.format_exc()}
         now = time.perf_counter()
-        msg.update({"worker_id": worker_id, "version": policy.version, "rollout_s": now - t_run,
+        msg.update({"worker_id": wid, "version": policy.version, "rollout_s": now - t_run,
                     "wall_s": now - t_mark, **acc, "load_s": sum(loads), "loads": len(loads)})
+        hb.doing(wid, "waiting to hand a result to the learner", job["job_id"])
         t0 = time.perf_counter()
-        while not stop.is_set():  # bounded queue: block here (and count it) when the learner is behind
-            try:
-                results.put(msg, timeout=0.1)
-                break
-            except queue.Full:
-                continue
+        sender.put(msg, waiting=lambda: hb.beat(wid))  # bounded: waits (and counts it) when the learner is behind
         acc = {"idle_s": 0.0, "weight_wait_s": 0.0, "queue_wait_s": time.perf_counter() - t0}
         loads, t_mark = [], now
+    hb.doing(wid, "stopping")

@@ -1,0 +1,63 @@
+"""Heartbeat: each worker's progress, which the learner reads without a lock.
+
+One shared int64 row per worker: [beats, activity, step, part]. The worker bumps `beats` whenever
+it makes progress (each model forward pass, each poll for a job or for weights) and writes what it
+is doing. The learner notes, on its own clock, when each count last moved: a worker whose count
+stands still longer than the timeout is hung (SIGSTOP, a deadlock, a stuck device), whatever it
+claims to be doing. No clock is shared between processes, and a torn read of a row costs at most a
+stale activity in a report.
+"""
+
+import time
+
+import torch
+
+ACTIVITIES = ["starting", "waiting for a job", "waiting for weights", "loading weights", "generating",
+              "waiting to hand a result to the learner", "stopping"]
+BEATS, ACTIVITY, STEP, PART = range(4)
+
+
+class Heartbeat:
+    """Made by the learner for `n` workers and pickled to them; worker `wid` writes row `wid`."""
+
+    def __init__(self, n: int):
+        self.board = torch.zeros(n, 4, dtype=torch.int64).share_memory_()
+        self._seen: dict[int, tuple[int, float]] = {}  # learner side: wid -> (beats, when they last moved)
+        self.__setstate__(self.__getstate__())
+
+    def __getstate__(self) -> dict:
+        return {"board": self.board, "_seen": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._rows = self.board.numpy()  # a view: writes go straight to shared memory
+
+    # ---- worker side ---------------------------------------------------------------------------
+    def beat(self, wid: int) -> None:
+        self._rows[wid, BEATS] += 1
+
+    def doing(self, wid: int, activity: str, job_id: str | None = None) -> None:
+        step, part = (int(x) for x in job_id.split(".")) if job_id else (-1, -1)
+        self._rows[wid, STEP], self._rows[wid, PART] = step, part
+        self._rows[wid, ACTIVITY] = ACTIVITIES.index(activity)
+        self.beat(wid)
+
+    # ---- learner side --------------------------------------------------------------------------
+    def reset(self, wid: int) -> None:
+        """A new process in slot `wid`: its silence counts from now."""
+        self._rows[wid] = 0
+        self._seen[wid] = (0, time.monotonic())
+
+    def silence(self, wid: int) -> float:
+        """Seconds since worker `wid` last made progress, as far as the learner has seen."""
+        beats, now = int(self._rows[wid, BEATS]), time.monotonic()
+        last, since = self._seen.get(wid, (None, now))
+        if beats != last:
+            self._seen[wid] = (beats, now)
+            return 0.0
+        return now - since
+
+    def describe(self, wid: int) -> str:
+        row = [int(x) for x in self._rows[wid]]
+        what = ACTIVITIES[row[ACTIVITY]]
+        return what + (f" (job {row[STEP]}.{row[PART]})" if row[STEP] >= 0 else "")

@@ -1,0 +1,21 @@
+"""Fault injection for the reliability tests and launch/chaos.py; inert unless NANORLLM_FAULT is set.
+
+Faults that come from outside (SIGKILL, SIGSTOP, Ctrl-C) need no hook. These are the ones that
+must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separated list of:
+
+    worker_start     every worker process raises while starting, before it takes a job
+    torn_result      worker 0's first process SIGKILLs itself halfway through writing its first
+                     result, padded to 8 MB (a worker killed while it writes a large message)
+    learner_step:N   the learner raises an exception when it is about to train step N
+"""
+
+import os
+
+
+def fault(name: str) -> str | None:
+    """The injected fault's argument ('' if it has none), or None when `name` is not injected."""
+    for item in os.environ.get("NANORLLM_FAULT", "").split(","):
+        key, _, arg = item.partition(":")
+        if key.strip() == name:
+            return arg.strip()
+    return None
