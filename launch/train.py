@@ -6,13 +6,17 @@
     python launch/train.py --config my.yaml --max-steps 100
     python launch/train.py --resume runs/<run>      # continue the last complete checkpoint
 
-Ctrl-C / SIGTERM: the current update finishes (or the current rollout is abandoned), a checkpoint
-is written, worker processes exit, shared memory is released.
+Ctrl-C / SIGTERM: the step in progress is abandoned (or, if its optimizer step has begun, seen
+through), a checkpoint of the last completed step is written first, then the workers are stopped;
+exit code 130 / 143. Further signals while that happens are noted and ignored: they cannot skip
+the save. An error exits with 1 after the same save, printing the original traceback; a finished
+run is only one that trained every step (final eval, final_model/, exit 0).
 """
 
 import json
 import signal
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,6 +45,47 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
     return cfg, resume_dir, overrides
 
 
+class StopSignals:
+    """SIGINT / SIGTERM handling. The first signal raises KeyboardInterrupt where the run is, unless
+    it is committing a step (then the loop stops after it); every later one is only noted, so
+    nothing can interrupt the save."""
+
+    EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+    def __init__(self, run: TrainingRun):
+        self.run, self.signum, self.may_raise = run, None, True
+        self.previous = {s: signal.signal(s, self._on_signal) for s in self.EXIT_CODES}
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            print(f"\n[signal] {name}: already stopping; the checkpoint is written first", flush=True)
+            return
+        self.signum = signum
+        self.run.stop_requested = True
+        if self.may_raise and not self.run.committing:
+            self.may_raise = False
+            print(f"\n[signal] {name}: stopping; checkpoint of the last completed step first", flush=True)
+            raise KeyboardInterrupt
+        print(f"\n[signal] {name}: stopping after the step being committed", flush=True)
+
+    @property
+    def exit_code(self) -> int:
+        return self.EXIT_CODES.get(self.signum, 130)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def _attempt(what: str, fn) -> None:
+    """Run one shutdown action; an error in it is printed, never raised over the original one."""
+    try:
+        fn()
+    except Exception:
+        print(f"[shutdown] {what} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -49,19 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     run = TrainingRun(cfg, resume_dir=resume_dir, overrides=overrides)
-    source = None
-
-    def on_signal(signum, frame):
-        print(f"\n[signal] {signal.Signals(signum).name}: stopping after the current update", flush=True)
-        run.stop_requested = True
-        if not run.in_update:
-            raise KeyboardInterrupt
-
-    summary = {}
+    signals = StopSignals(run)
+    source, outcome = None, "failed"
     try:
         run.setup()
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
         run.evaluate_before()
         run.use_cores(alone=False)
         if cfg.serial:
@@ -70,23 +106,45 @@ def main(argv: list[str] | None = None) -> int:
             from nanorllm.pipeline.learner import PipelineSource
             source = PipelineSource(run)
         run.train(source)
+        signals.may_raise = False
+        outcome = "stopped" if run.stop_requested else "done"
     except (TaskFileError, ConfigError, CheckpointError, FileExistsError) as e:
+        signals.may_raise = False
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        outcome = "bad input"
     except KeyboardInterrupt:
-        run.stop_requested = True
-    finally:
-        if source is not None:
-            source.close()  # workers are gone before the final eval takes every core
-        if hasattr(run, "policy"):
+        signals.may_raise = False
+        outcome = "stopped"
+    except BaseException:
+        signals.may_raise = False
+        traceback.print_exc()
+        print("[failed] the run stopped on the error above", file=sys.stderr, flush=True)
+    # Shutdown: save first (workers may still be running), then stop the workers, then the rest.
+    if hasattr(run, "logger") and outcome != "bad input":
+        _attempt("saving the checkpoint", run.save_last)
+    if source is not None:
+        _attempt("stopping the workers", source.close)  # gone before the final eval takes every core
+    summary = {}
+    if outcome == "done":  # everything is saved: a signal may cut the final eval short
+        signals.may_raise = signals.signum is None
+        try:
             run.use_cores(alone=True)
-            summary = run.finish(interrupted=run.stop_requested)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        run.cleanup()
-    if run.stop_requested:
+            summary = run.finish()
+        except KeyboardInterrupt:
+            outcome = "stopped"
+        except Exception:
+            traceback.print_exc()
+            outcome = "failed"
+        signals.may_raise = False
+    _attempt("closing the logs", run.cleanup)
+    signals.restore()
+    if outcome == "bad input":
+        return 2
+    if outcome == "stopped":
         print(f"[stopped] checkpoint under {run.run_dir / 'checkpoints'}; continue with --resume {run.run_dir}")
-        return 130
+        return signals.exit_code
+    if outcome == "failed":
+        return 1
     if "before" in summary and "after" in summary:
         b, a = summary["before"]["success_rate"], summary["after"]["success_rate"]
         print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {summary['after']['n']} tasks | "

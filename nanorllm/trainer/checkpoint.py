@@ -5,6 +5,12 @@
     rng.pt               torch and sampler RNG states, weights_only=True
     trainer_state.json   step, task-stream position, python RNG state, counters, config
 
+The task-stream position is the exactly-once ledger: every group is named by the position it was
+drawn at (`<task_id>@<position>`), and steps train the stream in order, so "trained" is exactly
+"position < stream_position". It is the position before step `step`'s tasks were drawn, even when
+a pipeline had later steps in flight or a stop interrupted a rollout: those groups are drawn again
+on resume and trained once.
+
 Written under a temporary name and renamed when complete, so a crash mid-write never leaves a
 directory that looks like a checkpoint; a checkpoint that fails to load is reported and the
 previous one is used. Nothing here unpickles code.
@@ -50,9 +56,10 @@ def save(run, step: int) -> Path:
     run.policy.save(str(tmp / "model"))
     torch.save(run.optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
+    position = run.source.position_at(step) if run.source else run.stream.position
     state = {
-        "step": step, "stream_position": run.source.position_at(step) if run.source else run.stream.position, "python_rng": _jsonable(random.getstate()),
-        "totals": run.totals, "config": asdict(run.cfg),
+        "step": step, "stream_position": position, "groups_trained": position,
+        "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": asdict(run.cfg),
         "reference_model": run.cfg.model,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")

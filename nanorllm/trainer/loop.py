@@ -10,6 +10,10 @@ metrics, eval, checkpoints) is this file.
         metrics = train_step(...)           # group, advantage, collate, loss, optimizer step
         source.after_update(step)           # publish weights (pipeline) / nothing (serial)
         log, evaluate, checkpoint
+
+Stopping at any moment keeps a checkpoint exact: from the optimizer step to the end of the step's
+logs the run is `committing` (a stop signal waits for it, it takes milliseconds); before the
+optimizer step a stop abandons the step and the weights are still those of the last completed one.
 """
 
 import json
@@ -23,36 +27,20 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT
 from nanorllm.config import TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import load_tasks, remove_overlap
-from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import rollout_metrics
+from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
 from nanorllm.utils.devices import configure_threads, resolve_devices
+from nanorllm.utils.faults import fault
 from nanorllm.utils.logger import RunLogger
-
-
-def sampling_params(cfg: TrainConfig) -> SamplingParams:
-    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-
-
-def agent_kwargs(cfg: TrainConfig) -> dict:
-    return {"system_prompt": cfg.system_prompt if cfg.system_prompt is not None else DEFAULT_SYSTEM_PROMPT,
-            "example": DEFAULT_EXAMPLE if cfg.worked_example else None}
-
-
-def training_engine(policy, cfg: TrainConfig) -> RolloutEngine:
-    """The sampling engine every training rollout uses, serial or in a worker."""
-    return RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
-                         max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
-                         grader_timeout_s=cfg.grader_timeout_s)
 
 
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
@@ -82,8 +70,10 @@ class SerialSource:
         self.run = run
         cfg = run.cfg
         self.engine = training_engine(run.policy, cfg)
+        self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
 
     def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
+        self.drawn_at = (step, self.run.stream.position)
         picked = self.run.stream.take(self.run.cfg.tasks_per_step)
         t0 = time.perf_counter()
         results = collect_rollouts(self.engine, [t for t, _ in picked], self.run.cfg.num_samples_per_task,
@@ -97,7 +87,8 @@ class SerialSource:
         return {}
 
     def position_at(self, step: int) -> int:
-        return self.run.stream.position  # serial draws each step's tasks just before it runs
+        drawn_step, position = self.drawn_at  # a step stopped mid-rollout has drawn its tasks already
+        return position if drawn_step == step else self.run.stream.position
 
     def close(self) -> None:
         pass
@@ -112,7 +103,8 @@ class TrainingRun:
         self.overrides = overrides or {}
         self.start_step = 0
         self.stop_requested = False
-        self.in_update = False  # a stop signal during an update waits for it to finish
+        self.committing = False  # optimizer step .. end of the step's logs: a stop waits for it
+        self.dirty = False  # optimizer step .. final_step moved: the weights match no step number
         self.final_step = 0
         self.source = None
         self.history: list[dict] = []  # every step's metrics, for benchmarks and tuning
@@ -141,12 +133,14 @@ class TrainingRun:
         (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
         self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
                                                seed=cfg.seed)
+        self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         self.ref_policy = None
         if cfg.kl_coef > 0:  # the only case a reference model is loaded
             self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
                                                        device=self.devices.learner, dtype=cfg.dtype)
             self.ref_policy.model.requires_grad_(False).eval()
         self.optimizer = make_optimizer(self.policy, cfg)
+        self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
         if state:
             checkpoint.restore_trainer_state(state, self)
@@ -161,6 +155,10 @@ class TrainingRun:
               f"devices {self.devices}")
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
+        self.last_save_t = time.monotonic()
+
+    def _updating(self, *_) -> None:
+        self.committing = self.dirty = True
 
     def say(self, line: str) -> None:
         if not self.quiet:
@@ -218,13 +216,15 @@ class TrainingRun:
             results, extra = source.next_batch(step)
             if self.stop_requested or results is None:
                 break
+            if fault("learner_step") == str(step + 1):
+                raise RuntimeError(f"injected fault: learner_step {step + 1}")
             metrics = rollout_metrics(results)
             metrics.update(extra)
-            self.in_update = True
             metrics.update(train_step(self.policy, self.optimizer, results, cfg, ref_policy=self.ref_policy))
+            self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
             self.final_step = step + 1
-            self.in_update = False
+            self.dirty = False
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
             metrics["train/skipped_nan_total"] = self.totals["skipped_nan"]
             metrics["perf/step_s"] = time.perf_counter() - t0
@@ -243,8 +243,11 @@ class TrainingRun:
                 bar.write(self.console_line(step + 1, metrics))
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+            minutes = (time.monotonic() - self.last_save_t) / 60
+            if ((cfg.save_every and (step + 1) % cfg.save_every == 0)
+                    or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
                 self.save_checkpoint(step + 1)
+            self.committing = False
         bar.close()
         return {"step": self.final_step}
 
@@ -258,20 +261,26 @@ class TrainingRun:
 
     def save_checkpoint(self, step: int) -> Path:
         path = checkpoint.save(self, step)
+        self.last_save_t = time.monotonic()
         self.say(f"[checkpoint] {path}")
         return path
 
-    def finish(self, *, interrupted: bool = False) -> dict:
-        """Checkpoint, final eval (unless interrupted), final model. Returns eval.json's content."""
-        step = self.final_step
-        saved = [p.name for p in checkpoint.list_complete(self.run_dir)]
-        if f"{checkpoint.PREFIX}{step}" not in saved:
-            self.save_checkpoint(step)
-        if not interrupted:
-            after = self.evaluate(step)
-            self.write_eval_summary(None, after)
-            if self.cfg.save_model:
-                self.policy.save(str(self.run_dir / "final_model"))
+    def save_last(self) -> Path | None:
+        """Checkpoint the last completed step, unless it is on disk already. Refused only when an
+        error struck inside an optimizer step: those weights belong to no step."""
+        if self.dirty:
+            print("[checkpoint] not written: the run failed inside an optimizer step, so the weights match "
+                  "no step; the previous checkpoint stands", flush=True)
+            return None
+        saved = {p.name: p for p in checkpoint.list_complete(self.run_dir)}
+        return saved.get(f"{checkpoint.PREFIX}{self.final_step}") or self.save_checkpoint(self.final_step)
+
+    def finish(self) -> dict:
+        """After a run that completed: final eval and final model. Returns eval.json's content."""
+        after = self.evaluate(self.final_step)
+        self.write_eval_summary(None, after)
+        if self.cfg.save_model:
+            self.policy.save(str(self.run_dir / "final_model"))
         self.logger.flush()
         path = self.run_dir / "eval.json"
         return json.loads(path.read_text()) if path.exists() else {}

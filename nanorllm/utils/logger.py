@@ -3,7 +3,9 @@
 - TensorBoard scalars (namespaced: reward/, loss/, perf/, pipeline/, eval/ ...), the config as a
   text table, and every `sample_every` steps a few whole trajectories as text;
 - one console line per step;
-- `rollouts.jsonl`: the most recent episodes, bounded, rewritten atomically, for debugging.
+- `rollouts.jsonl`: the most recent episodes, bounded, rewritten atomically, for debugging. Each
+  record carries the step it was trained in, so a resumed run cuts the file back to its checkpoint
+  (as TensorBoard's purge_step does for the scalars) and no step appears twice.
 """
 
 import json
@@ -45,9 +47,13 @@ class RunLogger:
         self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         self.dump_path = self.run_dir / "rollouts.jsonl"
         self.recent: deque = deque(maxlen=dump_size)
-        if self.dump_path.exists():  # a resumed run keeps its history
+        if self.dump_path.exists():  # a resumed run keeps its history up to the checkpoint
             with open(self.dump_path, encoding="utf-8") as f:
-                self.recent.extend(json.loads(line) for line in f if line.strip())
+                records = [json.loads(line) for line in f if line.strip()]
+            kept = [r for r in records if purge_step is None or r.get("step", 0) < purge_step]
+            self.recent.extend(kept)
+            if len(kept) < len(records):
+                self._write_dump()
 
     def scalars(self, metrics: dict, step: int) -> None:
         for k, v in metrics.items():
@@ -58,15 +64,18 @@ class RunLogger:
         self.writer.add_text(tag, text, step)
 
     def episodes(self, results: list[RolloutResult], step: int, *, log_text: bool, n_text: int = 4) -> None:
-        records = [episode_record(r) for r in results]
+        records = [{**episode_record(r), "step": step} for r in results]
         self.recent.extend(records)
+        self._write_dump()
+        if log_text:
+            self.text("samples", "\n\n".join(format_episode(r) for r in records[:n_text]), step)
+
+    def _write_dump(self) -> None:
         tmp = self.dump_path.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for rec in self.recent:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         os.replace(tmp, self.dump_path)
-        if log_text:
-            self.text("samples", "\n\n".join(format_episode(r) for r in records[:n_text]), step)
 
     def flush(self) -> None:
         self.writer.flush()
