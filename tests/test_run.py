@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
+from nanorllm.envs.grader import Verdict
 from launch.train import main
 from tests.procs import ROOT, TINY_ARGS, read_scalars
 
@@ -23,7 +24,7 @@ BASE = [*TINY_ARGS, "--serial", "--lr", "1e-3", "--no-drop-zero-std-groups"]
 
 @pytest.fixture
 def length_rule_grader(monkeypatch):
-    monkeypatch.setattr(math_env, "grade", lambda response, gold, **kw: (sum(map(ord, response)) % 2 == 0, "x"))
+    monkeypatch.setattr(math_env, "judge", lambda response, gold, **kw: Verdict(sum(map(ord, response)) % 2 == 0, "x"))
 
 
 def train(tmp_path, name, *args):
