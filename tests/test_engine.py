@@ -93,14 +93,14 @@ def test_truncated_but_correct_counts_as_correct():
 
 
 def test_env_error_ends_only_that_episode(monkeypatch):
-    real_grade = math_env.grade
+    real_judge = math_env.judge
 
-    def flaky_grade(response, gold, **kw):
+    def flaky_judge(response, gold, **kw):
         if "BOOM" in response:
             raise RuntimeError("grader exploded")
-        return real_grade(response, gold, **kw)
+        return real_judge(response, gold, **kw)
 
-    monkeypatch.setattr(math_env, "grade", flaky_grade)
+    monkeypatch.setattr(math_env, "judge", flaky_judge)
     script = [[WRONG, "BOOM", RIGHT.format(1)], [RIGHT.format(1)]]
     policy = ScriptedPolicy(script)
     r0, r1, r2 = engine(policy, max_turns=2).run(TASKS[:1], num_samples=3)
