@@ -40,7 +40,7 @@ class TrainConfig:
     temperature: float = 0.7
     """Sampling temperature for training rollouts (evaluation is greedy)."""
     top_p: float = 1.0
-    """Nucleus sampling mass for training rollouts."""
+    """Nucleus sampling mass; training needs 1.0 (the learner scores the full distribution), eval may truncate."""
     system_prompt: str | None = None
     """System prompt; None uses the built-in one."""
     worked_example: bool = True
@@ -79,7 +79,13 @@ class TrainConfig:
     max_batch_episodes: int = 64
     """Most episodes in one generate call."""
     dtype: str = "float32"
-    """'float32' or 'bfloat16'."""
+    """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
+    optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
+    # --- sampler / learner agreement ---
+    disable_dropout: bool = True
+    """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
     # --- processes and devices ---
     serial: bool = False
     """Run rollout and learning in this one process (the debug path)."""
@@ -161,8 +167,11 @@ class TrainConfig:
             p.append(f"max_grad_norm: must be > 0, got {self.max_grad_norm}")
         if self.loss_agg not in ("token-mean", "seq-mean"):
             p.append(f"loss_agg: must be 'token-mean' or 'seq-mean', got {self.loss_agg!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            p.append(f"dtype: must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "fp32", "bf16"):
+            p.append(f"dtype: must be 'float32' or 'bfloat16' (or fp32 / bf16), got {self.dtype!r}")
+        if self.top_p < 1:
+            p.append(f"top_p: training rollouts must sample the full distribution the learner scores (1.0), "
+                     f"got {self.top_p}; truncated sampling is for evaluation only (SamplingParams.top_p)")
         if self.model.startswith("gemini:"):
             p.append(f"model: {self.model!r} is an API model with no logprobs or weights; it can be "
                      "evaluated (launch/eval.py) but not trained")

@@ -206,3 +206,16 @@ def test_entropy_metric_and_temperature():
     logits = torch.tensor([[2.0, 0.0]])
     lp, _ = token_logprobs(logits, torch.tensor([0]), temperature=2.0)
     assert float(lp) == pytest.approx(-math.log1p(math.exp(-1.0)), rel=1e-6)
+
+
+def test_kl_term_is_clamped_like_the_standard_implementations():
+    logits, batch = make_case([-1.0, -1.0], [1.0, 1.0], [0.0, 0.0])
+    ref = torch.tensor([-1.0 + 50.0, -1.0 - 50.0])  # log-ratios far beyond +-20
+    loss, m = compute_policy_loss(logits, batch, kl_coef=1.0, ref_logprobs=ref)
+    assert m["kl"] == pytest.approx(20.0)  # each token's k3 capped at 10 (unclamped: e^50 and 49)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    # inside the clamps the k3 value is exact
+    ref = torch.tensor([-1.0 + 0.5, -1.0 - 0.5])
+    _, m = compute_policy_loss(logits, batch, kl_coef=1.0, ref_logprobs=ref)
+    assert m["kl"] == pytest.approx((math.exp(0.5) - 0.5 - 1) + (math.exp(-0.5) + 0.5 - 1), rel=1e-4)

@@ -215,3 +215,27 @@ def test_kl_to_identical_reference_is_zero(fresh_tiny_policy, tiny_policy_factor
     m = train_step(policy, make_optimizer(policy, cfg), results, cfg, ref_policy=ref)
     assert m["loss/kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["train/skipped_nan"] == 0 and math.isfinite(m["loss/policy"])
+
+
+def test_mask_truncated_episodes_give_no_gradient_and_are_counted(tiny_policy_factory):
+    policy = tiny_policy_factory()
+    results = build_results(policy)
+    cut = results[0]  # g0#0, reward 1: its only turn was cut at max_new_tokens
+    for r in results:
+        for s in r.step_samples:
+            s.truncated = r is cut
+    tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
+    m = train_step(policy, make_optimizer(policy, config()), results, config(mask_truncated=True))
+    assert m["train/masked_truncated"] == 1
+    assert m["train/tokens"] == tokens - sum(len(s.response_ids) for s in cut.step_samples)
+    assert cut.step_samples[0].advantage > 0  # it still counts in its group's advantage
+    assert train_step(policy, make_optimizer(policy, config()), results, config())["train/masked_truncated"] == 0
+
+    policy = tiny_policy_factory()
+    for r in results:
+        for s in r.step_samples:
+            s.truncated = True
+    before = snapshot(policy)
+    m = train_step(policy, make_optimizer(policy, config()), results, config(mask_truncated=True))
+    assert (m["train/masked_truncated"], m["train/samples"]) == (8, 0)
+    assert max_change(policy, before) == 0.0

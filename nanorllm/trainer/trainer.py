@@ -11,7 +11,10 @@
 
 `train_step` is exactly that, with micro-batches so memory stays bounded (gradients accumulate
 against the whole step's normaliser, so the update equals one big batch) and a guard that skips
-the update when the loss or the gradient is not finite.
+the update when the loss or the gradient is not finite. The forward runs in eval mode unless
+`disable_dropout` is off, so learner and sampler compute the same function; with
+`mask_truncated`, episodes cut at max_new_tokens still count in their group's advantage but
+contribute no gradient (DAPO's overlong filtering).
 """
 
 import math
@@ -66,6 +69,8 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
     t0 = time.perf_counter()
     groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
+    truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
+    samples = [s for s in samples if s.episode_id not in truncated]
     advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
     m = {
         "frac_reward_zero_std": sum(is_zero_std(rs) for rs in groups.values()) / max(len(groups), 1),
@@ -73,12 +78,13 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         "advantage/std": _std(advs),
         "train/samples": len(samples),
         "train/skipped_nan": 0,
+        "train/masked_truncated": len(truncated),  # episodes whose loss was masked
     }
     sums = {"tokens": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl": 0.0}
     loss_total, padded_tokens = 0.0, 0
     optimizer.zero_grad(set_to_none=True)
     if samples:
-        policy.model.train()
+        policy.model.train(not cfg.disable_dropout)
         n_tokens = sum(len(s.response_ids) for s in samples)
         normalizer = n_tokens if cfg.loss_agg == "token-mean" else len(samples)
         for chunk in micro_batches(samples, cfg.micro_batch_tokens):
