@@ -6,25 +6,36 @@ vocabulary), and `generate` would have to keep (B, T, V) logits around to give u
 a plain KV-cached decode: left-padded prompts, one forward per new token, each finished row
 padded until the whole batch is done.
 
+Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
+and its state stay fp32, so a 3e-6 step is not rounded away below half a bf16 ulp) and runs every
+forward under bf16 autocast. A sampling-only `replica` (a pipeline worker) stores bf16 itself.
+
+The stop set is the tokenizer's eos, the generation config's eos and the chat template's end-of-turn
+token (`<|eot_id|>`, `<end_of_turn>`...), which for many models is not the eos.
+
 Prompts are token streams, not re-rendered text: turn k+1's prompt is turn k's prompt + the sampled
 response ids + the tokens of the new user message. Every later prompt therefore extends the earlier
 one token for token, the learner can score all turns of an episode in one sequence, and no
 decode/re-encode round trip can change a token the policy sampled.
 """
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers import modeling_utils
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 from nanorllm.policy.models import load_model_and_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _SENTINEL = "\x00NANORLLM_SENTINEL\x00"
+# transformers >= 5 takes a (B, T) boolean logits_to_keep; older versions a 1-D tensor of positions.
+_MASK_KEEP = "bool" in inspect.getsource(getattr(modeling_utils, "slice_logits_to_keep", lambda: None))
 hf_logging.disable_progress_bar()
 
 
@@ -36,26 +47,39 @@ class ForwardOutput:
 class HFCausalPolicy(Policy):
     trainable = True
 
-    def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0):
+    def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0,
+                 compute_dtype: torch.dtype | None = None):
         self.model = model.to(device)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
+        # autocast dtype over the stored parameters; None computes in the parameters' own dtype
+        self.compute_dtype = compute_dtype if compute_dtype != next(model.parameters()).dtype else None
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.pad_id = tokenizer.pad_token_id
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = sorted({tokenizer.eos_token_id, *eos} - {None})
+        self.eos_ids = sorted({tokenizer.eos_token_id, *eos, *end_of_turn_ids(tokenizer)} - {None})
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; the cache object is updated in place.
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @classmethod
-    def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0):
-        model, tokenizer = load_model_and_tokenizer(name, dtype=DTYPES[dtype])
-        return cls(model, tokenizer, device=device, seed=seed)
+    def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                  replica: bool = False):
+        """`dtype` is the compute dtype. The parameters are fp32 unless `replica` (sampling only)."""
+        compute = DTYPES[dtype]
+        model, tokenizer = load_model_and_tokenizer(name, dtype=compute if replica else torch.float32)
+        model.replica_dtype = compute  # what a sampling replica stores (SharedWeights' buffer dtype)
+        return cls(model, tokenizer, device=device, seed=seed, compute_dtype=compute)
+
+    def autocast(self):
+        """The context every forward runs in: bf16 autocast over fp32 parameters, or nothing."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
@@ -70,15 +94,19 @@ class HFCausalPolicy(Policy):
         # placeholder is the end-of-turn marker, the new message and the generation prompt.
         msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, new_message]
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        tail = text.split(_SENTINEL, 1)[1]
-        eos_text = self.tokenizer.eos_token
-        if response_ids and response_ids[-1] == self.tokenizer.eos_token_id and tail.startswith(eos_text):
-            tail = tail[len(eos_text):]  # the sampled response already ends with it
-        return prompt_ids + response_ids + self.tokenizer(tail, add_special_tokens=False)["input_ids"]
+        tail = self.tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
+        if response_ids and tail and response_ids[-1] == tail[0]:
+            tail = tail[1:]  # the sampled response already ends with the end-of-turn token
+        return prompt_ids + response_ids + tail
 
     # ---- sampling --------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
+                 params: SamplingParams) -> list[Generation]:
+        with self.autocast():
+            return self._generate(conversations, prompt_ids, params)
+
+    def _generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
                  params: SamplingParams) -> list[Generation]:
         model, dev = self.model, self.device
         B, T = len(prompt_ids), max(len(p) for p in prompt_ids)
@@ -137,15 +165,27 @@ class HFCausalPolicy(Policy):
     # ---- scoring for the learner -------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 positions: torch.Tensor) -> ForwardOutput:
-        """Logits only where a token is scored.
+        """The model's own logits, only where a token is scored.
 
         input_ids, attention_mask: (B, T); positions: (N, 2) rows of (b, t) whose logits predict
-        token t + 1. Running the LM head on N positions instead of B*T saves the (B, T, V) tensor.
+        token t + 1. The model's forward gets a (B, T) boolean `logits_to_keep`, so it runs its head
+        and whatever it applies after it (Gemma2's soft-capping, Granite's logits_scaling, Cohere's
+        logit_scale) on those N rows only, never building the (B, T, V) tensor. Its rows come back
+        in row-major order; `rows` puts them in the order of `positions`.
         """
-        base = getattr(self.model, self.model.base_model_prefix)
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
-        picked = hidden[positions[:, 0], positions[:, 1]]  # (N, H)
-        return ForwardOutput(logits=self.model.get_output_embeddings()(picked))  # (N, V)
+        run = lambda keep: self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,  # noqa: E731
+                                      logits_to_keep=keep).logits
+        with self.autocast():
+            if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
+                cols = positions[:, 1].unique()  # (K,) sorted
+                col_of = torch.searchsorted(cols, positions[:, 1].contiguous())  # (N,)
+                return ForwardOutput(logits=run(cols)[positions[:, 0], col_of])
+            B, T = input_ids.shape
+            keep = torch.zeros((B, T), dtype=torch.bool, device=input_ids.device)
+            keep[positions[:, 0], positions[:, 1]] = True
+            logits = run(keep)  # (K, V) for the K kept positions, in row-major order
+        rows = torch.searchsorted(keep.flatten().nonzero()[:, 0], positions[:, 0] * T + positions[:, 1])  # (N,)
+        return ForwardOutput(logits=logits[rows])  # (N, V)
 
     def parameters(self):
         return self.model.parameters()
@@ -153,3 +193,24 @@ class HFCausalPolicy(Policy):
     def save(self, path: str) -> None:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """Tokens that end an assistant turn: the first token the chat template writes after an assistant
+    message (if it is a special token), and any well-known end-of-turn token the vocabulary holds."""
+    added = tokenizer.get_added_vocab()  # special tokens as {text: id}
+    ids = {added[t] for t in KNOWN_END_OF_TURN if t in added}
+    if tokenizer.chat_template:
+        msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+        try:
+            text = tokenizer.apply_chat_template(msgs, tokenize=False)
+        except Exception:  # a template that refuses this conversation: keep the known tokens
+            text = ""
+        if _SENTINEL in text:
+            after = tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
+            if after and after[0] in added.values():
+                ids.add(after[0])
+    return sorted(ids)
