@@ -108,3 +108,19 @@ def test_no_torn_reads_while_publishing():
     reader.join(timeout=10)
     assert torn == 0
     assert distinct > 10, "the reader should have seen many different versions"
+
+
+def test_seqlock_fences_are_real_fences_or_the_store_refuses_to_run(monkeypatch):
+    from nanorllm.pipeline import weights
+
+    weights._fence()  # libatomic's atomic_thread_fence where it exists (here)
+
+    def no_library(name):
+        raise OSError(name)
+
+    monkeypatch.setattr(weights.ctypes, "CDLL", no_library)
+    monkeypatch.setattr(weights.platform, "machine", lambda: "aarch64")
+    with pytest.raises(RuntimeError, match="aarch64"):
+        weights._load_fence()()  # weakly ordered and no fence: refuse rather than risk torn reads
+    monkeypatch.setattr(weights.platform, "machine", lambda: "x86_64")
+    assert weights._load_fence()() is None  # TSO needs none

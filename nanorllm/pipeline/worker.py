@@ -96,7 +96,8 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
     configure_threads(device, threads, num_processes)
     if fault("worker_start") is not None:
         raise RuntimeError("injected fault: worker_start")
-    policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed)
+    policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed,
+                                      replica=True)  # stored in the compute dtype: bf16 replicas sample in bf16
     policy.model.register_forward_hook(lambda *_: hb.beat(wid))  # progress inside a long generate
     block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
     policy.version, load_s = weights.load_into(block)
