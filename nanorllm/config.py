@@ -169,7 +169,7 @@ class TrainConfig:
             p.append(f"loss_agg: must be 'token-mean' or 'seq-mean', got {self.loss_agg!r}")
         if self.dtype not in ("float32", "bfloat16", "fp32", "bf16"):
             p.append(f"dtype: must be 'float32' or 'bfloat16' (or fp32 / bf16), got {self.dtype!r}")
-        if self.top_p < 1:
+        if 0 < self.top_p < 1:
             p.append(f"top_p: training rollouts must sample the full distribution the learner scores (1.0), "
                      f"got {self.top_p}; truncated sampling is for evaluation only (SamplingParams.top_p)")
         if self.model.startswith("gemini:"):

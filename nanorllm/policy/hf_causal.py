@@ -34,8 +34,17 @@ from nanorllm.policy.models import load_model_and_tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _SENTINEL = "\x00NANORLLM_SENTINEL\x00"
-# transformers >= 5 takes a (B, T) boolean logits_to_keep; older versions a 1-D tensor of positions.
-_MASK_KEEP = "bool" in inspect.getsource(getattr(modeling_utils, "slice_logits_to_keep", lambda: None))
+
+
+def _takes_keep_mask() -> bool:
+    """transformers >= 5 takes a (B, T) boolean logits_to_keep; older versions a 1-D tensor of positions."""
+    try:
+        return "bool" in inspect.getsource(modeling_utils.slice_logits_to_keep)
+    except (AttributeError, OSError, TypeError):
+        return False
+
+
+_MASK_KEEP = _takes_keep_mask()
 hf_logging.disable_progress_bar()
 
 
@@ -95,7 +104,7 @@ class HFCausalPolicy(Policy):
         msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, new_message]
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         tail = self.tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
-        if response_ids and tail and response_ids[-1] == tail[0]:
+        if response_ids and tail and response_ids[-1] == tail[0] and tail[0] in self.eos_ids:
             tail = tail[1:]  # the sampled response already ends with the end-of-turn token
         return prompt_ids + response_ids + tail
 
@@ -107,7 +116,7 @@ class HFCausalPolicy(Policy):
             return self._generate(conversations, prompt_ids, params)
 
     def _generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
-                 params: SamplingParams) -> list[Generation]:
+                  params: SamplingParams) -> list[Generation]:
         model, dev = self.model, self.device
         B, T = len(prompt_ids), max(len(p) for p in prompt_ids)
         input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
