@@ -29,7 +29,7 @@ class LogitParityError(RuntimeError):
 
 
 @torch.no_grad()
-def logprob_gaps(policy, *, temperature: float = 1.0, max_new_tokens: int = 12, seed: int = 0,
+def logprob_gaps(policy, *, temperature: float = 1.0, max_new_tokens: int = 8, seed: int = 0,
                  scorer=None) -> tuple[float, float]:
     """(mean, max) |learner logprob - sampler logprob| over one sampled response to a fixed prompt.
     `scorer` is the learner-side policy when it is not the sampling one (a bf16 replica's sample)."""
