@@ -134,7 +134,6 @@ class PipelineSource:
         kind, wid = msg["kind"], msg["worker_id"]
         if kind == "ready":
             self.ready.add(wid)
-            self._msgs.append(msg)
             return
         if kind == "fatal":
             self.last_error[wid] = msg["error"]
@@ -156,6 +155,7 @@ class PipelineSource:
         self.done[jid] = msg
         self._msgs.append(msg)
         self.failures[wid] = 0
+        self.last_error.pop(wid, None)
         self.longest_job_s = max(self.longest_job_s, msg["rollout_s"])
 
     def worker_timeout_s(self) -> float:
@@ -171,7 +171,7 @@ class PipelineSource:
             silent = hb.silence(wid)
             if silent > limit:
                 self.totals["worker_hangs"] += 1
-                self._lose(wid, f"hung: no progress for {silent:.1f} s (limit {limit:.0f} s); SIGKILLed")
+                self._lose(wid, f"hung (no progress for {silent:.1f} s, limit {limit:.0f} s; SIGKILLed)")
 
     def _lose(self, wid: int, reason: str) -> None:
         """Remove a dead or hung worker, keep what it finished, restart it later, re-issue the rest."""
@@ -244,8 +244,7 @@ class PipelineSource:
 
     def _batch_metrics(self, results: list, version: int) -> dict:
         lags = [version - r.policy_version for r in results]
-        msgs = [m for m in self._msgs if m["kind"] == "result"]
-        self._msgs = [m for m in self._msgs if m["kind"] != "result"]
+        msgs, self._msgs = self._msgs, []  # the results that arrived since the last batch
         m = {
             "pipeline/policy_lag_mean": sum(lags) / max(len(lags), 1),
             "pipeline/policy_lag_max": max(lags, default=0),

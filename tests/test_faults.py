@@ -1,0 +1,158 @@
+"""Faults, injected into real 2-worker tiny runs (launch/chaos.py), and the pieces that make them safe."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+import pytest
+import torch.multiprocessing as mp
+
+from launch import chaos
+from nanorllm.pipeline.channel import Inbox, Outbox, frame
+from nanorllm.pipeline.heartbeat import Heartbeat
+from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.procs import processes_with_token
+from tests.procs import ROOT, read_scalars
+
+
+def _assert_ok(outcome: chaos.Outcome) -> None:
+    assert outcome.ok, f"{outcome.row()} {outcome.notes}\n{outcome.output[-4000:]}"
+
+
+# ---- whole runs ----------------------------------------------------------------------------------
+def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_path):
+    o, = chaos.worker_hang(tmp_path)  # SIGSTOP at step 3, --worker-timeout-s 3
+    _assert_ok(o)
+    assert 3 <= o.detected_s < 6
+    report = next(line for line in o.output.splitlines() if "hung (no progress" in line)
+    assert "[pipeline] worker 0 on cpu hung" in report and "re-issuing" in report
+    assert ") while " in report  # what it was last doing
+    assert read_scalars(tmp_path / "worker_hang")["pipeline/worker_hangs"][-1][1] == 1
+
+
+def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(tmp_path):
+    o, = chaos.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
+    _assert_ok(o)
+    assert o.detected_s < 5
+
+
+def test_worker_failing_at_every_start_stops_the_run_with_its_traceback(tmp_path):
+    o, = chaos.worker_start_fails(tmp_path)  # back-off 0.2 s, at most 2 restarts in a row
+    _assert_ok(o)
+    assert "restarting it in 0.2 s" in o.output and "restarting it in 0.4 s" in o.output  # backs off
+    assert o.output.count("restarting it in") <= 4  # two per worker, then the cap
+    assert "Its last error:" in o.output and "RuntimeError: injected fault: worker_start" in o.output
+    assert not (tmp_path / "worker_start" / "final_model").exists()
+
+
+def test_learner_sigkill_leaves_no_process_and_resume_trains_every_group_once(tmp_path):
+    killed, resumed = chaos.learner_kill(tmp_path)  # kill -9 at step 9 (checkpoint at 8), resume to 30
+    _assert_ok(killed)
+    assert killed.detected_s < 10
+    _assert_ok(resumed)
+    assert "[resume] from" in resumed.output and "step_8" in resumed.output
+
+
+def test_sigint_twice_still_saves_the_last_step_and_exits_130(tmp_path):
+    o, = chaos.sigint_twice(tmp_path)
+    _assert_ok(o)
+    assert "already stopping" in o.output
+
+
+def test_sigterm_saves_and_exits_143_within_a_container_grace(tmp_path):
+    o, = chaos.sigterm_then_kill(tmp_path)
+    _assert_ok(o)
+    assert o.detected_s < 10
+
+
+def test_learner_exception_is_not_a_finished_run(tmp_path):
+    o, = chaos.learner_exception(tmp_path)  # raises before step 6: checkpoint step_5, no final eval
+    _assert_ok(o)
+    assert "[done]" not in o.output and "[eval] step 5" not in o.output
+
+
+# ---- the pieces ----------------------------------------------------------------------------------
+def _pipe():
+    r, w = mp.get_context("spawn").Pipe(duplex=False)
+    return r, w
+
+
+def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
+    r, w = _pipe()
+    inbox = Inbox(r)
+    w.send({"n": 1})
+    payload = pickle.dumps({"n": 2, "pad": b"x" * 100_000})
+    os.write(w.fileno(), frame(payload) + payload[:5000])  # a writer that died halfway
+    t0 = time.monotonic()
+    assert inbox.read() == [{"n": 1}]
+    assert inbox.read() == []
+    assert time.monotonic() - t0 < 0.5
+    w.close()
+    assert inbox.read() == [] and inbox.eof
+
+
+def test_outbox_never_blocks_on_a_full_pipe_and_delivers_in_order():
+    r, w = _pipe()
+    outbox = Outbox(w)
+    t0 = time.monotonic()
+    for i in range(20):
+        outbox.put({"i": i, "pad": b"x" * 50_000})  # 1 MB into a 64 KB pipe nobody reads yet
+    assert time.monotonic() - t0 < 1.0 and outbox.pending
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(r.recv()["i"] for _ in range(20)), daemon=True)
+    reader.start()  # a worker: blocking reads, while the learner flushes when it can
+    deadline = time.monotonic() + 10
+    while reader.is_alive() and time.monotonic() < deadline:
+        outbox.flush()
+        time.sleep(0.01)
+    assert got == list(range(20))
+
+
+def test_heartbeat_silence_grows_until_the_next_beat():
+    hb = Heartbeat(2)
+    hb.reset(1)
+    hb.doing(1, "generating", "3.1")
+    assert hb.silence(1) == 0.0
+    time.sleep(0.2)
+    assert hb.silence(1) >= 0.2
+    hb.beat(1)
+    assert hb.silence(1) == 0.0
+    assert hb.describe(1) == "generating (job 3.1)"
+
+
+def test_a_child_exits_by_itself_when_its_parent_is_killed():
+    token = f"lifeline-{os.getpid()}-{time.time()}"
+    child = ("import os, time; from nanorllm.pipeline.lifeline import die_with_parent; "
+             "die_with_parent(os.getppid()); time.sleep(60)")
+    parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              "print('started', flush=True); time.sleep(60)")
+    env = {**os.environ, "NANORLLM_TEST_TOKEN": token, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 20
+    while len(processes_with_token(token)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with_token(token)) == 2
+    time.sleep(1.0)  # the child is past die_with_parent
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with_token(token) == []
+
+
+@pytest.mark.parametrize("purge_step, kept", [(None, [1, 2, 3, 4]), (3, [1, 2])])
+def test_resumed_logger_cuts_rollouts_back_to_the_checkpoint(tmp_path, purge_step, kept):
+    recs = [{"step": s, "group_id": f"t@{s}"} for s in (1, 2, 3, 4)]
+    (tmp_path / "rollouts.jsonl").write_text("".join(f'{{"step": {r["step"]}, "group_id": "{r["group_id"]}"}}\n'
+                                                      for r in recs))
+    logger = RunLogger(tmp_path, purge_step=purge_step)
+    logger.close()
+    assert [r["step"] for r in chaos.read_rollouts(tmp_path)] == kept
+    assert isinstance(logger.recent, deque)
