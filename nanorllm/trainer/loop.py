@@ -241,13 +241,15 @@ class TrainingRun:
             self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
             if not self.quiet:
                 bar.write(self.console_line(step + 1, metrics))
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
-                self.evaluate(step + 1)
             minutes = (time.monotonic() - self.last_save_t) / 60
             if ((cfg.save_every and (step + 1) % cfg.save_every == 0)
                     or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
                 self.save_checkpoint(step + 1)
-            self.committing = False
+            self.committing = False  # the step is on record; an eval may be interrupted
+            if self.stop_requested:
+                break
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
+                self.evaluate(step + 1)
         bar.close()
         return {"step": self.final_step}
 
