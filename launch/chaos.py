@@ -333,7 +333,9 @@ def soak(out: Path, minutes: float, *, seed: int = 0) -> dict:
     observe()
     procs, shm_left, _ = leftovers(run.token, shm)
     steps = max(by_step, default=0)
-    counts = sum(by_step.values(), Counter())
+    counts = Counter()
+    for c in by_step.values():
+        counts.update(c)
     lost, doubled = account(counts, steps)
     unseen = [s for s in range(1, steps + 1) if s not in by_step]
     quarter = max(1, len(rss) // 4)

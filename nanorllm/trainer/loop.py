@@ -95,6 +95,8 @@ class SerialSource:
 
 
 class TrainingRun:
+    HISTORY = 1000
+
     def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
                  quiet: bool = False):
         self.cfg = cfg
@@ -107,7 +109,7 @@ class TrainingRun:
         self.dirty = False  # optimizer step .. final_step moved: the weights match no step number
         self.final_step = 0
         self.source = None
-        self.history: list[dict] = []  # every step's metrics, for benchmarks and tuning
+        self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
 
     # ---- setup -----------------------------------------------------------------------------
@@ -238,6 +240,7 @@ class TrainingRun:
             metrics["perf/episodes_per_s"] = len(results) / metrics["perf/step_s"]
             self.logger.scalars(metrics, step + 1)
             self.history.append(metrics)
+            del self.history[:-self.HISTORY]  # bounded: a week-long run must not grow
             self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
             if not self.quiet:
                 bar.write(self.console_line(step + 1, metrics))
