@@ -73,7 +73,22 @@ class TrainConfig:
     adv_eps: float = 1e-6
     """Epsilon added to the group std."""
     drop_zero_std_groups: bool = True
-    """Skip groups whose episodes all got the same reward (zero advantage); they are still counted."""
+    """Skip groups whose samples all got advantage 0 (episode credit: every episode the same reward); counted."""
+    turn_credit: str = "episode"
+    """'episode': every turn gets the episode's group-relative advantage; 'turn': a turn's own reward plus
+    turn_gamma x the next turn's return, normalised among the group's turns with the same index."""
+    turn_gamma: float = 0.5
+    """Discount of later turns' outcome under turn_credit='turn'; < 1 so a wrong first answer that a retry
+    fixed scores below a first-try success (1.0 would give both the same first-turn return)."""
+    off_policy_correction: str = "none"
+    """'none' (PPO ratio to the sampler's logprobs), 'tis', 'mis' or 'decoupled' (see trainer/loss.py).
+    'none' stays the default until the learning benchmark (launch/bench.py --learning) shows one helps."""
+    is_cap: float = 2.0
+    """tis / decoupled: importance weight pi_learner / pi_sampler capped at this."""
+    is_band: tuple[float, float] = (0.5, 2.0)
+    """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
+    dual_clip: float = 0.0
+    """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
     micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward micro-batch (bounds memory)."""
     max_batch_episodes: int = 64
@@ -165,6 +180,18 @@ class TrainConfig:
             p.append(f"clip_high: must be >= 0, got {self.clip_high}")
         if not self.max_grad_norm > 0:
             p.append(f"max_grad_norm: must be > 0, got {self.max_grad_norm}")
+        if self.turn_credit not in ("episode", "turn"):
+            p.append(f"turn_credit: must be 'episode' or 'turn', got {self.turn_credit!r}")
+        if not 0 <= self.turn_gamma <= 1:
+            p.append(f"turn_gamma: must be in [0, 1], got {self.turn_gamma}")
+        if self.off_policy_correction not in ("none", "tis", "mis", "decoupled"):
+            p.append(f"off_policy_correction: must be one of none, tis, mis, decoupled, got {self.off_policy_correction!r}")
+        if not self.is_cap > 0:
+            p.append(f"is_cap: must be > 0, got {self.is_cap}")
+        if len(self.is_band) != 2 or not 0 <= self.is_band[0] < self.is_band[1]:
+            p.append(f"is_band: must be two numbers 0 <= a < b, got {self.is_band}")
+        if self.dual_clip != 0 and not self.dual_clip > 1:
+            p.append(f"dual_clip: must be 0 (off) or > 1, got {self.dual_clip}")
         if self.loss_agg not in ("token-mean", "seq-mean"):
             p.append(f"loss_agg: must be 'token-mean' or 'seq-mean', got {self.loss_agg!r}")
         if self.dtype not in ("float32", "bfloat16", "fp32", "bf16"):

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
-from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std, turn_returns
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 
 
 def episode(task_id, k, reward, *, turns=1, group_id=""):
@@ -134,3 +134,58 @@ def test_flatten_drop_zero_std_drops_constant_groups_only():
     assert [(s.episode_id, s.turn) for s in kept] == [("a#0", 0), ("a#0", 1), ("a#1", 0)]
     assert len(flatten_step_samples(groups)) == 8
     assert [is_zero_std(rs) for rs in groups.values()] == [False, True, True]
+
+
+# ---- turn-level credit ----------------------------------------------------------------------
+
+def multi_turn(task_id, k, turn_rewards):
+    """An episode whose turn t got turn_rewards[t] from the env (1 = solved on that turn)."""
+    r = episode(task_id, k, turn_rewards[-1], turns=len(turn_rewards))
+    r.trajectory.steps = [Step(observation="q", reward=x) for x in turn_rewards]
+    return r
+
+
+def test_turn_returns_are_own_reward_plus_discounted_later_outcome():
+    assert turn_returns(multi_turn("a", 0, [0.0, 1.0]), 0.5) == [0.5, 1.0]
+    assert turn_returns(multi_turn("a", 0, [1.0]), 0.5) == [1.0]
+    assert turn_returns(multi_turn("a", 0, [0.0, 0.0, 1.0]), 0.9) == pytest.approx([0.81, 0.9, 1.0])
+    assert turn_returns(episode("a", 0, 1.0, turns=2), 0.5) == [0.5, 1.0]  # no recorded steps: final reward last
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_turn_credit_zero_mean_per_group_and_turn_index(normalize_std):
+    turns = {"a": [[1.0], [0.0, 1.0], [0.0, 0.0], [0.0, 1.0]], "b": [[0.0, 0.0, 1.0], [1.0], [0.0, 1.0]]}
+    results = [multi_turn(t, k, rs) for t, eps in turns.items() for k, rs in enumerate(eps)]
+    groups = compute_advantage(group_by_task_id(results), normalize_std=normalize_std, turn_credit="turn",
+                               turn_gamma=0.5)
+    for rs in groups.values():
+        for t in range(3):
+            advs = [r.step_samples[t].advantage for r in rs if len(r.step_samples) > t]
+            assert sum(advs) == pytest.approx(0.0, abs=1e-9)
+            assert all(math.isfinite(a) for a in advs)
+
+
+def test_turn_credit_first_try_success_beats_a_fixed_wrong_answer():
+    results = [multi_turn("a", 0, [1.0]), multi_turn("a", 1, [0.0, 1.0]), multi_turn("a", 2, [0.0, 0.0])]
+    compute_advantage(group_by_task_id(results), turn_credit="turn", turn_gamma=0.5)
+    first, fixed, failed = (r.step_samples[0].advantage for r in results)
+    assert first > fixed > failed
+    assert results[1].step_samples[1].advantage > 0 > results[2].step_samples[1].advantage
+    compute_advantage(group_by_task_id(results))  # episode credit: the wrong first answer ties the success
+    assert results[0].step_samples[0].advantage == results[1].step_samples[0].advantage
+
+
+def test_turn_credit_constant_sets_get_exact_zero():
+    results = [multi_turn("a", k, [0.0, 0.3]) for k in range(3)] + [multi_turn("b", 0, [0.0, 1.0])]
+    compute_advantage(group_by_task_id(results), turn_credit="turn", turn_gamma=0.7, eps=0.0)
+    assert all(s.advantage == 0.0 for r in results for s in r.step_samples)
+
+
+def test_drop_zero_std_keeps_a_solved_group_whose_turns_differ():
+    # every episode solved, one only on its retry: the episode rewards are constant, the turns are not
+    results = [multi_turn("a", 0, [1.0]), multi_turn("a", 1, [0.0, 1.0])]
+    groups = compute_advantage(group_by_task_id(results), turn_credit="turn", turn_gamma=0.5)
+    assert is_zero_std(groups["a"])
+    assert len(flatten_step_samples(groups, drop_zero_std=True)) == 3
+    groups = compute_advantage(group_by_task_id(results))
+    assert flatten_step_samples(groups, drop_zero_std=True) == []

@@ -36,6 +36,13 @@ def test_collate_merges_extending_turns_and_pads_right():
     assert b["num_samples"] == 3
 
 
+def test_collate_carries_each_tokens_policy_version():
+    samples = [sample("a#0", 0, [1, 2], [3, 4]), sample("a#0", 1, [1, 2, 3, 4, 5], [6]), sample("b#0", 0, [7], [8])]
+    samples[0].policy_version = samples[1].policy_version = 5
+    samples[2].policy_version = 3
+    assert collate_train_batch(samples, pad_id=PAD)["policy_version"].tolist() == [5, 5, 5, 3]
+
+
 def test_collate_targets_are_the_masked_tokens():
     samples = [sample("a#0", 0, [1, 2, 3], [4, 5]), sample("a#0", 1, [1, 2, 3, 4, 5, 6, 7], [8, 9, 10]),
                sample("b#0", 0, [11], [12])]
@@ -219,3 +226,95 @@ def test_kl_term_is_clamped_like_the_standard_implementations():
     ref = torch.tensor([-1.0 + 0.5, -1.0 - 0.5])
     _, m = compute_policy_loss(logits, batch, kl_coef=1.0, ref_logprobs=ref)
     assert m["kl"] == pytest.approx((math.exp(0.5) - 0.5 - 1) + (math.exp(-0.5) + 0.5 - 1), rel=1e-4)
+
+
+# ---- off-policy correction ------------------------------------------------------------------
+# make_case's ratios are pi / pi_rollout; without prox_logprobs pi_prox = pi, so w = ratio.
+
+def _grads(logits, batch, **kw):
+    logits = logits.detach().clone().requires_grad_()
+    loss, m = compute_policy_loss(logits, batch, **kw)
+    loss.backward()
+    return loss.item(), logits.grad, m
+
+
+def test_tis_weights_the_policy_gradient_by_the_capped_ratio():
+    ratios, adv = [3.0, 0.5, 1.5], [1.0, 1.0, -1.0]
+    logits, batch = make_case([-1.0, -0.7, -1.3], ratios, adv)
+    loss, g, m = _grads(logits, batch, correction="tis", is_cap=2.0, clip_low=0.2, clip_high=0.2)
+    assert loss == pytest.approx((-2.0 - 0.5 + 1.5) / 3, rel=1e-5)  # -A * min(w, 2): the PPO ratio is 1
+    probs = torch.softmax(logits.detach(), -1)
+    for i, w in enumerate([2.0, 0.5, 1.5]):
+        onehot = torch.nn.functional.one_hot(batch["targets"][i], 5).float()
+        torch.testing.assert_close(g[i], -adv[i] * w * (onehot - probs[i]) / 3, rtol=1e-4, atol=1e-6)
+    assert (m["is_truncated"], m["is_masked"], m["clip_high"], m["clip_low"]) == (1.0, 0.0, 0.0, 0.0)
+    assert m["is_weight_max"] == pytest.approx(3.0, rel=1e-5)
+    assert m["is_weight_sum"] == pytest.approx(5.0, rel=1e-5)
+    _, g_none, _ = _grads(logits, batch, clip_low=0.2, clip_high=0.2)
+    assert torch.count_nonzero(g_none[0]) == 0 and g[0].abs().max() > 1e-3  # none clips it away, tis keeps it
+
+
+def test_decoupled_equals_tis_with_one_step_per_batch():
+    logits, batch = make_case([-0.3, -1.1, -0.8, -2.0], [1.7, 0.6, 2.9, 1.0], [0.5, -1.0, 2.0, -0.3])
+    prox = torch.tensor([-0.5, -1.0, -0.8, -1.7])  # also when pi_prox differs from pi (dropout on)
+    for kw in ({}, {"prox_logprobs": prox}):
+        loss_t, g_t, _ = _grads(logits, batch, correction="tis", **kw)
+        loss_d, g_d, _ = _grads(logits, batch, correction="decoupled", **kw)
+        assert loss_t == loss_d
+        assert torch.equal(g_t, g_d)
+
+
+def test_tis_clips_around_the_proximal_policy_when_it_differs():
+    # pi_prox = e^-1.5, pi = e^-1: ratio_prox = e^0.5 = 1.65 > 1.2 and A > 0 -> clipped at 1.2, no gradient;
+    # w = pi_prox / pi_rollout = 1.5
+    logits, batch = make_case([-1.0], [1.0], [1.0])
+    batch["old_logprobs"] = torch.tensor([-1.5 - math.log(1.5)])
+    loss, g, m = _grads(logits, batch, correction="tis", prox_logprobs=torch.tensor([-1.5]), clip_high=0.2)
+    assert loss == pytest.approx(-1.2 * 1.5, rel=1e-5)
+    assert torch.count_nonzero(g) == 0 and m["clip_high"] == 1.0
+
+
+def test_mis_masks_tokens_outside_the_band():
+    ratios, adv = [3.0, 0.4, 1.5, 0.5], [1.0, 1.0, -1.0, 1.0]
+    logits, batch = make_case([-1.0, -0.7, -1.3, -0.9], ratios, adv)
+    loss, g, m = _grads(logits, batch, correction="mis", is_band=(0.5, 2.0))
+    assert loss == pytest.approx((0 + 0 + 1.5 - 0.5) / 4, rel=1e-5)  # masked tokens still count in the mean
+    assert torch.count_nonzero(g[0]) == 0 and torch.count_nonzero(g[1]) == 0
+    assert g[2].abs().max() > 1e-3 and g[3].abs().max() > 1e-3
+    assert (m["is_masked"], m["is_truncated"]) == (2.0, 0.0)
+
+
+def test_dual_clip_bounds_negative_advantage_tokens():
+    # A = -1, ratio 5: PPO term 5, dual-clip -> 3 (no gradient); A = -1, ratio 2: 2 stays;
+    # A = +1, ratio 5: clipped at 1.2 as before (dual-clip is for A < 0 only)
+    logits, batch = make_case([-1.0, -1.2, -0.8], [5.0, 2.0, 5.0], [-1.0, -1.0, 1.0])
+    loss_plain, g_plain, _ = _grads(logits, batch, clip_high=0.2)
+    assert loss_plain == pytest.approx((5.0 + 2.0 - 1.2) / 3, rel=1e-5)
+    loss, g, _ = _grads(logits, batch, clip_high=0.2, dual_clip=3.0)
+    assert loss == pytest.approx((3.0 + 2.0 - 1.2) / 3, rel=1e-5)
+    assert torch.count_nonzero(g[0]) == 0 and g_plain[0].abs().max() > 1e-3
+    torch.testing.assert_close(g[1:], g_plain[1:])
+
+
+def test_dual_clip_does_not_bind_under_a_correction():
+    # with a correction the PPO ratio is 1 (one step per batch); the large w is capped by is_cap instead
+    logits, batch = make_case([-1.0], [5.0], [-1.0])
+    loss, _, _ = _grads(logits, batch, correction="tis", is_cap=2.0, dual_clip=3.0)
+    assert loss == pytest.approx(2.0, rel=1e-5)
+
+
+def test_mismatch_split_by_lag():
+    logits, batch = make_case([-1.0, -1.0, -1.0, -1.0], [1.0, 1.5, 0.5, 2.0], [1.0] * 4)
+    batch["lag"] = torch.tensor([0, 0, 1, 2])
+    _, m = compute_policy_loss(logits, batch)
+    k3 = lambda w: w - 1 - math.log(w)  # noqa: E731  (k3 of pi_rollout vs pi, w = pi / pi_rollout)
+    assert (m["tokens_same_weights"], m["tokens_lagged"]) == (2.0, 2.0)
+    assert m["kl_same_weights"] == pytest.approx(k3(1.5), rel=1e-4)
+    assert m["kl_lagged"] == pytest.approx(k3(0.5) + k3(2.0), rel=1e-4)
+    assert m["approx_kl"] == pytest.approx(m["kl_same_weights"] + m["kl_lagged"], rel=1e-6)
+
+
+def test_unknown_correction_raises():
+    logits, batch = make_case([-1.0], [1.0], [1.0])
+    with pytest.raises(ValueError, match="correction"):
+        compute_policy_loss(logits, batch, correction="ppo2")

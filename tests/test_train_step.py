@@ -7,7 +7,8 @@ from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.trainer.trainer import make_optimizer, micro_batches, train_step
+from nanorllm.trainer.loss import token_logprobs
+from nanorllm.trainer.trainer import make_optimizer, micro_batches, proximal_logprobs, train_step
 
 REWARDS = {"g0": [1.0, 0.0, 0.0, 1.0], "g1": [0.0, 1.0, 0.0, 0.0]}
 TWO_TURNS = {("g0", 1), ("g0", 2), ("g1", 0), ("g1", 2), ("g1", 3)}  # wrong first answers that retried
@@ -239,3 +240,62 @@ def test_mask_truncated_episodes_give_no_gradient_and_are_counted(tiny_policy_fa
     m = train_step(policy, make_optimizer(policy, config()), results, config(mask_truncated=True))
     assert (m["train/masked_truncated"], m["train/samples"]) == (8, 0)
     assert max_change(policy, before) == 0.0
+
+
+# ---- off-policy correction and the mismatch split -------------------------------------------
+
+@pytest.mark.parametrize("correction", ["tis", "mis", "decoupled"])
+def test_correction_on_fresh_samples_matches_the_plain_update(tiny_policy_factory, correction):
+    """Serial samples (lag 0, sampler = learner up to numerics): w = 1, so any correction is the plain update."""
+    updated = []
+    for corr in ("none", correction):
+        policy = tiny_policy_factory()
+        results = build_results(policy)
+        cfg = config(off_policy_correction=corr)
+        m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
+        updated.append(snapshot(policy))
+    for a, b in zip(*updated):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert m["is_weight/mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["is_weight/max"] == pytest.approx(1.0, abs=1e-3)
+    assert m["is_weight/truncated_frac"] == 0.0 and m["is_weight/masked_frac"] == 0.0
+    assert m["mismatch/kl_same_weights"] < 1e-5 and "mismatch/kl_lagged" not in m
+
+
+def test_mismatch_is_split_by_each_samples_policy_lag(fresh_tiny_policy):
+    policy = fresh_tiny_policy
+    results = build_results(policy)
+    policy.version = 3
+    for i, r in enumerate(results):
+        for s in r.step_samples:
+            s.policy_version = 3 if i % 2 else 2
+            if i % 2 == 0:
+                s.rollout_logprobs = [x - 0.3 for x in s.rollout_logprobs]  # as if older weights sampled them
+    cfg = config()
+    m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
+    assert m["mismatch/kl_same_weights"] < 1e-5
+    assert m["mismatch/kl_lagged"] == pytest.approx(math.exp(0.3) - 1 - 0.3, rel=1e-3)
+    assert "is_weight/mean" not in m  # only with a correction
+
+
+def test_proximal_logprobs_equal_the_grad_forwards_values(tiny_policy):
+    """Why no extra forward runs with dropout off: pi_prox recomputed is bit-identical to pi."""
+    results = build_results(tiny_policy)
+    batch = collate_train_batch([s for r in results for s in r.step_samples], pad_id=tiny_policy.pad_id)
+    tiny_policy.model.train(False)
+    out = tiny_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+    lp, _ = token_logprobs(out.logits, batch["targets"], 1.0)
+    assert torch.equal(proximal_logprobs(tiny_policy, batch, 1.0), lp.detach())
+
+
+def test_correction_with_dropout_on_recomputes_the_proximal_logprobs(fresh_tiny_policy, monkeypatch):
+    import nanorllm.trainer.trainer as trainer_mod
+    calls = []
+    real = trainer_mod.proximal_logprobs
+    monkeypatch.setattr(trainer_mod, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
+    policy = fresh_tiny_policy
+    results = build_results(policy)
+    cfg = config(off_policy_correction="tis", disable_dropout=False)
+    m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
+    assert len(calls) == len(micro_batches([s for r in results for s in r.step_samples], cfg.micro_batch_tokens))
+    assert math.isfinite(m["is_weight/mean"]) and m["train/skipped_nan"] == 0

@@ -43,7 +43,7 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
     """Pad merged sequences on the right. Loss mask is 1 exactly on sampled (response) tokens.
 
     input_ids, attention_mask, loss_mask: (B, T)
-    positions: (N, 2); targets, old_logprobs, advantages, sample_index: (N,)
+    positions: (N, 2); targets, old_logprobs, advantages, sample_index, policy_version: (N,)
     """
     seqs = _merge_turns(samples)
     index_of = {id(s): i for i, s in enumerate(samples)}
@@ -51,7 +51,7 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
     loss_mask = torch.zeros((B, T), dtype=torch.long)
-    positions, old_lp, adv, sample_index = [], [], [], []
+    positions, old_lp, adv, sample_index, versions = [], [], [], [], []
     for b, seq in enumerate(seqs):
         input_ids[b, :len(seq.ids)] = torch.tensor(seq.ids)
         attention_mask[b, :len(seq.ids)] = 1
@@ -64,6 +64,7 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
             old_lp += s.rollout_logprobs
             adv += [s.advantage] * k
             sample_index += [index_of[id(s)]] * k
+            versions += [s.policy_version] * k
     positions_t = torch.tensor(positions, dtype=torch.long).reshape(-1, 2)
     batch = {
         "input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
@@ -72,6 +73,7 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
         "old_logprobs": torch.tensor(old_lp, dtype=torch.float32),
         "advantages": torch.tensor(adv, dtype=torch.float32),
         "sample_index": torch.tensor(sample_index, dtype=torch.long),
+        "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each token
         "num_samples": len(samples),
     }
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -11,6 +11,29 @@ nearly impossible under the reference (d = 30 gives e^30) must not own the whole
 - "token-mean": sum over all response tokens / total response tokens in the whole step;
 - "seq-mean": each sample's token mean, summed / total samples in the whole step.
 Micro-batches pass the whole step's `normalizer`, so accumulating their gradients equals one big batch.
+
+Off-policy correction (`correction`), for samples the learner did not generate itself (pipeline lag,
+or sampler numerics that differ from the training forward). Three policies per token:
+pi_rollout (the sampler's logprob, in the batch), pi_prox (the learner's logprob at its current
+weights, before this update, no grad) and pi (the same, with grad). We take one optimizer step per
+batch, so pi_prox is pi's value: ratio_prox = pi / pi_prox is 1 with the gradient of log pi, and its
+clip never binds. `prox_logprobs` defaults to pi detached for that reason; the trainer recomputes it
+with an extra no-grad forward only when the training forward is not deterministic (dropout on).
+With w = pi_prox / pi_rollout (detached):
+
+    none       pg as above: PPO clip of pi / pi_rollout (today's behaviour)
+    tis        PPO(ratio_prox) * min(w, is_cap)                   truncated importance sampling
+    decoupled  PPO(ratio_prox) * min(w, is_cap)                   AReaL's decoupled PPO: clip around the
+               proximal policy, times the capped behaviour weight. With one step per batch this is the
+               same function as tis (tested), kept as a name people look for.
+    mis        PPO(ratio_prox) * w, and 0 for tokens whose w leaves is_band = [a, b]   (IcePop: masked,
+               no gradient; masked tokens still count in the token-mean denominator)
+
+So `none` drops the gradient of a token whose ratio to the sampler left the clip range in the
+direction of A, while tis keeps it, weighted at most is_cap; mis drops it only outside the band.
+Dual-clip (`dual_clip` = c > 1, 0 = off): for A < 0 the PPO term is also bounded by -A * c, so a
+token the learner now finds far likelier than the sampler did cannot own the step. It binds on the
+ratio to pi_rollout (`none`); with a correction the PPO ratio is 1 and only w, already capped, grows.
 """
 
 import torch
@@ -18,6 +41,7 @@ import torch.nn.functional as F
 
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
+CORRECTIONS = ("none", "tis", "mis", "decoupled")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
@@ -29,15 +53,33 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 0.2, clip_high: float = 0.2,
                         temperature: float = 1.0, loss_agg: str = "token-mean", kl_coef: float = 0.0,
-                        ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None):
+                        ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
+                        correction: str = "none", is_cap: float = 2.0, is_band: tuple[float, float] = (0.5, 2.0),
+                        dual_clip: float = 0.0, prox_logprobs: torch.Tensor | None = None):
     """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; metrics are detached sums
-    and counts over this micro-batch so callers can aggregate them across micro-batches."""
+    and counts over this micro-batch so callers can aggregate them across micro-batches. With
+    batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
+    summed apart for lag-0 and lagged tokens."""
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
     new_lp, entropy = token_logprobs(logits, batch["targets"], temperature)  # (N,), (N,)
     old_lp, adv = batch["old_logprobs"], batch["advantages"]
-    log_ratio = new_lp - old_lp
+    log_ratio = new_lp - old_lp  # vs the sampler
     ratio = torch.exp(log_ratio)
+    prox_lp = (prox_logprobs if prox_logprobs is not None else new_lp).detach()
+    is_w = torch.exp(prox_lp - old_lp)  # (N,) pi_prox / pi_rollout
+    keep = torch.ones_like(is_w)
+    if correction != "none":
+        ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)  # (N,)
+    if dual_clip > 0:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if correction in ("tis", "decoupled"):
+        per_token = per_token * is_w.clamp(max=is_cap)
+    elif correction == "mis":
+        keep = ((is_w >= is_band[0]) & (is_w <= is_band[1])).float()
+        per_token = per_token * is_w * keep
     kl = torch.zeros_like(per_token)
     if kl_coef > 0:
         if ref_logprobs is None:
@@ -61,12 +103,22 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
 
     with torch.no_grad():
+        d = prox_lp - old_lp
+        k3 = torch.exp(d) - 1 - d  # k3 of rollout vs the learner before the update, per token
         metrics = {
             "tokens": float(per_token.numel()),
             "clip_low": float(((ratio < 1.0 - clip_low) & (adv < 0)).sum()),
             "clip_high": float(((ratio > 1.0 + clip_high) & (adv > 0)).sum()),
-            "approx_kl": float(((ratio - 1) - log_ratio).sum()),  # k3 of rollout vs new policy
+            "approx_kl": float(k3.sum()),
             "entropy": float(entropy.sum()),
             "kl": float(kl.sum()),
+            "is_weight_sum": float(is_w.sum()),
+            "is_weight_max": float(is_w.max()) if is_w.numel() else 0.0,
+            "is_truncated": float((is_w > is_cap).sum()) if correction in ("tis", "decoupled") else 0.0,
+            "is_masked": float((keep == 0).sum()),
         }
+        if "lag" in batch:
+            same = batch["lag"] == 0
+            metrics.update({"kl_same_weights": float(k3[same].sum()), "tokens_same_weights": float(same.sum()),
+                            "kl_lagged": float(k3[~same].sum()), "tokens_lagged": float((~same).sum())})
     return loss, metrics

@@ -15,6 +15,12 @@ the update when the loss or the gradient is not finite. The forward runs in eval
 `disable_dropout` is off, so learner and sampler compute the same function; with
 `mask_truncated`, episodes cut at max_new_tokens still count in their group's advantage but
 contribute no gradient (DAPO's overlong filtering).
+
+Each token's policy lag (policy.version - the version that sampled it) rides in the batch, so the
+sampler-vs-learner mismatch is logged apart for lag 0 (numerics alone) and lag >= 1 (numerics plus
+drift). An off-policy correction needs the learner's logprobs before the update (pi_prox): with one
+step per batch and a deterministic forward that is the grad forward's own value, so no extra forward
+runs; with dropout on, one no-grad forward in eval mode per micro-batch computes it.
 """
 
 import math
@@ -67,7 +73,8 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
                ref_policy=None) -> dict:
     """group -> advantage -> flatten -> (collate -> forward -> loss -> backward) per micro-batch -> step."""
     t0 = time.perf_counter()
-    groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps)
+    groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps,
+                               turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
@@ -80,7 +87,11 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         "train/skipped_nan": 0,
         "train/masked_truncated": len(truncated),  # episodes whose loss was masked
     }
-    sums = {"tokens": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl": 0.0}
+    sums = {k: 0.0 for k in ("tokens", "clip_low", "clip_high", "approx_kl", "entropy", "kl", "is_weight_sum",
+                             "is_truncated", "is_masked", "kl_same_weights", "tokens_same_weights", "kl_lagged",
+                             "tokens_lagged")}
+    is_weight_max = 0.0
+    correct = cfg.off_policy_correction != "none"
     loss_total, padded_tokens = 0.0, 0
     optimizer.zero_grad(set_to_none=True)
     if samples:
@@ -90,6 +101,10 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         for chunk in micro_batches(samples, cfg.micro_batch_tokens):
             batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device)
             padded_tokens += batch["input_ids"].numel()
+            batch["lag"] = policy.version - batch["policy_version"]  # (N,)
+            prox_lp = None
+            if correct and not cfg.disable_dropout:  # the grad forward has dropout: pi_prox needs its own
+                prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
             ref_lp = None
             if cfg.kl_coef > 0:
                 with torch.no_grad():
@@ -98,7 +113,9 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
             out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
             loss, mm = compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                            temperature=cfg.temperature, loss_agg=cfg.loss_agg,
-                                           kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer)
+                                           kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer,
+                                           correction=cfg.off_policy_correction, is_cap=cfg.is_cap,
+                                           is_band=tuple(cfg.is_band), dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
             if not torch.isfinite(loss):
                 m["train/skipped_nan"] = 1
                 break
@@ -106,6 +123,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
             loss_total += loss.item()
             for k in sums:
                 sums[k] += mm[k]
+            is_weight_max = max(is_weight_max, mm["is_weight_max"])
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm))
         if m["train/skipped_nan"] or not math.isfinite(grad_norm):
             m["train/skipped_nan"] = 1  # a non-finite loss or gradient skips the update, counted
@@ -123,7 +141,24 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
     })
     if cfg.kl_coef > 0:
         m["loss/kl"] = sums["kl"] / n
+    for part in ("same_weights", "lagged"):  # k3 of sampler vs learner before the update, by policy lag
+        if sums[f"tokens_{part}"]:
+            m[f"mismatch/kl_{part}"] = sums[f"kl_{part}"] / sums[f"tokens_{part}"]
+    if correct:
+        m.update({"is_weight/mean": sums["is_weight_sum"] / n, "is_weight/max": is_weight_max,
+                  "is_weight/truncated_frac": sums["is_truncated"] / n, "is_weight/masked_frac": sums["is_masked"] / n})
     return m
+
+
+def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
+    """(N,) the learner's logprobs at its current weights, no grad, no dropout: one extra forward."""
+    training = policy.model.training
+    policy.model.eval()
+    with torch.no_grad():
+        out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+        lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
+    policy.model.train(training)
+    return lp
 
 
 def _std(xs: list[float]) -> float:
