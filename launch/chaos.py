@@ -346,6 +346,7 @@ def soak(out: Path, minutes: float, *, seed: int = 0) -> dict:
         return (sum(last) / len(last)) / (sum(first) / len(first)) - 1 if first and last else None
 
     text = run.output()
+    (out / "soak-output.log").write_text(text)  # the learner's console, to read what stopped it
     return {"minutes": minutes, "steps": steps, "faults": dict(faults), "worker_deaths_reported": text.count(" died ("),
             "worker_hangs_reported": text.count("hung (no progress"), "crashed_before_end": crashed, "exit_code": rc,
             "groups_lost": lost, "groups_doubled": doubled, "steps_not_observed": len(unseen),

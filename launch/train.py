@@ -67,7 +67,7 @@ class StopSignals:
             self.may_raise = False
             print(f"\n[signal] {name}: stopping; checkpoint of the last completed step first", flush=True)
             raise KeyboardInterrupt
-        print(f"\n[signal] {name}: stopping after the step being committed", flush=True)
+        print(f"\n[signal] {name}: noted; stopping once the step in hand is committed and saved", flush=True)
 
     @property
     def exit_code(self) -> int:
