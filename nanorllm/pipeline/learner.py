@@ -116,6 +116,7 @@ class PipelineSource:
         live = self.pool.up()
         if not live:
             return  # every worker is waiting out a back-off; _assign_waiting places it later
+        live = [w for w in live if w in self.ready] or live  # not behind a worker still loading its model
         load = {wid: 0 for wid in live}
         for other, wid in self.owner.items():
             if other in self.outstanding and wid in load:
