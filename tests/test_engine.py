@@ -163,7 +163,7 @@ def test_generate_stops_at_first_eos_and_flags_truncation(tiny_policy):
     policy = tiny_policy
     eos = policy.tokenizer.eos_token_id
     boost = torch.zeros(len(policy.tokenizer))
-    boost[eos] = 4.0
+    boost[eos] = 3.0  # about half the rows end within 10 tokens, whatever the seed
     head = policy.model.get_output_embeddings()
     handle = head.register_forward_hook(lambda module, args, out: out + boost)
     try:
@@ -182,7 +182,7 @@ def test_generate_stops_at_first_eos_and_flags_truncation(tiny_policy):
     for g in cut:
         assert len(g.response_ids) == 10
         assert not any(t in policy.eos_ids for t in g.response_ids)
-    assert all(policy.pad_id not in g.response_ids for g in gens)
+    assert all(len(g.logprobs) == len(g.response_ids) for g in gens)  # nothing after a row's end
 
 
 def test_same_seed_same_samples(tiny_policy):

@@ -4,6 +4,10 @@ A local model works on token ids: each episode's prompt is a token stream that e
 extends, so the learner can score all turns of an episode with one forward pass. An API model
 sees only chat messages and returns text; it has no token ids or logprobs and cannot be trained.
 The engine asks for both views and each policy uses the one it has.
+
+A local model may also offer `decode_batch(params)` (see policy/decode_batch.py): rows that join and
+leave a running batch between decode steps. The engine uses it when it is there and falls back to
+one `generate` call per turn otherwise.
 """
 
 from dataclasses import dataclass, field

@@ -3,8 +3,9 @@
 Why our own sampling loop instead of `model.generate`: we need, for every sampled token, its
 log-probability under exactly the distribution the learner will score (logits / temperature, full
 vocabulary), and `generate` would have to keep (B, T, V) logits around to give us that. The loop is
-a plain KV-cached decode: left-padded prompts, one forward per new token, each finished row
-padded until the whole batch is done.
+a KV-cached decode (policy/decode_batch.py) in which a finished row leaves the batch at once
+and new rows can join between steps; `generate` is one such batch, the RolloutEngine keeps one
+running across turns.
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
 and its state stay fp32, so a 3e-6 step is not rounded away below half a bf16 ulp) and runs every
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 from transformers import modeling_utils
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
+from nanorllm.policy.decode_batch import DecodeBatch
 from nanorllm.policy.models import load_model_and_tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -109,56 +110,44 @@ class HFCausalPolicy(Policy):
         return prompt_ids + response_ids + tail
 
     # ---- sampling --------------------------------------------------------------------------
-    @torch.no_grad()
+    def row_generators(self, n: int) -> list[torch.Generator]:
+        """One random stream per row, seeded from the policy's stream: row i samples the same
+        tokens whatever else shares its batch (the engine draws one per episode, in order)."""
+        seeds = torch.randint(0, 2**62, (n,), generator=self.generator, device=self.device).tolist()
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    @contextlib.contextmanager
+    def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None):
+        """A DecodeBatch to join rows into and step, in eval mode, no grad and the policy's autocast."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.autocast():
+                yield DecodeBatch(self, params, keep_state=keep_state, stats=stats)
+        finally:
+            self.model.train(was_training)
+
     def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
                  params: SamplingParams) -> list[Generation]:
-        with self.autocast():
-            return self._generate(conversations, prompt_ids, params)
+        out, rngs = {}, self.row_generators(len(prompt_ids))
+        with self.decode_batch(params, keep_state=False) as batch:
+            batch.join([(i, p, rng, None) for i, (p, rng) in enumerate(zip(prompt_ids, rngs))])
+            while len(batch):
+                out.update((key, gen) for key, gen, _ in batch.step())
+        return [out[i] for i in range(len(prompt_ids))]
 
-    def _generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
-                  params: SamplingParams) -> list[Generation]:
-        model, dev = self.model, self.device
-        B, T = len(prompt_ids), max(len(p) for p in prompt_ids)
-        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, T), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):  # left padding: every row's next token is at column T
-            input_ids[i, T - len(p):] = torch.tensor(p)
-            attn[i, T - len(p):] = 1
-        input_ids, attn = input_ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        eos = torch.tensor(self.eos_ids, device=dev)
-        was_training = model.training
-        model.eval()
-        cache = {self._cache_kw: DynamicCache()}
-        out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                    **cache)
-        pos = pos[:, -1:]
-        finished = torch.zeros(B, dtype=torch.bool, device=dev)
-        tokens, logprobs = [], []
-        for _ in range(params.max_new_tokens):
-            tok, lp = self._sample(out.logits[:, -1].float(), params)  # (B,), (B,)
-            tok = torch.where(finished, self.pad_id, tok)
-            tokens.append(tok)
-            logprobs.append(torch.where(finished, 0.0, lp))
-            finished |= torch.isin(tok, eos)
-            if bool(finished.all()):
-                break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
-            pos = pos + 1
-            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos, use_cache=True, **cache)
-        model.train(was_training)
-        tokens = torch.stack(tokens, 1).tolist()  # (B, R)
-        logprobs = torch.stack(logprobs, 1).tolist()
-        gens = []
-        for row, lps in zip(tokens, logprobs):
-            n = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), None)
-            ids = row[:n] if n else row
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            gens.append(Generation(text=text, response_ids=ids, logprobs=lps[:len(ids)], truncated=n is None))
-        return gens
+    def cached_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                       cache) -> torch.Tensor:
+        """(B, V) next-token logits after `input_ids` (B, T); `cache` (its keys/values for the first
+        L columns of the (B, L + T) `attention_mask`) is extended in place."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return out.logits[:, -1]
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token and its logprob under softmax(logits / temperature) over the full vocabulary."""
+    def sample(self, logits: torch.Tensor, params: SamplingParams,
+               rngs: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token and its logprob under softmax(logits / temperature) over the full vocabulary.
+        logits (B, V); row b draws its one uniform number from rngs[b] (inverse-CDF sampling)."""
         if params.greedy:
             tok = logits.argmax(-1)
             return tok, F.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
@@ -168,7 +157,9 @@ class HFCausalPolicy(Policy):
             sorted_p, idx = probs.sort(-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest head with mass >= top_p
             probs = probs.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
-        tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        cdf = probs.cumsum(-1)  # (B, V)
+        u = torch.cat([torch.rand(1, generator=g) for g in rngs]).to(logits.device) * cdf[:, -1]  # (B,)
+        tok = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
     # ---- scoring for the learner -------------------------------------------------------------

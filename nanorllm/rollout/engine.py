@@ -1,18 +1,26 @@
 """RolloutEngine: runs many agent-env-policy episodes at once.
 
-Every live episode of every group goes into one `policy.generate` call per turn (chunked only to
-bound memory), so a batch of G groups x K samples costs max_turns generate calls, not G*K*turns.
-Episodes leave the batch as they finish; the survivors get the env's feedback and go again.
+With a local model (a policy that has `decode_batch`) the engine keeps one running decode batch of
+up to `max_batch_episodes` rows: a turn leaves the batch the step it ends, the env answers at once,
+and the episode's next turn joins the running batch, prefilling only the tokens its last turn's KV
+cache does not hold. Each episode samples from its own random stream (drawn in episode order from
+the run's seed), so its tokens do not depend on what shares its batch.
+
+A policy that only has `generate` (an API model) runs turn by turn: every live episode of every
+group goes into one `generate` call per turn (chunked to `max_batch_episodes`), and the survivors
+get the env's feedback and go again.
 """
 
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 
 from nanorllm.agents.math_agent import MathAgent
 from nanorllm.core.types import RolloutResult, StepSample
 from nanorllm.envs.math_env import MathEnv
 from nanorllm.policy.base import Policy, SamplingParams
+from nanorllm.policy.decode_batch import new_stats
 
 
 @dataclass
@@ -25,6 +33,7 @@ class _Episode:
     prompt_ids: list[int] = field(default_factory=list)
     samples: list[StepSample] = field(default_factory=list)
     result: RolloutResult | None = None
+    rng: object = None  # its own sampling stream (in-flight batching)
 
 
 class RolloutEngine:
@@ -54,6 +63,38 @@ class RolloutEngine:
                 ep.agent.reset(task, ep.env.reset(task))
                 ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
                 episodes.append(ep)
+        if hasattr(self.policy, "decode_batch"):
+            n_generated, gen_s, stats = self._run_in_flight(episodes, params)
+        else:
+            n_generated, gen_s, stats = self._run_turn_by_turn(episodes, params)
+        elapsed = time.perf_counter() - t0
+        version = getattr(self.policy, "version", 0)
+        for ep in episodes:
+            ep.result.policy_version = version
+            ep.result.timings = {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated, **stats}
+        return [ep.result for ep in episodes]
+
+    def _run_in_flight(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
+        """One decode batch for the whole call; turns join and leave it between decode steps."""
+        for ep, rng in zip(episodes, self.policy.row_generators(len(episodes))):
+            ep.rng = rng
+        waiting = deque((ep, None) for ep in episodes)  # (episode, KV state of its last turn)
+        n_generated, stats = 0, new_stats()
+        t0 = time.perf_counter()
+        with self.policy.decode_batch(params, stats=stats) as batch:
+            while waiting or len(batch):
+                joining = [waiting.popleft() for _ in range(min(self.max_batch_episodes - len(batch), len(waiting)))]
+                batch.join([(ep, ep.prompt_ids, ep.rng, state) for ep, state in joining])
+                next_turns = []
+                for ep, gen, state in batch.step():
+                    n_generated += len(gen.response_ids)
+                    if self._advance(ep, gen):
+                        next_turns.append((ep, state))
+                waiting.extendleft(reversed(next_turns))  # next turns go before episodes not yet started
+        return n_generated, time.perf_counter() - t0, stats
+
+    def _run_turn_by_turn(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
+        """One `generate` call per turn for every live episode (chunked to max_batch_episodes)."""
         live, n_generated, gen_s = list(episodes), 0, 0.0
         while live:
             still_live = []
@@ -67,12 +108,7 @@ class RolloutEngine:
                     if self._advance(ep, gen):
                         still_live.append(ep)
             live = still_live
-        elapsed = time.perf_counter() - t0
-        version = getattr(self.policy, "version", 0)
-        for ep in episodes:
-            ep.result.policy_version = version
-            ep.result.timings = {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated}
-        return [ep.result for ep in episodes]
+        return n_generated, gen_s, {}
 
     def _advance(self, ep: _Episode, gen) -> bool:
         """Apply one response to its episode. True if the episode goes on to another turn."""

@@ -1,0 +1,142 @@
+"""In-flight batching: rows that join late, leave early or reuse their last turn's KV cache sample
+exactly what a plain full forward scores, whatever else shares their batch."""
+
+import pytest
+import torch
+
+from families import FAMILIES, tiny_family_policy
+from nanorllm.policy.base import SamplingParams
+from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.loss import token_logprobs
+
+QUESTIONS = ["What is 1 + 1?", "Hi", "Compute 12 * 3 and explain.", "Say something long, please, about numbers."]
+
+
+def full_forward_logprobs(policy, prompt, response, temperature):
+    seq = prompt + response
+    ids = torch.tensor([seq])
+    positions = torch.tensor([(0, t - 1) for t in range(len(prompt), len(seq))])
+    with torch.no_grad():
+        logits = policy.forward(ids, torch.ones_like(ids), positions).logits
+    return token_logprobs(logits, torch.tensor(response), temperature)[0]
+
+
+def rngs(*seeds):
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def run_rows(policy, params, schedule):
+    """schedule: {step: [(key, prompt, rng, state)]} rows joining before that step; returns
+    {key: (prompt, Generation, KVState)} and the batch's stats."""
+    out, step = {}, 0
+    prompts = {e[0]: e[1] for joins in schedule.values() for e in joins}
+    with policy.decode_batch(params) as batch:
+        while len(batch) or any(s >= step for s in schedule):
+            batch.join(schedule.get(step, []))
+            if len(batch):
+                out.update((key, (prompts[key], gen, state)) for key, gen, state in batch.step())
+            step += 1
+        return out, dict(batch.stats)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_late_joiners_and_reused_caches_match_a_full_forward(family):
+    policy = tiny_family_policy(family)
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+    r = rngs(0, 1, 2, 3, 4)
+    first, _ = run_rows(policy, params, {0: [("a", p[0], r[0], None), ("b", p[1], r[1], None)],
+                                         3: [("c", p[2], r[2], None)]})  # c joins late, a and b leave first
+    _, gen_a, state_a = first["a"]
+    nxt = policy.next_prompt_ids(p[0], gen_a.response_ids, {"role": "user", "content": "Try again."})
+    assert nxt[:len(state_a.token_ids)] == state_a.token_ids
+    # a's next turn reuses its cache and joins a running batch whose rows have other cache lengths
+    second, stats = run_rows(policy, params, {0: [("d", p[3], r[3], None)], 2: [("a2", nxt, r[4], state_a)]})
+    assert stats["reused_tokens"] == len(state_a.token_ids)
+    assert stats["prefill_tokens"] == len(p[3]) + len(nxt) - len(state_a.token_ids)
+    for prompt, gen, _ in [*first.values(), *second.values()]:
+        assert len(gen.response_ids) == len(gen.logprobs) > 0
+        expected = full_forward_logprobs(policy, prompt, gen.response_ids, params.temperature)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected, rtol=0, atol=1e-4)
+
+
+def test_what_a_row_samples_does_not_depend_on_its_batch():
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=8)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+    alone, _ = run_rows(policy, params, {0: [("x", p[2], rngs(7)[0], None)]})
+    crowd, _ = run_rows(policy, params, {0: [(i, p[i], g, None) for i, g in zip([0, 1, 3], rngs(1, 2, 3))],
+                                         2: [("x", p[2], rngs(7)[0], None)]})
+    assert alone["x"][1].response_ids == crowd["x"][1].response_ids
+    torch.testing.assert_close(alone["x"][1].logprobs, crowd["x"][1].logprobs, rtol=0, atol=1e-5)
+
+
+def test_finished_rows_leave_the_batch():
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=5)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+    eos = policy.eos_ids[0]
+    with policy.decode_batch(params) as batch:
+        batch.join([(i, p[i], g, None) for i, g in enumerate(rngs(0, 1, 2))])
+        sizes, ended = [], {}
+        while len(batch):
+            if len(sizes) == 1:  # row 0 samples the end-of-turn token as its 2nd token
+                batch.logits[0] = -1e4
+                batch.logits[0, eos] = 0.0
+            sizes.append(len(batch))
+            ended.update((key, gen) for key, gen, _ in batch.step())
+        stats = batch.stats
+    assert sizes == [3, 3, 2, 2, 2]
+    assert [len(ended[i].response_ids) for i in range(3)] == [2, 5, 5]
+    assert stats["decode_rows"] == 3 + 2 + 2 + 2  # row 0 is not computed after its end, nobody after the 5th token
+    assert stats["decode_tokens_kept"] == stats["decode_rows"] == stats["tokens_kept"] - stats["prefills"]
+
+
+def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
+    policy = tiny_policy
+    eos = policy.tokenizer.eos_token_id
+    boost = torch.zeros(len(policy.tokenizer))
+    boost[eos] = 3.0  # turns that end before max_new_tokens go on to a second turn
+    handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
+    sizes = []
+    real = policy.cached_forward
+
+    def counting(input_ids, *args):
+        sizes.append(input_ids.shape)
+        return real(input_ids, *args)
+
+    policy.cached_forward = counting
+    tasks = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    try:
+        engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10, temperature=1.0), max_turns=3,
+                               max_batch_episodes=5)
+        results = engine.run(tasks, num_samples=4, seed=1)
+    finally:
+        handle.remove()
+        del policy.cached_forward
+    timings = results[0].timings
+    assert max(s[0] for s in sizes) <= 5
+    assert timings["reused_tokens"] > 0 and timings["decode_rows"] == timings["decode_tokens_kept"]
+    assert timings["tokens_kept"] == timings["gen_tokens"] == sum(len(s.response_ids) for r in results
+                                                                 for s in r.step_samples)
+    multi = [r for r in results if len(r.step_samples) > 1]
+    assert multi
+    handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
+    try:
+        for r in multi:
+            for s in r.step_samples:
+                expected = full_forward_logprobs(policy, s.prompt_ids, s.response_ids, 1.0)
+                torch.testing.assert_close(torch.tensor(s.rollout_logprobs), expected, rtol=0, atol=1e-4)
+    finally:
+        handle.remove()
+    # the same seed gives the same episodes with any batch bound
+    again = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10, temperature=1.0), max_turns=3,
+                          max_batch_episodes=64)
+    handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
+    try:
+        wide = again.run(tasks, num_samples=4, seed=1)
+    finally:
+        handle.remove()
+    assert [[s.response_ids for s in r.step_samples] for r in results] == \
+           [[s.response_ids for s in r.step_samples] for r in wide]
+
