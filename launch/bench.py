@@ -2,6 +2,7 @@
 
     python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
     python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
+    python launch/bench.py --learning [--quick]  # held-out learning per update and per second (launch/learning.py)
 
 --quick checks that every measurement runs; its figures are not the reference (0.36 MB of weights
 make broadcast_vs_copy a measure of per-call overhead, and tiny-model steps are sub-second).
@@ -42,7 +43,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
 from nanorllm.trainer.trainer import make_optimizer, train_step  # noqa: E402
-from nanorllm.utils.trial import run_trial  # noqa: E402
+from launch.trial import run_trial  # noqa: E402
 
 TARGETS = {  # (comparison, target)
     "pipeline_speedup": (">=", 1.6), "overlap_efficiency": (">=", 0.85), "broadcast_vs_copy": ("<=", 2.0),
@@ -247,6 +248,9 @@ def bench_worker_scaling(b: BenchConfig) -> dict:
 
 
 def main() -> int:
+    if "--learning" in sys.argv:  # its own benchmark, with its own flags
+        from launch.learning import main as learning_main
+        return learning_main([a for a in sys.argv[1:] if a != "--learning"])
     b = tyro.cli(BenchConfig)
     torch.set_flush_denormal(True)
     figures, t_start = {}, time.perf_counter()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from launch.trial import run_trial  # noqa: E402
 from nanorllm.config import ConfigError, parse_config  # noqa: E402
-from nanorllm.utils.trial import run_trial  # noqa: E402
 
 
 def recommend(rows: list[dict], *, flags: str = "", tolerance: float = 0.05) -> str:

@@ -1,0 +1,55 @@
+"""The learning benchmark's machinery: configurations, summaries and one reduced --quick run."""
+
+import json
+
+import pytest
+
+from launch.learning import LearningConfig, configurations, main, summarize, time_to_gain
+
+
+def curve(successes, dt=10.0):
+    return [{"update": 2 * i, "wall_s": dt * i, "success": s, "first_turn_success": s / 2}
+            for i, s in enumerate(successes)]
+
+
+def test_configurations_cover_serial_and_each_lag_with_and_without_the_correction():
+    cfgs = configurations(LearningConfig(correction="mis"))
+    assert list(cfgs) == ["serial", "lag1-none", "lag1-mis", "lag2-none", "lag2-mis", "lag4-none", "lag4-mis"]
+    assert cfgs["serial"] == {"serial": True}
+    assert cfgs["lag4-mis"] == {"serial": False, "num_workers": 2, "max_policy_lag": 4, "off_policy_correction": "mis"}
+    assert cfgs["lag2-none"]["off_policy_correction"] == "none"
+
+
+def test_time_to_gain_is_the_first_eval_ten_points_up():
+    assert time_to_gain(curve([0.40, 0.45, 0.50, 0.60])) == 20.0
+    assert time_to_gain(curve([0.40, 0.45, 0.49])) is None
+
+
+def test_summary_gains_and_time_to_target_need_every_seed():
+    runs = [{"curve": curve([0.4, 0.5, 0.6]), "wall_s": 20.0, "policy_lag_mean": 1.0, "policy_lag_max": 1,
+             "mismatch_kl_lagged": 0.01},
+            {"curve": curve([0.5, 0.5, 0.55]), "wall_s": 22.0, "policy_lag_mean": 0.5, "policy_lag_max": 1,
+             "mismatch_kl_lagged": None}]
+    s = summarize(runs)
+    assert s["gains"] == pytest.approx([0.2, 0.05])
+    assert s["gain_mean"] == pytest.approx(0.125) and s["gain_std"] == pytest.approx(0.075)
+    assert s["time_to_plus10_s"] == [10.0, None] and s["time_to_plus10_s_mean"] is None
+    assert (s["wall_s_mean"], s["policy_lag_mean"], s["mismatch_kl_lagged"]) == (21.0, 0.75, 0.01)
+
+
+def test_quick_run_writes_json_and_plot(tmp_path):
+    """A reduced --quick (one seed, serial and one corrected pipeline run): every file, field and shape."""
+    assert main(["--quick", "--seeds", "0", "--configs", "serial,lag2-corr", "--updates", "2", "--eval-every", "1",
+                 "--eval-limit", "4", "--workers", "1", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "learning.json").read_text())
+    assert record["model"] == "tiny-random" and record["seeds"] == [0]
+    assert list(record["configurations"]) == ["serial", "lag2-tis"]
+    for name, s in record["configurations"].items():
+        assert len(s["gains"]) == len(s["wall_s"]) == len(s["time_to_plus10_s"]) == len(s["runs"]) == 1
+        points = s["runs"][0]["curve"]
+        assert [p["update"] for p in points] == [0, 1, 2]
+        assert all(0 <= p["success"] <= 1 for p in points)
+        walls = [p["wall_s"] for p in points]
+        assert walls[0] == 0.0 and walls == sorted(walls)
+        assert 0 <= s["policy_lag_mean"] <= (0 if name == "serial" else 2)
+    assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
