@@ -17,8 +17,9 @@ bound >= 1 gives lag ~1. So the measured policy_lag_mean is reported beside ever
 
 Evaluation is kept out of the timing: at each eval point the weights are copied in memory (tens of
 ms; the workers go on meanwhile), and every copy is evaluated after the run, when the workers are
-gone. Wall time counts from the first request for a batch (for the pipeline: once its workers have
-loaded their models; start-up is recorded apart) to each update, less the copies. Writes learning.json (per configuration: per-seed curves and gains,
+gone. Wall time counts from the first request for a batch (for the pipeline: once its first worker
+has loaded its model, so no batch is made before the clock runs; start-up is recorded apart) to
+each update, less the copies. Writes learning.json (per configuration: per-seed curves and gains,
 mean, std, wall time, time to +10 points) and learning.png (mean curves with a min-max band over
 seeds, success vs updates and vs wall time).
 """
@@ -144,7 +145,7 @@ def run_one(cfg: TrainConfig, eval_every: int, initial: dict) -> dict:
                 from nanorllm.pipeline.learner import PipelineSource
                 inner = PipelineSource(run)
             t0 = time.perf_counter()
-            while not cfg.serial and len(inner.ready) < len(inner.pool.devices):  # workers load their models
+            while not cfg.serial and not inner.ready:  # no worker has loaded its model: nothing is made yet
                 inner._pump(timeout=0.05)
             startup_s = time.perf_counter() - t0
             source = Snapshots(inner, run, eval_every)
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[learning] {name} seed {seed}: success {c[0]['success']:.3f} -> {c[-1]['success']:.3f} | "
                   f"{r['wall_s']:.1f} s | lag {r['policy_lag_mean']:.2f} (max {r['policy_lag_max']})", flush=True)
         results[name] = summarize(runs)
-    print(f"\n{'configuration':16s} {'gain':>14s} {'first turn':>10s} {'wall s':>8s} {'to +10 s':>9s} {'lag':>5s}")
+    print(f"\n{'configuration':16s} {'gain':>13s} {'first turn':>10s} {'wall s':>8s} {'to +10 s':>9s} {'lag':>5s}")
     for name, s in results.items():
         t10 = s["time_to_plus10_s_mean"]
         print(f"{name:16s} {s['gain_mean']:+7.3f} ±{s['gain_std']:.3f} {s['first_turn_gain_mean']:+10.3f} "
