@@ -15,6 +15,11 @@ Figures (targets in TARGETS):
   learner_wait_frac         share of learner time waiting for data
   policy_lag_mean/max, stale_dropped
   rollout_batching_speedup  tokens/s of one batched engine call / one episode at a time with `generate`
+  decode_useful_frac        decode rows whose sampled token is kept / rows computed in decode steps, in one
+                            default training step (8 tasks x 4 samples, 2 turns); a finished row still computed
+                            counts against it
+  gen_vs_forward            kept tokens/s of that step / the model's bare batched decode forwards at the step's
+                            mean batch and context (what sampling, prefills, the env and small tail batches cost)
   learner_efficiency        train tokens/s of train_step / a bare fwd+bwd+step on the same batch
   worker_scaling            throughput with 2 workers / (2 x 1 worker), same job per worker, tiny model
                             (learner not the bottleneck)
@@ -48,6 +53,7 @@ from launch.trial import run_trial  # noqa: E402
 TARGETS = {  # (comparison, target)
     "pipeline_speedup": (">=", 1.6), "overlap_efficiency": (">=", 0.85), "broadcast_vs_copy": ("<=", 2.0),
     "worker_blocked_frac": ("<=", 0.01), "learner_wait_frac": ("<=", 0.1), "rollout_batching_speedup": (">=", 4.0),
+    "decode_useful_frac": (">=", 0.95), "gen_vs_forward": (">=", 0.5),
     "learner_efficiency": (">=", 0.8), "worker_scaling": (">=", 0.9),
 }
 
@@ -149,6 +155,41 @@ def bench_rollout_batching(policy: HFCausalPolicy, tasks: list[dict], max_new_to
     return {"rollout_batching_speedup": (tokens / batched_s) / (single_tokens / single_s),
             "_batched_tokens_per_s": tokens / batched_s, "_single_tokens_per_s": single_tokens / single_s,
             "_episodes": len(tasks), "_batched_tokens": tokens, "_single_tokens": single_tokens}
+
+
+def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
+    """One default training step's rollouts, then bare decode forwards at its mean batch and context."""
+    from transformers import DynamicCache
+
+    from nanorllm.rollout.build import training_engine
+
+    engine = training_engine(policy, cfg)
+    engine.run(tasks[:2], num_samples=1, seed=1)  # warm-up
+    t0 = time.perf_counter()
+    results = engine.run(tasks[:cfg.tasks_per_step], num_samples=cfg.num_samples_per_task, seed=0)
+    step_s = time.perf_counter() - t0
+    st = results[0].timings
+    samples = [s for r in results for s in r.step_samples]
+    batch = max(1, round(st["decode_rows"] / max(st["decode_steps"], 1)))
+    context = round(sum(len(s.prompt_ids) + len(s.response_ids) / 2 for s in samples) / len(samples))
+    steps = cfg.max_new_tokens
+    ids = torch.randint(0, len(policy.tokenizer), (batch, context + steps), device=policy.device)
+    mask = torch.ones_like(ids)
+    pos = torch.arange(context + steps, device=policy.device).expand(batch, -1)
+    with policy.decode_batch(SamplingParams()):  # eval mode, no grad, the policy's autocast
+        cache = DynamicCache()
+        policy.cached_forward(ids[:, :context], mask[:, :context], pos[:, :context], cache)
+        t0 = time.perf_counter()
+        for t in range(context, context + steps):  # attention over a growing cache, as in sampling
+            policy.cached_forward(ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], cache)
+        bare_s = time.perf_counter() - t0
+    gen_per_s, bare_per_s = st["tokens_kept"] / step_s, batch * steps / bare_s
+    return {"decode_useful_frac": st["decode_tokens_kept"] / max(st["decode_rows"], 1),
+            "gen_vs_forward": gen_per_s / bare_per_s, "_step_s": step_s, "_tokens_kept": st["tokens_kept"],
+            "_decode_rows": st["decode_rows"], "_decode_steps": st["decode_steps"],
+            "_prefill_tokens": st["prefill_tokens"], "_reused_tokens": st["reused_tokens"], "_turns": len(samples),
+            "_gen_tokens_per_s": gen_per_s, "_bare_forward_tokens_per_s": bare_per_s, "_mean_batch": batch,
+            "_mean_context": context}
 
 
 def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
@@ -264,6 +305,8 @@ def main() -> int:
     figures.update(bench_broadcast(policy))
     print("[bench] rollout batching ...", flush=True)
     figures.update(bench_rollout_batching(policy, tasks, max_new_tokens=16))
+    print("[bench] decode efficiency ...", flush=True)
+    figures.update(bench_decode(policy, replace(TrainConfig(), model=cfg.model), tasks))
     print("[bench] learner efficiency ...", flush=True)
     figures.update(bench_learner(policy, cfg, tasks[:4]))  # 4 tasks x 4 episodes
     print("[bench] worker scaling ...", flush=True)

@@ -140,3 +140,16 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
     assert [[s.response_ids for s in r.step_samples] for r in results] == \
            [[s.response_ids for s in r.step_samples] for r in wide]
 
+
+def test_bench_decode_counts_one_training_step(fresh_tiny_policy):
+    from dataclasses import replace
+
+    from launch.bench import bench_decode
+    from nanorllm.config import TrainConfig
+    from nanorllm.datasets.tasks import load_tasks
+
+    cfg = replace(TrainConfig(), model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=6)
+    out = bench_decode(fresh_tiny_policy, cfg, load_tasks(cfg.tasks, limit=2))
+    assert out["decode_useful_frac"] == 1.0
+    assert out["_tokens_kept"] == out["_decode_rows"] + out["_turns"]  # each turn's first token comes from its prefill
+    assert out["gen_vs_forward"] > 0 and out["_mean_batch"] <= 4
