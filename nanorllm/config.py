@@ -149,6 +149,9 @@ class TrainConfig:
     max_restarts_per_run: int = 50
     """Worker restarts allowed in the whole run before it stops."""
 
+    def __post_init__(self):
+        self.is_band = tuple(self.is_band)  # a JSON/YAML file or a saved config gives a list
+
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
         p = []
