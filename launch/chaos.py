@@ -161,11 +161,17 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def leftovers(token: str, shm_before: set[str], wait_s: float = 10.0) -> tuple[int, int, float]:
-    """(processes left, /dev/shm entries left, when the last process was gone: time.monotonic())."""
+    """(processes left, /dev/shm entries left, when the last process was gone: time.monotonic()).
+
+    /dev/shm entries carry no owner, so an entry counts only if it is still there after `wait_s`:
+    another program's short-lived semaphore is not this run's leftover."""
     t0 = time.monotonic()
     while processes_with_token(token) and time.monotonic() - t0 < wait_s:
         time.sleep(0.05)
-    return len(processes_with_token(token)), len(shm_entries() - shm_before), time.monotonic()
+    gone = time.monotonic()
+    while shm_entries() - shm_before and time.monotonic() - t0 < wait_s:
+        time.sleep(0.1)
+    return len(processes_with_token(token)), len(shm_entries() - shm_before), gone
 
 
 def _finish(o: Outcome, run: TrainProcess, run_dir: Path, shm_before: set[str]) -> Outcome:
