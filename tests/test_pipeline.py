@@ -35,9 +35,11 @@ def test_two_worker_run_finishes_and_cleans_up(tmp_path):
     for tag in ["pipeline/policy_lag_mean", "pipeline/policy_lag_max", "pipeline/stale_dropped",
                 "pipeline/ready_batches", "pipeline/learner_wait_frac", "pipeline/worker_wait_frac",
                 "pipeline/weight_publish_s", "pipeline/worker_restarts", "pipeline/worker_hangs", "pipeline/mismatch_kl",
-                "perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s"]:
+                "perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s",
+                "perf/decode_useful_frac"]:
         assert tag in scalars, tag
     assert max(v for _, v in scalars["pipeline/policy_lag_max"]) <= 1
+    assert all(v == 1.0 for _, v in scalars["perf/decode_useful_frac"])  # finished rows leave the batch
     _assert_clean_exit(token, shm_before)
 
 

@@ -22,6 +22,7 @@ import time
 
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
+from nanorllm.trainer.metrics import decode_metrics
 
 
 class PipelineError(RuntimeError):
@@ -270,6 +271,7 @@ class PipelineSource:
             m[f"pipeline/worker{x['worker_id']}/gen_tokens_per_s"] = rate
             total_rate += rate
         m["perf/gen_tokens_per_s"] = total_rate
+        m.update(decode_metrics([x["results"][0].timings for x in msgs if x["results"]]))
         m["perf/rollout_s"] = max((x["rollout_s"] for x in msgs), default=0.0)
         return m
 

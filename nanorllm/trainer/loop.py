@@ -35,7 +35,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.evaluate import evaluate
-from nanorllm.trainer.metrics import rollout_metrics
+from nanorllm.trainer.metrics import decode_metrics, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
 from nanorllm.utils.devices import configure_threads, resolve_devices
@@ -80,7 +80,8 @@ class SerialSource:
                                    group_ids=[g for _, g in picked], seed=rollout_seed(self.run.cfg, step))
         rollout_s = time.perf_counter() - t0
         gen_tokens = results[0].timings["gen_tokens"] if results else 0
-        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9)}
+        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+                         **decode_metrics([results[0].timings] if results else [])}
 
     def after_update(self, step: int) -> dict:
         self.run.policy.version = step + 1

@@ -38,3 +38,12 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
     m["groups/solve_all"] = sum(s == 1 for s in solved) / len(solved)
     m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
     return m
+
+
+def decode_metrics(job_timings: list[dict]) -> dict:
+    """Decode efficiency of a step from each engine call's timings (one per serial step or worker job):
+    decode rows whose sampled token was kept / decode rows computed (finished rows still computed
+    would pull it below 1)."""
+    rows = sum(t.get("decode_rows", 0) for t in job_timings)
+    kept = sum(t.get("decode_tokens_kept", 0) for t in job_timings)
+    return {"perf/decode_useful_frac": kept / rows} if rows else {}

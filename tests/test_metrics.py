@@ -1,0 +1,9 @@
+"""Step metrics computed from engine timings."""
+
+from nanorllm.trainer.metrics import decode_metrics
+
+
+def test_decode_metrics_sum_every_job_of_a_step():
+    jobs = [{"decode_rows": 30, "decode_tokens_kept": 30}, {"decode_rows": 10, "decode_tokens_kept": 6}]
+    assert decode_metrics(jobs) == {"perf/decode_useful_frac": 36 / 40}
+    assert decode_metrics([{"gen_tokens": 5}]) == {}  # a policy without a decode batch reports nothing
