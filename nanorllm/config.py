@@ -113,7 +113,7 @@ class TrainConfig:
     threads: int | None = None
     """Torch threads per process on CPU; None splits the cores across processes."""
     queue_size: int = 4
-    """Most episode batches waiting in the queue."""
+    """Most finished episode batches a worker holds while the learner has not taken them (then it waits)."""
     # --- run folder, logging, checkpoints ---
     output_dir: str = "runs"
     """Where run folders go."""
