@@ -58,7 +58,7 @@ def save(run, step: int) -> Path:
     torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
     position = run.source.position_at(step) if run.source else run.stream.position
     state = {
-        "step": step, "stream_position": position, "groups_trained": position,
+        "step": step, "stream_position": position,
         "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": asdict(run.cfg),
         "reference_model": run.cfg.model,
     }

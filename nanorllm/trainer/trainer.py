@@ -115,7 +115,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
                                            temperature=cfg.temperature, loss_agg=cfg.loss_agg,
                                            kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer,
                                            correction=cfg.off_policy_correction, is_cap=cfg.is_cap,
-                                           is_band=tuple(cfg.is_band), dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
+                                           is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
             if not torch.isfinite(loss):
                 m["train/skipped_nan"] = 1
                 break
