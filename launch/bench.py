@@ -47,6 +47,7 @@ from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.policy.hf_causal import HFCausalPolicy  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
+from nanorllm.trainer.metrics import decode_useful_frac  # noqa: E402
 from nanorllm.trainer.trainer import make_optimizer, train_step  # noqa: E402
 from launch.trial import run_trial  # noqa: E402
 
@@ -184,7 +185,7 @@ def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) ->
             policy.cached_forward(ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], cache)
         bare_s = time.perf_counter() - t0
     gen_per_s, bare_per_s = st["tokens_kept"] / step_s, batch * steps / bare_s
-    return {"decode_useful_frac": st["decode_tokens_kept"] / max(st["decode_rows"], 1),
+    return {"decode_useful_frac": decode_useful_frac(st),
             "gen_vs_forward": gen_per_s / bare_per_s, "_step_s": step_s, "_tokens_kept": st["tokens_kept"],
             "_decode_rows": st["decode_rows"], "_decode_steps": st["decode_steps"],
             "_prefill_tokens": st["prefill_tokens"], "_reused_tokens": st["reused_tokens"], "_turns": len(samples),

@@ -44,7 +44,7 @@ class _Row:
 
 def new_stats() -> dict:
     """Counters of what the model computed for one engine call."""
-    return {"decode_steps": 0, "decode_rows": 0, "decode_tokens_kept": 0, "tokens_kept": 0,
+    return {"decode_steps": 0, "decode_rows": 0, "tokens_kept": 0,
             "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0}
 
 
@@ -148,7 +148,6 @@ class DecodeBatch:
             self.pos = self.pos + 1
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += len(self.rows)
-            self.stats["decode_tokens_kept"] += len(self.rows)  # every row computed samples a kept token
         return done
 
     def _generation(self, row: _Row) -> Generation:

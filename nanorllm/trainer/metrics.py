@@ -40,10 +40,15 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
     return m
 
 
+def decode_useful_frac(timings: dict) -> float:
+    """Tokens kept that were sampled from decode-step logits (all but each turn's first, which comes
+    from its prefill) / rows computed in decode steps. Counted apart, at sampling and at the forward:
+    a finished row still computed would pull it below 1."""
+    return (timings["tokens_kept"] - timings["prefills"]) / max(timings["decode_rows"], 1)
+
+
 def decode_metrics(job_timings: list[dict]) -> dict:
-    """Decode efficiency of a step from each engine call's timings (one per serial step or worker job):
-    decode rows whose sampled token was kept / decode rows computed (finished rows still computed
-    would pull it below 1)."""
-    rows = sum(t.get("decode_rows", 0) for t in job_timings)
-    kept = sum(t.get("decode_tokens_kept", 0) for t in job_timings)
-    return {"perf/decode_useful_frac": kept / rows} if rows else {}
+    """Decode efficiency of a step from each engine call's timings (one per serial step or worker job)."""
+    jobs = [t for t in job_timings if t.get("decode_rows")]
+    total = {k: sum(t[k] for t in jobs) for k in ("tokens_kept", "prefills", "decode_rows")}
+    return {"perf/decode_useful_frac": decode_useful_frac(total)} if jobs else {}
