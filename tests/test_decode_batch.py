@@ -6,7 +6,7 @@ import torch
 
 from families import FAMILIES, tiny_family_policy
 from nanorllm.policy.base import SamplingParams
-from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.loss import token_logprobs
 
 QUESTIONS = ["What is 1 + 1?", "Hi", "Compute 12 * 3 and explain.", "Say something long, please, about numbers."]
@@ -153,3 +153,33 @@ def test_bench_decode_counts_one_training_step(fresh_tiny_policy):
     assert out["decode_useful_frac"] == 1.0
     assert out["_tokens_kept"] == out["_decode_rows"] + out["_turns"]  # each turn's first token comes from its prefill
     assert out["gen_vs_forward"] > 0 and out["_mean_batch"] <= 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_joining_from_a_shared_prefix_match_a_full_forward(family):
+    policy = tiny_family_policy(family)
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+    n = len(shared_prefix(p))
+    assert 0 < n < min(map(len, p)) and all(q[:n] == p[0][:n] for q in p)
+    with policy.decode_batch(params) as batch:
+        start = batch.cache_prefix(p[0][:n])
+        batch.join([(i, p[i], g, start) for i, g in enumerate(rngs(0, 1, 2))])  # rests of different lengths
+        done = dict((key, (gen, state)) for key, gen, state in batch.step())
+        batch.join([(3, p[3], rngs(3)[0], start)])  # a late row joins from the same prefix
+        while len(batch):
+            done.update((key, (gen, state)) for key, gen, state in batch.step())
+        stats = batch.stats
+    assert stats["reused_tokens"] == 4 * n and stats["prefill_tokens"] == n + sum(len(q) - n for q in p)
+    for i, (gen, state) in done.items():
+        expected = full_forward_logprobs(policy, p[i], gen.response_ids, params.temperature)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected, rtol=0, atol=1e-4)
+        assert state.token_ids == p[i] + gen.response_ids[:-1]
+        assert state.layers[0][0].shape[2] == len(state.token_ids)  # the row's own columns, no padding
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]]) == [1, 2, 3]
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
+    assert shared_prefix([[1, 2, 3, 4], [1, 2]]) == [1]
+    assert shared_prefix([[7, 2], [1, 2]]) == []

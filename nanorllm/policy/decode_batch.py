@@ -6,15 +6,18 @@ has to wait for the next batch. Here a row leaves the batch the step it samples 
 turn in as soon as the env has answered the previous one.
 
 The cache is one transformers DynamicCache whose layers hold (B, H, L, D) keys and values over L
-common columns, with a (B, L) attention mask: each row's tokens sit contiguously at the right end of
-its columns, padding (mask 0) on the left. Joining pads the shorter side on the left; leaving selects
-rows and then drops leading columns that are padding in every row. Each row carries its own positions,
+common columns, with a (B, L) attention mask: a row's tokens are the columns its mask marks, in
+order, ending at the right; padding (mask 0) lies before them or between its cached part and what it
+prefilled on joining. Joining pads the shorter side on the left; leaving selects rows and then drops
+leading columns that are padding in every row. Each row carries its own positions,
 so left padding never shifts RoPE, and its own random stream (`rng`), so what it samples does not
 depend on which other rows share its steps.
 
 A row that finishes hands back its KV state (the keys/values of every token it has in the cache). Its
 next turn's prompt extends that turn token for token, so joining again only prefills the new tokens
 (the last sampled token, the end-of-turn marker, the env's feedback and the generation prompt).
+A first turn joins the same way from `cache_prefix`: the chat template and worked example that
+every episode's prompt starts with are computed once per batch.
 """
 
 from dataclasses import dataclass, field
@@ -68,17 +71,27 @@ class DecodeBatch:
 
     # ---- joining ---------------------------------------------------------------------------
     def join(self, entries: list[tuple[object, list[int], torch.Generator | None, KVState | None]]) -> None:
-        """Add rows (key, prompt_ids, rng, state). A row whose `state` holds a prefix of its prompt
-        prefills only the rest, alone; the others are prefilled together, left-padded."""
-        fresh = []
+        """Add rows (key, prompt_ids, rng, state). Rows whose `state` holds a prefix of their prompt
+        prefill only the rest, reusing the state's keys/values; the others prefill whole. Each kind
+        is one batched forward."""
+        fresh, extending = [], []
         for key, prompt, rng, state in entries:
             n = len(state.token_ids) if state is not None else 0
             if 0 < n < len(prompt) and prompt[:n] == state.token_ids:
-                self._merge(*self._extend(prompt, state), [_Row(key, prompt, rng)])
+                extending.append((_Row(key, prompt, rng), state))
             else:
                 fresh.append(_Row(key, prompt, rng))
+        if extending:
+            self._merge(*self._extend(extending), [row for row, _ in extending])
         if fresh:
             self._merge(*self._prefill([r.prompt_ids for r in fresh]), fresh)
+        self.stats["prefills"] += len(entries)
+
+    def cache_prefix(self, ids: list[int]) -> KVState:
+        """The KV state of `ids` on their own, for rows whose prompts start with them to join from:
+        a prompt template every episode shares is computed once, not once per row."""
+        cache, *_ = self._prefill([ids])
+        return KVState(token_ids=list(ids), layers=[(layer.keys, layer.values) for layer in cache.layers])
 
     def _prefill(self, prompts: list[list[int]]):
         dev, pad = self.policy.device, self.policy.pad_id
@@ -92,20 +105,34 @@ class DecodeBatch:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         cache = DynamicCache()
         logits = self.policy.cached_forward(ids, attn, pos, cache)  # (B, V)
-        self.stats["prefills"] += B
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
         return cache, attn, pos[:, -1] + 1, logits
 
-    def _extend(self, prompt: list[int], state: KVState):
-        dev, n = self.policy.device, len(state.token_ids)
-        new = torch.tensor([prompt[n:]], device=dev)  # (1, m)
-        cache = DynamicCache(ddp_cache_data=state.layers)
-        attn = torch.ones((1, len(prompt)), dtype=torch.long, device=dev)
-        pos = torch.arange(n, len(prompt), device=dev)[None]  # (1, m)
-        logits = self.policy.cached_forward(new, attn, pos, cache)  # (1, V)
-        self.stats["prefills"] += 1
-        self.stats["prefill_tokens"] += len(prompt) - n
-        self.stats["reused_tokens"] += n
+    def _extend(self, rows: list[tuple[_Row, KVState]]):
+        """One forward for rows that continue a cached state. A row's columns read
+        [pad | its cached tokens | pad | its new tokens]: cached parts are left-padded to the longest
+        state, new parts to the longest rest, and the mask hides both pads."""
+        dev, pad = self.policy.device, self.policy.pad_id
+        cached = [len(state.token_ids) for _, state in rows]
+        rests = [row.prompt_ids[n:] for (row, _), n in zip(rows, cached)]
+        B, N, M = len(rows), max(cached), max(len(r) for r in rests)
+        ids = torch.full((B, M), pad, dtype=torch.long)
+        attn = torch.zeros((B, N + M), dtype=torch.long)
+        pos = torch.zeros((B, M), dtype=torch.long)
+        for i, (n, rest) in enumerate(zip(cached, rests)):
+            m = len(rest)
+            ids[i, M - m:] = torch.tensor(rest)
+            attn[i, N - n:N] = 1
+            attn[i, N + M - m:] = 1
+            pos[i] = (torch.arange(M) - (M - m)).clamp(min=0) + n  # padding queries get any valid position
+        layers = [(torch.cat([_pad_left(state.layers[j][0], N, 2) for _, state in rows]),
+                   torch.cat([_pad_left(state.layers[j][1], N, 2) for _, state in rows]))
+                  for j in range(len(rows[0][1].layers))]
+        cache = DynamicCache(ddp_cache_data=layers)
+        ids, attn, pos = ids.to(dev), attn.to(dev), pos.to(dev)
+        logits = self.policy.cached_forward(ids, attn, pos, cache)  # (B, V)
+        self.stats["prefill_tokens"] += sum(len(r) for r in rests)
+        self.stats["reused_tokens"] += sum(cached)
         return cache, attn, pos[:, -1] + 1, logits
 
     def _merge(self, cache: DynamicCache, attn: torch.Tensor, pos: torch.Tensor, logits: torch.Tensor,
@@ -157,9 +184,9 @@ class DecodeBatch:
 
     def _state(self, i: int, row: _Row) -> KVState:
         ids = row.prompt_ids + row.tokens[:-1]  # the last sampled token was never fed to the model
-        n = len(ids)
-        layers = [(layer.keys[i:i + 1, :, -n:].clone(), layer.values[i:i + 1, :, -n:].clone())
-                  for layer in self.cache.layers]
+        cols = self.attn[i].nonzero().squeeze(1)  # the columns holding this row's tokens, in order
+        assert len(cols) == len(ids), (len(cols), len(ids))
+        layers = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in self.cache.layers]
         return KVState(token_ids=ids, layers=layers)
 
     def _select(self, keep: list[int]) -> None:

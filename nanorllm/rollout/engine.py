@@ -3,7 +3,8 @@
 With a local model (a policy that has `decode_batch`) the engine keeps one running decode batch of
 up to `max_batch_episodes` rows: a turn leaves the batch the step it ends, the env answers at once,
 and the episode's next turn joins the running batch, prefilling only the tokens its last turn's KV
-cache does not hold. Each episode samples from its own random stream (drawn in episode order from
+cache does not hold; first turns start from one cached copy of the prompt prefix they all share
+(chat template, system prompt, worked example). Each episode samples from its own random stream (drawn in episode order from
 the run's seed), so its tokens do not depend on what shares its batch.
 
 A policy that only has `generate` (an API model) runs turn by turn: every live episode of every
@@ -34,6 +35,19 @@ class _Episode:
     samples: list[StepSample] = field(default_factory=list)
     result: RolloutResult | None = None
     rng: object = None  # its own sampling stream (in-flight batching)
+
+
+MIN_SHARED_PREFIX = 8  # tokens every first prompt must share before they are computed once
+
+
+def shared_prefix(prompts: list[list[int]]) -> list[int]:
+    """The longest token prefix of every prompt, less at least one token of the shortest (a row's
+    first logits come from its own last prompt token)."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return first[:max(n, 0)]
 
 
 class RolloutEngine:
@@ -78,10 +92,12 @@ class RolloutEngine:
         """One decode batch for the whole call; turns join and leave it between decode steps."""
         for ep, rng in zip(episodes, self.policy.row_generators(len(episodes))):
             ep.rng = rng
-        waiting = deque((ep, None) for ep in episodes)  # (episode, KV state of its last turn)
         n_generated, stats = 0, new_stats()
         t0 = time.perf_counter()
         with self.policy.decode_batch(params, stats=stats) as batch:
+            shared = shared_prefix([ep.prompt_ids for ep in episodes])
+            start = batch.cache_prefix(shared) if len(episodes) > 1 and len(shared) >= MIN_SHARED_PREFIX else None
+            waiting = deque((ep, start) for ep in episodes)  # (episode, KV state its prompt extends)
             while waiting or len(batch):
                 joining = [waiting.popleft() for _ in range(min(self.max_batch_episodes - len(batch), len(waiting)))]
                 batch.join([(ep, ep.prompt_ids, ep.rng, state) for ep, state in joining])
