@@ -19,11 +19,13 @@ from nanorllm.trainer.parity import LogitParityError, check_logit_parity, startu
 from nanorllm.trainer.trainer import make_optimizer, train_step
 
 
-def sampled_batch(policy, *, temperature=1.0):
+def sampled_batch(policy, *, temperature=1.0, system=None):
     """Two episodes of different lengths; the second has two turns merged into one row."""
     policy.seed(0)
     params = SamplingParams(max_new_tokens=10, temperature=temperature)
     msgs = [[{"role": "user", "content": "What is 3 + 4?"}], [{"role": "user", "content": "And 12 - 5, then?"}]]
+    if system:
+        msgs = [[{"role": "system", "content": system}, *m] for m in msgs]
     prompts = [policy.first_prompt_ids(m) for m in msgs]
     gens = policy.generate(msgs, prompts, params)
     samples = [StepSample(task_id=f"t{i}", episode_id=f"e{i}", turn=0, prompt_ids=p, response_ids=g.response_ids,
@@ -154,3 +156,37 @@ def test_training_refuses_truncated_sampling():
     problems = TrainConfig(top_p=0.9).validate()
     assert any(p.startswith("top_p:") and "evaluation" in p for p in problems)
     assert not TrainConfig(top_p=1.0).validate()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logits_and_gradients(family, monkeypatch):
+    policy = tiny_family_policy(family)
+    batch = sampled_batch(policy, system="Answer in \\boxed{}.")
+    args = (batch["input_ids"], batch["attention_mask"], batch["positions"])
+    shared = hf_causal.shared_columns(*args[:2], int(args[2][:, 1].min()))
+    assert shared >= hf_causal.MIN_SHARED_COLUMNS  # the chat markup and the system prompt
+    seen = []
+    handle = policy.model.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw["input_ids"].shape[1]),
+                                                    with_kwargs=True)
+    out = []
+    for min_shared in (hf_causal.MIN_SHARED_COLUMNS, 10**9):
+        monkeypatch.setattr(hf_causal, "MIN_SHARED_COLUMNS", min_shared)
+        policy.model.zero_grad()
+        logits = policy.forward(*args).logits
+        logits.logsumexp(-1).sum().backward()
+        out.append((logits.detach(), [p.grad.clone() for p in policy.model.parameters()]))
+    handle.remove()
+    T = batch["input_ids"].shape[1]
+    assert seen == [T - shared, T]  # the rows' own pass starts after the shared columns
+    torch.testing.assert_close(out[0][0], out[1][0], atol=2e-5, rtol=1e-5)
+    for shared_grad, full_grad in zip(out[0][1], out[1][1]):
+        torch.testing.assert_close(shared_grad, full_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_shared_columns_stop_at_the_first_difference_padding_or_scored_position():
+    ids = torch.tensor([[1] * 10 + [2, 3, 0], [1] * 10 + [2, 4, 4]])
+    mask = torch.tensor([[1] * 12 + [0], [1] * 13])
+    assert hf_causal.shared_columns(ids, mask, limit=99) == 11
+    assert hf_causal.shared_columns(ids, mask, limit=9) == 9
+    assert hf_causal.shared_columns(ids, mask, limit=7) == 0  # under MIN_SHARED_COLUMNS
+    assert hf_causal.shared_columns(ids[:1], mask[:1], limit=99) == 0  # one row: nothing to share

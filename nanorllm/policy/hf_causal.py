@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import modeling_utils
+from transformers import DynamicCache, modeling_utils
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
@@ -167,24 +167,41 @@ class HFCausalPolicy(Policy):
                 positions: torch.Tensor) -> ForwardOutput:
         """The model's own logits, only where a token is scored.
 
-        input_ids, attention_mask: (B, T); positions: (N, 2) rows of (b, t) whose logits predict
-        token t + 1. The model's forward gets a (B, T) boolean `logits_to_keep`, so it runs its head
-        and whatever it applies after it (Gemma2's soft-capping, Granite's logits_scaling, Cohere's
-        logit_scale) on those N rows only, never building the (B, T, V) tensor. Its rows come back
-        in row-major order; `rows` puts them in the order of `positions`.
+        input_ids, attention_mask: (B, T), right-padded; positions: (N, 2) rows of (b, t) whose
+        logits predict token t + 1. The model's forward gets a (B, T) boolean `logits_to_keep`, so it
+        runs its head and whatever it applies after it (Gemma2's soft-capping, Granite's
+        logits_scaling, Cohere's logit_scale) on those N rows only, never building the (B, T, V)
+        tensor. Its rows come back in row-major order; `rows` puts them in the order of `positions`.
+
+        The leading tokens every row shares (the prompt template: chat markup, system prompt, worked
+        example) are computed once and their keys/values expanded to every row; gradients flow back
+        through that one copy. Not while the model trains in train mode: rows must not share dropout.
         """
-        run = lambda keep: self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,  # noqa: E731
-                                      logits_to_keep=keep).logits
+        P = 0 if self.model.training else shared_columns(input_ids, attention_mask, int(positions[:, 1].min()))
+        kwargs = {"attention_mask": attention_mask}
         with self.autocast():
+            if P:
+                past = DynamicCache()
+                base = getattr(self.model, self.model.base_model_prefix)  # the decoder alone: no head for the prefix
+                base(input_ids=input_ids[:1, :P], use_cache=True, **{self._cache_kw: past})
+                B = input_ids.shape[0]
+                kwargs[self._cache_kw] = DynamicCache(ddp_cache_data=[
+                    (layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)) for layer in past.layers])
+                kwargs["position_ids"] = torch.arange(P, input_ids.shape[1], device=input_ids.device)[None].expand(B, -1)
+                kwargs["use_cache"] = True
+            else:
+                kwargs["use_cache"] = False
+            ids, pos = input_ids[:, P:], positions - torch.tensor([0, P], device=positions.device)
+            run = lambda keep: self.model(input_ids=ids, logits_to_keep=keep, **kwargs).logits  # noqa: E731
             if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
-                cols = positions[:, 1].unique()  # (K,) sorted
-                col_of = torch.searchsorted(cols, positions[:, 1].contiguous())  # (N,)
-                return ForwardOutput(logits=run(cols)[positions[:, 0], col_of])
-            B, T = input_ids.shape
-            keep = torch.zeros((B, T), dtype=torch.bool, device=input_ids.device)
-            keep[positions[:, 0], positions[:, 1]] = True
+                cols = pos[:, 1].unique()  # (K,) sorted
+                col_of = torch.searchsorted(cols, pos[:, 1].contiguous())  # (N,)
+                return ForwardOutput(logits=run(cols)[pos[:, 0], col_of])
+            B, T = ids.shape
+            keep = torch.zeros((B, T), dtype=torch.bool, device=ids.device)
+            keep[pos[:, 0], pos[:, 1]] = True
             logits = run(keep)  # (K, V) for the K kept positions, in row-major order
-        rows = torch.searchsorted(keep.flatten().nonzero()[:, 0], positions[:, 0] * T + positions[:, 1])  # (N,)
+        rows = torch.searchsorted(keep.flatten().nonzero()[:, 0], pos[:, 0] * T + pos[:, 1])  # (N,)
         return ForwardOutput(logits=logits[rows])  # (N, V)
 
     def parameters(self):
@@ -193,6 +210,21 @@ class HFCausalPolicy(Policy):
     def save(self, path: str) -> None:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+MIN_SHARED_COLUMNS = 8  # leading tokens every row must share before they are computed once
+
+
+def shared_columns(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+    """How many leading columns every row of a (B, T) batch holds the same real tokens in, at most
+    `limit` (the first scored position: its logits must come from the rows' own pass); 0 when that
+    is under MIN_SHARED_COLUMNS or there is only one row."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (T,)
+    n = int(same.int().cumprod(0).sum())
+    n = min(n, limit)
+    return n if n >= MIN_SHARED_COLUMNS else 0
 
 
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
