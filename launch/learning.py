@@ -21,7 +21,8 @@ gone. Wall time counts from the first request for a batch (for the pipeline: onc
 has loaded its model, so no batch is made before the clock runs; start-up is recorded apart) to
 each update, less the copies. Writes learning.json (per configuration: per-seed curves and gains,
 mean, std, wall time, time to +10 points) and learning.png (mean curves with a min-max band over
-seeds, success vs updates and vs wall time).
+seeds, success vs updates and vs wall time) after every run, so a benchmark cut short keeps what it
+finished; `--resume` runs only what is missing.
 """
 
 import json
@@ -72,6 +73,8 @@ class LearningConfig:
     """Folder for learning.json and learning.png."""
     devices: str = "auto"
     """Devices for the pipeline runs (see launch/train.py --devices)."""
+    resume: bool = False
+    """Keep the runs an earlier invocation wrote to --out with the same settings; run only the missing ones."""
 
 
 def base_config(b: LearningConfig) -> TrainConfig:
@@ -235,6 +238,38 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def write_record(b: LearningConfig, base: TrainConfig, seeds: list[int], done: dict[str, list[dict]],
+                 total_s: float) -> dict:
+    """learning.json from the runs finished so far (written after every run, atomically), and the plot."""
+    out = Path(b.out)
+    results = {name: summarize(runs) for name, runs in done.items() if runs}
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
+              "model": base.model, "settings": vars(b), "seeds": seeds,
+              "complete": all(len(done.get(n, [])) == len(seeds) for n in configurations(b)),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                         f"torch {torch.__version__}, cuda {torch.cuda.is_available()}",
+              "command": " ".join(sys.argv), "total_s": total_s, "configurations": results}
+    tmp = out / "learning.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=float) + "\n")
+    os.replace(tmp, out / "learning.json")
+    plot(results, out / "learning.png")
+    return record
+
+
+def finished_runs(b: LearningConfig) -> dict[str, list[dict]]:
+    """Runs a previous invocation with the same settings wrote to b.out (--resume)."""
+    path = Path(b.out) / "learning.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    keep = ("quick", "model", "updates", "eval_every", "eval_limit", "workers", "turn_credit", "devices")
+    changed = [k for k in keep if old["settings"].get(k) != getattr(b, k)]
+    if changed:
+        raise SystemExit(f"error: {path} was made with other settings ({', '.join(changed)}); "
+                         "resume with the same ones or choose another --out")
+    return {name: s["runs"] for name, s in old["configurations"].items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     b = tyro.cli(LearningConfig, args=argv)
     if b.quick:
@@ -242,34 +277,30 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)
     base = base_config(b)
     seeds = [int(s) for s in b.seeds.split(",")]
-    out = Path(b.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    results, initial = {}, {}
+    Path(b.out).mkdir(parents=True, exist_ok=True)
+    done = finished_runs(b) if b.resume else {}
+    t_start = time.perf_counter() - (json.loads((Path(b.out) / "learning.json").read_text())["total_s"] if done else 0.0)
+    initial = {}
     for name, overrides in configurations(b).items():
-        runs = []
+        runs = done.setdefault(name, [])
         for seed in seeds:
+            if any(r["seed"] == seed for r in runs):
+                continue
             r = run_one(replace(base, seed=seed, **overrides), b.eval_every, initial)
             r["seed"] = seed
             runs.append(r)
             c = r["curve"]
             print(f"[learning] {name} seed {seed}: success {c[0]['success']:.3f} -> {c[-1]['success']:.3f} | "
                   f"{r['wall_s']:.1f} s | lag {r['policy_lag_mean']:.2f} (max {r['policy_lag_max']})", flush=True)
-        results[name] = summarize(runs)
+            write_record(b, base, seeds, done, time.perf_counter() - t_start)
+    record = write_record(b, base, seeds, done, time.perf_counter() - t_start)
     print(f"\n{'configuration':16s} {'gain':>13s} {'first turn':>10s} {'wall s':>8s} {'to +10 s':>9s} {'lag':>5s}")
-    for name, s in results.items():
+    for name, s in record["configurations"].items():
         t10 = s["time_to_plus10_s_mean"]
         print(f"{name:16s} {s['gain_mean']:+7.3f} ±{s['gain_std']:.3f} {s['first_turn_gain_mean']:+10.3f} "
               f"{s['wall_s_mean']:8.1f} "
               f"{'-' if t10 is None else f'{t10:.1f}':>9s} {s['policy_lag_mean']:5.2f}")
-    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
-              "model": base.model, "settings": vars(b), "seeds": seeds,
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                         f"torch {torch.__version__}, cuda {torch.cuda.is_available()}",
-              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "configurations": results}
-    (out / "learning.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
-    plot(results, out / "learning.png")
-    print(f"[learning] {out / 'learning.json'}, {out / 'learning.png'} | {record['total_s']:.0f} s")
+    print(f"[learning] {Path(b.out) / 'learning.json'}, {Path(b.out) / 'learning.png'} | {record['total_s']:.0f} s")
     return 0
 
 

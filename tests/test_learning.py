@@ -53,3 +53,32 @@ def test_quick_run_writes_json_and_plot(tmp_path):
         assert walls[0] == 0.0 and walls == sorted(walls)
         assert 0 <= s["policy_lag_mean"] <= (0 if name == "serial" else 2)
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_run_is_written_at_once_and_resume_runs_only_the_missing_ones(tmp_path, monkeypatch):
+    import launch.learning as learning
+
+    calls = []
+
+    def fake_run(cfg, eval_every, initial):
+        calls.append((cfg.serial, cfg.seed))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the benchmark is cut short during its third run
+        curve = [{"update": 0, "wall_s": 0.0, "success": 0.5, "first_turn_success": 0.4},
+                 {"update": 2, "wall_s": 9.0, "success": 0.5 + 0.1 * cfg.seed, "first_turn_success": 0.5}]
+        return {"curve": curve, "policy_lag_mean": 0.0, "policy_lag_max": 0, "mismatch_kl_lagged": None,
+                "wall_s": 9.0, "startup_s": 0.0}
+
+    monkeypatch.setattr(learning, "run_one", fake_run)
+    args = ["--quick", "--seeds", "0,1", "--configs", "serial,lag1-none", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    record = json.loads((tmp_path / "learning.json").read_text())
+    assert not record["complete"] and list(record["configurations"]) == ["serial"]
+    assert record["configurations"]["serial"]["gains"] == pytest.approx([0.0, 0.1])
+    assert main(args + ["--resume"]) == 0
+    assert calls == [(True, 0), (True, 1), (False, 0), (False, 0), (False, 1)]  # serial is not run again
+    record = json.loads((tmp_path / "learning.json").read_text())
+    assert record["complete"] and [len(s["runs"]) for s in record["configurations"].values()] == [2, 2]
+    with pytest.raises(SystemExit, match="updates"):
+        main(args + ["--resume", "--updates", "3"])
