@@ -91,8 +91,9 @@ class TrainConfig:
     """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
     micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward micro-batch (bounds memory)."""
-    max_batch_episodes: int = 64
-    """Most episodes in one generate call."""
+    max_batch_episodes: int = 256
+    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it). On 2 CPU
+    threads a 200-task greedy eval took 78.6 s at 32 rows, 60.5 s at 64 and 41.8 s at 200."""
     dtype: str = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
