@@ -54,7 +54,7 @@ class TrainConfig:
     """Groups (distinct tasks) per update."""
     num_samples_per_task: int = 4
     """Episodes per task: the GRPO group size."""
-    lr: float = 3e-6
+    lr: float = 6e-6
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

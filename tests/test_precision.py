@@ -19,10 +19,10 @@ def changed_fraction(policy, results, cfg) -> float:
 
 
 def test_bf16_master_weights_keep_a_default_lr_step():
-    """At lr 3e-6 AdamW's first step moves each weight by ~3e-6, below half a bf16 ulp of most
+    """At the default lr (6e-6) AdamW's first step moves each weight by ~6e-6, below half a bf16 ulp of most
     weights: on bf16 parameters it rounds away, on fp32 masters it lands."""
     cfg = TrainConfig(model="tiny-random", temperature=1.0, micro_batch_tokens=128)
-    assert cfg.lr == 3e-6
+    assert cfg.lr == 6e-6
     fp32 = HFCausalPolicy.from_name("tiny-random")
     results = build_results(fp32)
     f32 = changed_fraction(fp32, results, cfg)

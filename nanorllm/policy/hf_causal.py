@@ -8,7 +8,7 @@ and new rows can join between steps; `generate` is one such batch, the RolloutEn
 running across turns.
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
-and its state stay fp32, so a 3e-6 step is not rounded away below half a bf16 ulp) and runs every
+and its state stay fp32, so a 6e-6 step is not rounded away below half a bf16 ulp) and runs every
 forward under bf16 autocast. A sampling-only `replica` (a pipeline worker) stores bf16 itself.
 
 The stop set is the tokenizer's eos, the generation config's eos and the chat template's end-of-turn
