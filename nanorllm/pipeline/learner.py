@@ -17,12 +17,12 @@ come from changes. Here:
   Past the restart caps the run stops with the worker's own last error (`PipelineError`).
 """
 
-import signal
 import time
 
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.trainer.metrics import decode_metrics
+from nanorllm.utils.procs import exit_reason
 
 
 class PipelineError(RuntimeError):
@@ -34,17 +34,6 @@ def split_stale(results: list, learner_version: int, max_lag: int) -> tuple[list
     fresh = [r for r in results if learner_version - r.policy_version <= max_lag]
     stale = [r for r in results if learner_version - r.policy_version > max_lag]
     return fresh, stale
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class PipelineSource:
@@ -166,7 +155,7 @@ class PipelineSource:
     def _check_workers(self) -> None:
         """Deal with every worker that died or hung since the last look."""
         for wid, code in self.pool.dead():
-            self._lose(wid, f"died ({_exit_reason(code)})")
+            self._lose(wid, f"died ({exit_reason(code)})")
         hb = self.pool.heartbeat
         for wid in self.pool.up():
             limit = self.worker_timeout_s() if wid in self.ready else self.cfg.worker_start_timeout_s

@@ -60,6 +60,7 @@ class HFCausalPolicy(Policy):
     def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0,
                  compute_dtype: torch.dtype | None = None):
         self.model = model.to(device)
+        self.train_module = self.model  # what the learner's forward calls: the model or its DDP wrapper
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
@@ -173,7 +174,7 @@ class HFCausalPolicy(Policy):
         logit_scale) on those N rows only, never building the (B, T, V) tensor. Its rows come back
         in row-major order; `rows` puts them in the order of `positions`.
         """
-        run = lambda keep: self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,  # noqa: E731
+        run = lambda keep: self.train_module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,  # noqa: E731
                                       logits_to_keep=keep).logits
         with self.autocast():
             if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
