@@ -1,7 +1,15 @@
-"""Learner ranks: the batch split, and an N-rank step equal to the 1-rank step on the same batch."""
+"""Learner ranks: the batch split, an N-rank step equal to the 1-rank step on the same batch, and
+whole runs with a rank killed or a device that does not exist."""
 
+import os
+import re
+import signal
+
+from launch import chaos
 from launch.learner_ranks import steps_on_ranks
 from nanorllm.dist.split import episode_tokens, split_groups
+from nanorllm.utils.procs import shm_entries
+from tests.procs import run_train
 from tests.test_train_step import build_results, config
 
 
@@ -42,3 +50,36 @@ def test_two_ranks_step_equals_one_rank_step(tiny_policy):
         assert float((a["params"] - b["params"]).abs().max()) <= 1e-5
     for a in one[:-1]:
         assert float((a["params"] - start).abs().max()) > 1e-3
+
+
+# ---- whole runs ----------------------------------------------------------------------------------
+def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_resume_takes_another_rank_count(tmp_path):
+    """SIGKILL learner rank 1 mid-run: one clear error naming it, exit 1, the last completed step saved,
+    nothing left running; the run then resumes on one rank and trains every group exactly once."""
+    args = [*chaos.PIPELINE, "--learner-devices", "2", "--max-steps", "6", "--run-name", "rank_kill"]
+    shm = shm_entries()
+    run = chaos.TrainProcess(args, tmp_path)
+    run.wait_for("step 2/")
+    line = run.output().split("[ranks] ", 1)[1].splitlines()[0]
+    pid = int(line.split("rank 1 on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(","))
+    os.kill(pid, signal.SIGKILL)
+    assert run.wait() == 1, run.output()
+    out = run.output()
+    assert f"RankError: learner rank 1 on cpu (pid {pid}) killed by SIGKILL" in out, out[-3000:]
+    procs_left, shm_left, _ = chaos.leftovers(run.token, shm)
+    assert (procs_left, shm_left) == (0, 0)
+    trained = max(int(s.split("/")[0]) for s in re.findall(r"^step (\d+/\d+)", out, re.M))
+    assert chaos.checkpoint_steps(tmp_path / "rank_kill")[-1] == trained < 6
+    resumed = chaos.TrainProcess(["--resume", str(tmp_path / "rank_kill"), "--learner-devices", "1"], tmp_path,
+                                 token=run.token)
+    assert resumed.wait() == 0, resumed.output()
+    assert f"step_{trained}" in resumed.output() and "step 6/6" in resumed.output()
+    assert chaos.groups_of(tmp_path / "rank_kill") == (0, 0, 6)
+    assert chaos.leftovers(run.token, shm)[:2] == (0, 0)
+
+
+def test_a_learner_device_that_does_not_exist_is_refused_by_name(tmp_path):
+    rc, out, _ = run_train(["--serial", "--learner-devices", "cuda:5", "--run-name", "bad"], tmp_path)
+    assert rc == 2, out
+    assert "learner_devices: cuda:5 requested but CUDA is not available" in out
+    assert not (tmp_path / "bad" / "checkpoints").exists()
