@@ -4,12 +4,16 @@ whole runs with a rank killed or a device that does not exist."""
 import os
 import re
 import signal
+import subprocess
+import sys
+import uuid
 
 from launch import chaos
 from launch.learner_ranks import steps_on_ranks
 from nanorllm.dist.split import episode_tokens, split_groups
+from nanorllm.dist.group import free_port
 from nanorllm.utils.procs import shm_entries
-from tests.procs import run_train
+from tests.procs import ROOT, run_train
 from tests.test_train_step import build_results, config
 
 
@@ -59,7 +63,7 @@ def test_a_killed_rank_stops_the_run_with_a_checkpoint_and_resume_takes_another_
     args = [*chaos.PIPELINE, "--learner-devices", "2", "--max-steps", "6", "--run-name", "rank_kill"]
     shm = shm_entries()
     run = chaos.TrainProcess(args, tmp_path)
-    run.wait_for("step 2/")
+    run.wait_for("step 2/", timeout=300)
     line = run.output().split("[ranks] ", 1)[1].splitlines()[0]
     pid = int(line.split("rank 1 on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(","))
     os.kill(pid, signal.SIGKILL)
@@ -83,3 +87,25 @@ def test_a_learner_device_that_does_not_exist_is_refused_by_name(tmp_path):
     assert rc == 2, out
     assert "learner_devices: cuda:5 requested but CUDA is not available" in out
     assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_two_nodes_on_localhost_train_every_group_once_with_both_nodes_workers(tmp_path):
+    """torchrun --nnodes 2 on one box (gloo): node 1's leader runs its own worker on the tasks rank 0
+    sends it; its episodes reach rank 0 over the process group. Both exit 0, nothing is left."""
+    token, port = uuid.uuid4().hex, free_port()
+    env = {**os.environ, "NANORLLM_TEST_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    args = [*chaos.TINY_ARGS, "--num-workers", "1", "--rollout-dump-size", "100000", "--max-steps", "4",
+            "--output-dir", str(tmp_path), "--run-name", "nodes", "--learner-timeout-s", "120"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    nodes = [subprocess.Popen([*torchrun, "--node-rank", str(k), str(ROOT / "launch" / "train.py"), *args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+    outs = [p.communicate(timeout=400)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "step 4/4" in outs[0] and "[ranks] 2 learner ranks" in outs[0]
+    assert chaos.groups_of(tmp_path / "nodes") == (0, 0, 4)
+    by_step = {}
+    for rec in chaos.read_rollouts(tmp_path / "nodes"):
+        by_step.setdefault(rec["step"], set()).add(rec["worker_id"])
+    assert by_step == {s: {0, 1000} for s in range(1, 5)}  # node 0's worker 0 and node 1's worker 0, every step
+    assert chaos.leftovers(token, set())[0] == 0

@@ -69,6 +69,7 @@ class LearnerRanks:
         self.procs: dict[int, mp.Process] = {}  # ranks this process spawned
         self.devices: dict[int, str] = {rank: device}
         self.released = False  # rank 0 told the other ranks the run is over
+        self.in_step = False  # rank 0 began a step and has not yet sent its shares
 
     # ---- start and stop ------------------------------------------------------------------------
     @classmethod
@@ -166,30 +167,54 @@ class LearnerRanks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
+    @property
+    def nodes(self) -> int:
+        return self.world // self.local_world
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world
+
     def _comm_device(self) -> str:
         return self.device if self.device.startswith("cuda") else "cpu"
+
+    def begin(self, step: int | None = None) -> int | None:
+        """Rank 0: every rank learns the step that starts now (None: the run is over). Others: returns it."""
+        if self.world == 1:
+            return step
+        step = self.broadcast(step)
+        self.in_step = self.rank == 0 and step is not None
+        return step
 
     def share(self, results: list, version: int) -> list:
         """Rank 0: send every rank its share of the step (groups whole); returns rank 0's own."""
         if self.world == 1:
             return results
+        self.in_step = False
         shares = [{"version": version, "results": s} for s in split_groups(results, self.world)]
         return self._scatter(shares)["results"]
 
     def release(self) -> None:
-        """Rank 0, at the end of a run the other ranks are waiting in: they stop."""
-        if self.world > 1:
-            self._scatter([None] * self.world)
+        """Rank 0, after its last step: the other ranks stop. A run stopped inside a step cannot
+        release them (they wait in that step's collectives); `close` ends them instead."""
+        if self.world > 1 and not self.in_step:
+            self.begin(None)
             self.released = True
 
-    def receive(self) -> dict | None:
-        """Another rank: its share of the next step ({"version", "results"}), or None at the end."""
+    def receive(self) -> dict:
+        """Another rank: its share of the step ({"version", "results"})."""
         return self._scatter(None)
 
     def _scatter(self, items: list | None):
         out = [None]
         dist.scatter_object_list(out, items, src=0)
         return out[0]
+
+    def gather(self, results: list) -> list[list] | None:
+        """Every node's episodes of the step: rank 0 gets each rank's list, the others None."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(results, out, dst=0)
+        return out
 
     def broadcast(self, obj=None):
         """Rank 0's `obj` on every rank."""

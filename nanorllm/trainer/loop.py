@@ -145,14 +145,14 @@ class TrainingRun:
             self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
                                                        device=self.devices.learner, dtype=cfg.dtype)
             self.ref_policy.model.requires_grad_(False).eval()
-        self.ranks.broadcast({"cfg": cfg, "processes": self.processes(),
-                              "reference_model": cfg.model if not state else state["reference_model"]})
         self.optimizer = make_optimizer(self.policy, cfg)
         self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
         if state:
             checkpoint.restore_trainer_state(state, self)
         self.final_step = self.start_step
+        self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
+                              "reference_model": cfg.model if not state else state["reference_model"]})
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
                                 purge_step=self.start_step + 1 if state else None)
         self.say(format_config(cfg).replace("|-|-|\n", ""))
@@ -226,6 +226,7 @@ class TrainingRun:
             if self.stop_requested:
                 break
             t0 = time.perf_counter()
+            self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
             results, extra = source.next_batch(step)
             if self.stop_requested or results is None:
                 break
