@@ -3,6 +3,7 @@
     python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
     python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
     python launch/bench.py --learning [--quick]  # held-out learning per update and per second (launch/learning.py)
+    python launch/bench.py --learner-ranks [--quick]  # learner step on 1 vs 2 ranks, parity, transfers (launch/learner_ranks.py)
 
 --quick checks that every measurement runs; its figures are not the reference (0.36 MB of weights
 make broadcast_vs_copy a measure of per-call overhead, and tiny-model steps are sub-second).
@@ -293,6 +294,9 @@ def main() -> int:
     if "--learning" in sys.argv:  # its own benchmark, with its own flags
         from launch.learning import main as learning_main
         return learning_main([a for a in sys.argv[1:] if a != "--learning"])
+    if "--learner-ranks" in sys.argv:  # 1 vs N learner ranks (launch/learner_ranks.py)
+        from launch.learner_ranks import main as ranks_main
+        return ranks_main([a for a in sys.argv[1:] if a != "--learner-ranks"])
     b = tyro.cli(BenchConfig)
     torch.set_flush_denormal(True)
     figures, t_start = {}, time.perf_counter()

@@ -17,17 +17,27 @@ batch exactly as a training run does (dist/group.py), so this is the training pa
 """
 
 import datetime
+import json
+import os
+import platform
+import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import timezone
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import tyro
 
 from nanorllm.config import TrainConfig
+from nanorllm.datasets.tasks import load_tasks
 from nanorllm.dist.group import LearnerRanks, free_port
 from nanorllm.dist.split import episode_tokens, split_groups
+from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.trainer import make_optimizer, train_step
 
 
@@ -81,16 +91,18 @@ def _rank_main(rank: int, world: int, address: str, cases: list, steps: int, thr
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device="cpu")
-    ranks.init(address, 300)
+    if world > 1:
+        ranks.init(address, 300)
     got = run_cases(ranks, cases, steps)
     if rank == 0:  # numpy, not tensors: torch would share their memory with a process about to exit
         out.put([{**g, "params": g["params"].numpy()} for g in got])
     ranks.close()
 
 
-def steps_on_ranks(world: int, cases: list[tuple[TrainConfig, list]], *, steps: int = 1, threads: int = 1) -> list[dict]:
-    """`run_cases` on `world` gloo ranks spawned here (one rank: in this process)."""
-    if world == 1:
+def steps_on_ranks(world: int, cases: list[tuple[TrainConfig, list]], *, steps: int = 1, threads: int = 1,
+                   spawn: bool = False) -> list[dict]:
+    """`run_cases` on `world` gloo ranks spawned here (one rank: in this process unless `spawn`)."""
+    if world == 1 and not spawn:
         return run_cases(LearnerRanks(), cases, steps)
     got = _on_spawned_ranks(world, _rank_main, cases, steps, threads)
     return [{**g, "params": torch.from_numpy(g["params"])} for g in got]
@@ -131,11 +143,8 @@ def transfer_costs(numel: int, repeats: int = 5) -> dict:
 
 def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, steps: int = 4) -> dict:
     """Step time 1 vs `world` ranks and the parity of their first step, on `results`; then transfers."""
-    import os
-
     cfg = replace(cfg, drop_zero_std_groups=False)
-    torch.set_num_threads(1)  # as each spawned rank
-    one, = steps_on_ranks(1, [(cfg, results)], steps=steps)
+    one, = steps_on_ranks(1, [(cfg, results)], steps=steps, spawn=True)  # a fresh process each side, 1 thread a rank
     many, = steps_on_ranks(world, [(cfg, results)], steps=steps)
     shares = split_groups(results, world)
     total = sum(episode_tokens(r) for r in results)
@@ -148,3 +157,49 @@ def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, step
         "_one_rank_step_s": one["step_s"], "_ranks_step_s": many["step_s"], "_world": world,
         **transfer_costs(numel),
     }
+
+
+@dataclass
+class RanksBenchConfig:
+    quick: bool = False
+    """tiny-random (minutes on a 2-core CPU); otherwise the default model."""
+    model: str = "smollm2-135m-instruct"
+    """Model (ignored with --quick)."""
+    world: int = 2
+    """Learner ranks compared with one."""
+    steps: int = 6
+    """Steps per side; the first is warm-up (its parameters are the parity check's)."""
+    json: str | None = None
+    """Also write the figures here."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    b = tyro.cli(RanksBenchConfig, args=argv)
+    torch.set_flush_denormal(True)
+    t_start = time.perf_counter()
+    cfg = TrainConfig(model="tiny-random" if b.quick else b.model, tasks_per_step=4, num_samples_per_task=4, seed=0)
+    policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=48 if b.quick else 32,
+                                                           temperature=cfg.temperature), max_turns=cfg.max_turns)
+    results = engine.run(load_tasks(cfg.tasks, limit=cfg.tasks_per_step), num_samples=cfg.num_samples_per_task, seed=1)
+    for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
+        r.trajectory.final_reward = float(i % 2)
+    print(f"[bench] learner step on 1 vs {b.world} ranks, {len(results)} episodes, then transfers ...", flush=True)
+    figures = bench_learner_ranks(cfg, results, world=b.world, steps=b.steps)
+    print(f"\n{'figure':28s} {'value':>12s}")
+    for k, v in figures.items():
+        if not k.startswith("_"):
+            print(f"{k:28s} {v:12.3g}")
+    print(f"  ranks_step_speedup ceiling (min of ranks, cores, batch tokens / largest share's): "
+          f"{figures['_ranks_ceiling']:.3f}")
+    print(f"  step {figures['_one_rank_step_s']:.3f} s on 1 rank, {figures['_ranks_step_s']:.3f} s on {b.world}; "
+          f"{figures['_transfer_bytes'] / 1e6:.1f} MB: broadcast {figures['_broadcast_s'] * 1e3:.1f} ms, "
+          f"all-reduce {figures['_allreduce_s'] * 1e3:.1f} ms, copy_ {figures['_copy_s'] * 1e3:.2f} ms")
+    record = {"date": datetime.datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": cfg.model,
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
+    if b.json:
+        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"[bench] {record['total_s']:.0f} s")
+    return 0
