@@ -327,15 +327,21 @@ def main() -> int:
     for key, what in CEILINGS.items():
         if key in figures:
             print(f"  {what}: {figures[key]:.3f}")
-    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
-              "model": "tiny-random" if b.quick else b.model, "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
-              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
-    if b.json:
-        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
-    print(f"[bench] {record['total_s']:.0f} s")
+    record_run(figures, t_start, b.json, quick=b.quick, model="tiny-random" if b.quick else b.model)
     return 0
+
+
+def record_run(figures: dict, t_start: float, json_path: str | None, **fields) -> dict:
+    """The run's record (date, machine, command, time, figures), written to `json_path` when given."""
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **fields,
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"torch {torch.__version__}, cuda {torch.cuda.is_available()}",
+              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"[bench] {record['total_s']:.0f} s")
+    return record
 
 
 if __name__ == "__main__":

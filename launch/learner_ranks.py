@@ -17,20 +17,16 @@ batch exactly as a training run does (dist/group.py), so this is the training pa
 """
 
 import datetime
-import json
 import os
-import platform
-import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import timezone
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import tyro
 
+from launch.bench import record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.dist.group import LearnerRanks, free_port
@@ -195,11 +191,5 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  step {figures['_one_rank_step_s']:.3f} s on 1 rank, {figures['_ranks_step_s']:.3f} s on {b.world}; "
           f"{figures['_transfer_bytes'] / 1e6:.1f} MB: broadcast {figures['_broadcast_s'] * 1e3:.1f} ms, "
           f"all-reduce {figures['_allreduce_s'] * 1e3:.1f} ms, copy_ {figures['_copy_s'] * 1e3:.2f} ms")
-    record = {"date": datetime.datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": cfg.model,
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
-    if b.json:
-        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
-    print(f"[bench] {record['total_s']:.0f} s")
+    record_run(figures, t_start, b.json, model=cfg.model)
     return 0
