@@ -18,6 +18,7 @@ batch exactly as a training run does (dist/group.py), so this is the training pa
 
 import datetime
 import os
+import queue
 import time
 from dataclasses import dataclass, replace
 
@@ -49,15 +50,17 @@ def _on_spawned_ranks(world: int, target, *args):
     for p in procs:
         p.start()
     try:
-        got = out.get(timeout=600)
-    finally:
+        while True:
+            try:
+                return out.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}") from None
+    finally:  # once rank 0 has answered, a slow teardown is not a failure
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    if any(p.exitcode for p in procs):
-        raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
-    return got
 
 
 def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps: int) -> list[dict]:
