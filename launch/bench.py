@@ -3,6 +3,7 @@
     python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
     python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
     python launch/bench.py --learning [--quick]  # held-out learning per update and per second (launch/learning.py)
+    python launch/bench.py --learner-ranks [--quick]  # learner step on 1 vs 2 ranks, parity, transfers (launch/learner_ranks.py)
 
 --quick checks that every measurement runs; its figures are not the reference (0.36 MB of weights
 make broadcast_vs_copy a measure of per-call overhead, and tiny-model steps are sub-second).
@@ -293,6 +294,9 @@ def main() -> int:
     if "--learning" in sys.argv:  # its own benchmark, with its own flags
         from launch.learning import main as learning_main
         return learning_main([a for a in sys.argv[1:] if a != "--learning"])
+    if "--learner-ranks" in sys.argv:  # 1 vs N learner ranks (launch/learner_ranks.py)
+        from launch.learner_ranks import main as ranks_main
+        return ranks_main([a for a in sys.argv[1:] if a != "--learner-ranks"])
     b = tyro.cli(BenchConfig)
     torch.set_flush_denormal(True)
     figures, t_start = {}, time.perf_counter()
@@ -323,15 +327,21 @@ def main() -> int:
     for key, what in CEILINGS.items():
         if key in figures:
             print(f"  {what}: {figures[key]:.3f}")
-    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": b.quick,
-              "model": "tiny-random" if b.quick else b.model, "machine": f"{platform.processor() or platform.machine()}, "
-              f"{os.cpu_count()} cores, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
-              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
-    if b.json:
-        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
-    print(f"[bench] {record['total_s']:.0f} s")
+    record_run(figures, t_start, b.json, quick=b.quick, model="tiny-random" if b.quick else b.model)
     return 0
+
+
+def record_run(figures: dict, t_start: float, json_path: str | None, **fields) -> dict:
+    """The run's record (date, machine, command, time, figures), written to `json_path` when given."""
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **fields,
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"torch {torch.__version__}, cuda {torch.cuda.is_available()}",
+              "command": " ".join(sys.argv), "total_s": time.perf_counter() - t_start, "figures": figures}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(f"[bench] {record['total_s']:.0f} s")
+    return record
 
 
 if __name__ == "__main__":

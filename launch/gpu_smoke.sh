@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline smoke run on every visible GPU: learner on cuda:0, one worker on each other GPU (with a
-# single GPU, learner and one worker share it). Prints throughput and lag; finishes in minutes.
+# single GPU, learner and one worker share it); then, with 2 GPUs or more, the learner as 2 ranks
+# (--learner-devices 2: cuda:0 and cuda:1 over NCCL, workers on the rest, or sharing cuda:0 with 2
+# GPUs). Prints throughput, train time and lag per run; finishes in minutes.
 #   bash launch/gpu_smoke.sh [extra train.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,20 +10,29 @@ PY=${PYTHON:-python}
 n=$($PY -c "import torch; print(torch.cuda.device_count())")
 if [ "$n" -lt 1 ]; then echo "no GPU visible" >&2; exit 1; fi
 devices=$(seq -s, 0 $((n - 1)) | sed 's/\([0-9]\+\)/cuda:\1/g')
-workers=$(( n > 1 ? n - 1 : 1 ))
 out=$(mktemp -d)
-echo "[gpu_smoke] $n GPU(s): devices $devices, $workers worker(s)"
-$PY launch/train.py --devices "$devices" --num-workers "$workers" --max-steps 12 --tasks-per-step 16 \
-  --num-samples-per-task 8 --eval-limit 64 --output-dir "$out" --run-name smoke --no-save-model "$@" | tee "$out/log.txt"
-$PY - "$out/smoke" <<'PY'
+
+smoke() {  # smoke NAME WORKERS [train.py flags]: one run, then its mean figures from TensorBoard
+  local name=$1 workers=$2
+  shift 2
+  echo "[gpu_smoke] $name: devices $devices, $workers worker(s) $*"
+  $PY launch/train.py --devices "$devices" --num-workers "$workers" --max-steps 12 --tasks-per-step 16 \
+    --num-samples-per-task 8 --eval-limit 64 --output-dir "$out" --run-name "$name" --no-save-model "$@" | tee "$out/$name.txt"
+  $PY - "$out/$name" <<'PY'
 import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 acc = EventAccumulator(sys.argv[1]); acc.Reload()
 tags = acc.Tags()["scalars"]
-for tag in ["perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s", "perf/step_s",
+for tag in ["perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s", "perf/step_s", "perf/train_s",
             "pipeline/policy_lag_mean", "pipeline/policy_lag_max", "pipeline/learner_wait_frac",
             "pipeline/worker_wait_frac", "pipeline/weight_publish_s", "pipeline/weight_load_s", "pipeline/stale_dropped"]:
     if tag in tags:
         v = [e.value for e in acc.Scalars(tag)][1:] or [e.value for e in acc.Scalars(tag)]
         print(f"{tag:32s} mean {sum(v) / len(v):10.3f}  last {v[-1]:10.3f}")
 PY
+}
+
+smoke smoke $(( n > 1 ? n - 1 : 1 )) "$@"
+if [ "$n" -ge 2 ]; then
+  smoke smoke-2ranks $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 "$@"
+fi

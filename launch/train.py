@@ -25,8 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanorllm.config import ConfigError, TrainConfig, parse_config  # noqa: E402
 from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
+from nanorllm.dist.group import under_torchrun  # noqa: E402
 from nanorllm.trainer.checkpoint import CheckpointError  # noqa: E402
 from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
+from nanorllm.utils.devices import DeviceError  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
@@ -89,6 +91,9 @@ def _attempt(what: str, fn) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if under_torchrun() and int(os.environ["RANK"]) > 0:  # a learner rank other than 0: rank 0 runs the run
+        from nanorllm.dist.follower import follow_torchrun
+        return follow_torchrun(argv)
     try:
         cfg, resume_dir, overrides = parse_args(argv)
     except ConfigError as e:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         run.train(source)
         signals.may_raise = False
         outcome = "stopped" if run.stop_requested else "done"
-    except (TaskFileError, ConfigError, CheckpointError, FileExistsError) as e:
+    except (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError) as e:
         signals.may_raise = False
         print(f"error: {e}", file=sys.stderr)
         outcome = "bad input"
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         _attempt("saving the checkpoint", run.save_last)
     if source is not None:
         _attempt("stopping the workers", source.close)  # gone before the final eval takes every core
+    _attempt("stopping the learner ranks", run.ranks.close)
     summary = {}
     if outcome == "done":  # everything is saved: a signal may cut the final eval short
         signals.may_raise = signals.signum is None

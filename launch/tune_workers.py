@@ -2,10 +2,17 @@
 
     python launch/tune_workers.py --max-workers 3                      # CPU: cores split across processes
     python launch/tune_workers.py --max-workers 7 --devices cuda:0,cuda:1,cuda:2,cuda:3,cuda:4,cuda:5,cuda:6,cuda:7
+    python launch/tune_workers.py --max-workers 2 --device-count 8     # also: how to split 8 devices
 
 Each trial is the real pipeline (same code as launch/train.py) for a few learner updates; the first
 update is warm-up and not timed. Any other training flag (--model, --tasks, --tasks-per-step ...)
 is passed through.
+
+With D devices (`--device-count`, default: the GPUs in --devices) it also suggests how many to give
+the learner ranks and how many to the workers, from the best trial's two costs per step: the
+learner's update (one rank; L data-parallel ranks take about 1/L of it) and the rollout work (the
+slowest worker's share x N: W workers take about 1/W of it). The step takes the slower of the two,
+so L is the count that makes max(update / L, rollout / (D - L)) smallest.
 """
 
 import sys
@@ -13,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
 
 from launch.trial import run_trial  # noqa: E402
 from nanorllm.config import ConfigError, parse_config  # noqa: E402
@@ -36,15 +45,25 @@ def recommend(rows: list[dict], *, flags: str = "", tolerance: float = 0.05) -> 
     return f"{why}. Use: --num-workers {n} --max-policy-lag 1{flags}"
 
 
+def suggest_split(row: dict, devices: int) -> tuple[int, str]:
+    """(learner ranks, one line) for `devices` devices, from one trial row (see the module doc)."""
+    update, rollout = row["train_s"], row["rollout_s"] * row["num_workers"]
+    step = lambda n: max(update / n, rollout / (devices - n))  # noqa: E731
+    n = min(range(1, devices), key=lambda k: (step(k), k))
+    return n, (f"{devices} devices: {n} learner rank(s) + {devices - n} worker device(s), step ~{step(n):.2f} s "
+               f"(update {update:.2f} s / {n}, rollout {rollout:.2f} s / {devices - n}). "
+               f"Use: --learner-devices {n} --num-workers {devices - n}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    k, steps = 3, 4
-    for flag in ("--max-workers", "--trial-steps"):
+    own = {"--max-workers": 3, "--trial-steps": 4, "--device-count": 0}
+    for flag in own:
         if flag in argv:
             i = argv.index(flag)
-            value = int(argv[i + 1])
+            own[flag] = int(argv[i + 1])
             del argv[i:i + 2]
-            k, steps = (value, steps) if flag == "--max-workers" else (k, value)
+    k, steps = own["--max-workers"], own["--trial-steps"]
     try:
         base = parse_config(argv)
     except ConfigError as e:
@@ -59,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
               f"worker wait {r['worker_wait_frac']:.2f} | lag {r['policy_lag_mean']:.2f} | "
               f"step {r['step_s']:.1f} s", flush=True)
     print(recommend(rows, flags="" if base.devices == "auto" else f" --devices {base.devices}"))
+    gpus = sum(d.strip().startswith("cuda") for d in base.devices.split(","))
+    devices = own["--device-count"] or (gpus if base.devices != "auto" else torch.cuda.device_count())
+    if devices >= 2:
+        print(suggest_split(max(rows, key=lambda r: r["episodes_per_s"]), devices)[1])
     return 0
 
 

@@ -15,14 +15,24 @@ come from changes. Here:
   each failure in a row, and its unfinished jobs go to the other workers (or wait for one). A
   job's result is used once (a late duplicate is discarded), so no group is lost or trained twice.
   Past the restart caps the run stops with the worker's own last error (`PipelineError`).
+
+Several machines (torchrun --nnodes K, learner ranks on each: dist/group.py): every node's local
+rank 0 runs its own workers with a PipelineSource of its own (`draws=False`). Rank 0 alone draws
+tasks; it cuts each step's groups into one share per node, keeps its own and sends the others'
+with one broadcast over the process group after each update (when local jobs are dispatched too),
+and receives their episodes with one `gather_object` when the step starts. Every node's leader is a
+DDP replica, so after each update it publishes its own (identical) weights into its node's shared
+memory: no weights cross the network but DDP's gradient all-reduce. Node k's worker i signs its
+episodes k x 1000 + i (`worker_id` in rollouts.jsonl). A node's worker faults are its
+leader's to handle, as here; a node that dies breaks the process group (a dead rank: the run stops).
 """
 
-import signal
 import time
 
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.trainer.metrics import decode_metrics
+from nanorllm.utils.procs import exit_reason
 
 
 class PipelineError(RuntimeError):
@@ -36,25 +46,18 @@ def split_stale(results: list, learner_version: int, max_lag: int) -> tuple[list
     return fresh, stale
 
 
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 class PipelineSource:
     MAX_JOB_ATTEMPTS = 3
     MAX_BACKOFF_S = 60.0
 
-    def __init__(self, run):
+    PARTS_PER_NODE = 1000  # job numbers (and seeds) of node k start at k x this
+
+    def __init__(self, run, *, draws: bool = True):
         from nanorllm.trainer.loop import rollout_seed
 
-        self.run, self.cfg = run, run.cfg
+        self.run, self.cfg, self.ranks = run, run.cfg, run.ranks
+        self.draws = draws  # rank 0 draws every node's tasks; another node's leader runs its share of them
+        self.outgoing: list[dict] = []  # other nodes' shares of the steps drawn since the last broadcast
         self.rollout_seed = rollout_seed
         self.lag = run.cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
@@ -62,7 +65,7 @@ class PipelineSource:
         run.policy.version = run.start_step
         n = len(run.devices.workers)
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
-                               num_processes=n + 1)
+                               num_processes=n + run.ranks.local_world)
         self.outstanding: dict[str, dict] = {}  # job_id -> job, dispatched and not yet returned
         self.owner: dict[str, int | None] = {}  # job_id -> worker it was given to (None: waits for one)
         self.attempts: dict[str, int] = {}
@@ -79,21 +82,29 @@ class PipelineSource:
         self.next_step = run.start_step
         self._wait_s, self._cycle_t0, self._msgs, self._ready_groups = 0.0, time.perf_counter(), [], 0
         self._dispatch_upto(run.start_step + self.lag)
+        self._exchange_jobs()
 
     # ---- dispatch ------------------------------------------------------------------------------
     def _dispatch_upto(self, last_step: int) -> None:
-        while self.next_step <= min(last_step, self.cfg.max_steps - 1):
+        while self.draws and self.next_step <= min(last_step, self.cfg.max_steps - 1):
             self._dispatch_step(self.next_step)
             self.next_step += 1
 
     def _dispatch_step(self, step: int) -> None:
         self.step_position[step] = self.run.stream.position
         picked = self.run.stream.take(self.cfg.tasks_per_step)
+        size = -(-len(picked) // self.ranks.nodes)  # one node: all of it
+        for node in range(1, self.ranks.nodes):
+            self.outgoing.append({"node": node, "step": step, "picked": picked[node * size:(node + 1) * size]})
+        self._add_step(step, picked[:size], node=0)
+
+    def _add_step(self, step: int, picked: list, *, node: int) -> None:
+        """This node's share of `step`: one job per worker (a group never spans workers)."""
         n_parts = min(len(self.pool.devices), len(picked))
-        size = -(-len(picked) // n_parts)
+        size = -(-len(picked) // max(n_parts, 1))
         ids = []
-        for part in range(n_parts):
-            chunk = picked[part * size:(part + 1) * size]
+        for i in range(n_parts):
+            chunk, part = picked[i * size:(i + 1) * size], node * self.PARTS_PER_NODE + i
             if not chunk:
                 continue
             job = {"job_id": f"{step}.{part}", "step": step, "tasks": [t for t, _ in chunk],
@@ -103,6 +114,16 @@ class PipelineSource:
             ids.append(job["job_id"])
             self._submit(job)
         self.step_jobs[step] = ids
+
+    def _exchange_jobs(self) -> None:
+        """With several nodes: rank 0 sends every other node its new shares, each leader takes its own."""
+        if self.ranks.nodes == 1:
+            return
+        shares = self.ranks.broadcast(self.outgoing if self.draws else None)
+        self.outgoing = []
+        for share in shares if not self.draws else []:
+            if share["node"] == self.ranks.node:
+                self._add_step(share["step"], share["picked"], node=self.ranks.node)
 
     def _submit(self, job: dict, exclude: int | None = None) -> None:
         """A new attempt at `job`: to the least loaded live worker, or waiting for one."""
@@ -166,7 +187,7 @@ class PipelineSource:
     def _check_workers(self) -> None:
         """Deal with every worker that died or hung since the last look."""
         for wid, code in self.pool.dead():
-            self._lose(wid, f"died ({_exit_reason(code)})")
+            self._lose(wid, f"died ({exit_reason(code)})")
         hb = self.pool.heartbeat
         for wid in self.pool.up():
             limit = self.worker_timeout_s() if wid in self.ready else self.cfg.worker_start_timeout_s
@@ -236,6 +257,11 @@ class PipelineSource:
             for jid in stale_jobs:  # the same groups again, on current weights
                 self._submit({**self.specs[jid], "min_version": version})
             pending = stale_jobs
+        if self.ranks.nodes > 1:  # every node's episodes of this step reach rank 0
+            for r in results if not self.draws else []:
+                r.worker_id += self.ranks.node * self.PARTS_PER_NODE  # node k's worker i is k x 1000 + i
+            parts = self.ranks.gather(results)
+            results = [r for part in parts for r in part] if self.draws else results
         for jid in self.step_jobs.pop(step):  # a late duplicate of these is now recognised as one
             self.owner.pop(jid, None)
             self.specs.pop(jid, None)
@@ -280,6 +306,7 @@ class PipelineSource:
         self.run.policy.version = version
         publish_s = self.weights.publish(version)
         self._dispatch_upto(version + self.lag)
+        self._exchange_jobs()
         cycle = time.perf_counter() - self._cycle_t0
         return {"pipeline/weight_publish_s": publish_s,
                 "pipeline/learner_wait_frac": self._wait_s / max(cycle, 1e-9)}

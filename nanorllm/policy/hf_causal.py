@@ -60,6 +60,7 @@ class HFCausalPolicy(Policy):
     def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0,
                  compute_dtype: torch.dtype | None = None):
         self.model = model.to(device)
+        self.train_module = self.model  # what the learner's forward calls: the model or its DDP wrapper
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
@@ -192,7 +193,7 @@ class HFCausalPolicy(Policy):
             else:
                 kwargs["use_cache"] = False
             ids, pos = input_ids[:, P:], positions - torch.tensor([0, P], device=positions.device)
-            run = lambda keep: self.model(input_ids=ids, logits_to_keep=keep, **kwargs).logits  # noqa: E731
+            run = lambda keep: self.train_module(input_ids=ids, logits_to_keep=keep, **kwargs).logits  # noqa: E731
             if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
                 cols = pos[:, 1].unique()  # (K,) sorted
                 col_of = torch.searchsorted(cols, pos[:, 1].contiguous())  # (N,)

@@ -31,6 +31,7 @@ from nanorllm.config import TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import load_tasks, remove_overlap
+from nanorllm.dist.group import ONE_RANK, LearnerRanks, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.trainer import checkpoint
@@ -112,11 +113,13 @@ class TrainingRun:
         self.source = None
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
+        self.ranks = ONE_RANK  # this process is learner rank 0 of ranks.world
 
     # ---- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial)
+        self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
+        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s)  # the other ranks load meanwhile
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -148,6 +151,8 @@ class TrainingRun:
         if state:
             checkpoint.restore_trainer_state(state, self)
         self.final_step = self.start_step
+        self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
+                              "reference_model": cfg.model if not state else state["reference_model"]})
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
                                 purge_step=self.start_step + 1 if state else None)
         self.say(format_config(cfg).replace("|-|-|\n", ""))
@@ -172,7 +177,11 @@ class TrainingRun:
         training), its share while worker processes run beside it."""
         alone = alone or self.cfg.serial
         configure_threads(self.devices.learner, self.cfg.threads if not alone else None,
-                          1 if alone else self.cfg.num_workers + 1)
+                          1 if alone else self.processes())
+
+    def processes(self) -> int:
+        """Processes of this run on this machine: its workers and its learner ranks."""
+        return len(self.devices.workers) + self.ranks.local_world
 
     # ---- evaluation ------------------------------------------------------------------------
     def evaluate_before(self) -> None:
@@ -210,12 +219,14 @@ class TrainingRun:
     def train(self, source) -> dict:
         cfg = self.cfg
         self.source = source
+        self.attach_ranks()
         bar = tqdm(range(self.start_step, cfg.max_steps), desc="train", dynamic_ncols=True, leave=False,
                    disable=self.quiet)
         for step in bar:
             if self.stop_requested:
                 break
             t0 = time.perf_counter()
+            self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
             results, extra = source.next_batch(step)
             if self.stop_requested or results is None:
                 break
@@ -223,7 +234,13 @@ class TrainingRun:
                 raise RuntimeError(f"injected fault: learner_step {step + 1}")
             metrics = rollout_metrics(results)
             metrics.update(extra)
-            metrics.update(train_step(self.policy, self.optimizer, results, cfg, ref_policy=self.ref_policy))
+            try:
+                share = self.ranks.share(results, self.policy.version)  # all of it with one rank
+                metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
+                                          ranks=self.ranks))
+            except Exception as e:
+                self.ranks.check(e)  # a dead or silent rank: one error that names it
+                raise
             self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
             self.final_step = step + 1
@@ -255,7 +272,16 @@ class TrainingRun:
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
         bar.close()
+        self.ranks.release()
         return {"step": self.final_step}
+
+    def attach_ranks(self) -> None:
+        """Every learner rank gets this rank's weights and optimizer state (after the workers' shared
+        block is in place: the DDP replica is made of the parameters the workers read)."""
+        where = self.ranks.attach(self.policy, self.optimizer)
+        if where:
+            self.say(f"[ranks] {len(where)} learner ranks: " + ", ".join(
+                f"rank {r} on {host} {device} pid {pid}" for r, (host, pid, device) in enumerate(where)))
 
     def console_line(self, step: int, m: dict) -> str:
         line = (f"step {step}/{self.cfg.max_steps} | reward {m.get('reward/mean', 0):.2f} | success "

@@ -30,6 +30,7 @@ import torch
 
 from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
 from nanorllm.core.types import RolloutResult, StepSample
+from nanorllm.dist.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
@@ -70,60 +71,73 @@ def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
 
 
 def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutResult], cfg, *,
-               ref_policy=None) -> dict:
-    """group -> advantage -> flatten -> (collate -> forward -> loss -> backward) per micro-batch -> step."""
+               ref_policy=None, ranks=None) -> dict:
+    """group -> advantage -> flatten -> (collate -> forward -> loss -> backward) per micro-batch -> step.
+
+    With learner `ranks` (dist/group.py) `results` is this rank's share of the step (whole groups):
+    the normaliser and every metric are the whole step's, over all ranks."""
     t0 = time.perf_counter()
+    ranks = ranks or ONE_RANK
     groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps,
                                turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
     advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
-    m = {
-        "frac_reward_zero_std": sum(is_zero_std(rs) for rs in groups.values()) / max(len(groups), 1),
-        "advantage/mean": sum(advs) / max(len(advs), 1),
-        "advantage/std": _std(advs),
-        "train/samples": len(samples),
-        "train/skipped_nan": 0,
-        "train/masked_truncated": len(truncated),  # episodes whose loss was masked
-    }
     sums = {k: 0.0 for k in ("tokens", "clip_low", "clip_high", "approx_kl", "entropy", "kl", "is_weight_sum",
                              "is_truncated", "is_masked", "kl_same_weights", "tokens_same_weights", "kl_lagged",
-                             "tokens_lagged")}
+                             "tokens_lagged", "loss", "padded_tokens", "skipped_nan")}
     is_weight_max = 0.0
     correct = cfg.off_policy_correction != "none"
-    loss_total, padded_tokens = 0.0, 0
     optimizer.zero_grad(set_to_none=True)
-    if samples:
+    # The whole step's counts, over every rank's share: N ranks normalise as one would.
+    step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
+    if step["samples"]:
         policy.model.train(not cfg.disable_dropout)
-        n_tokens = sum(len(s.response_ids) for s in samples)
-        normalizer = n_tokens if cfg.loss_agg == "token-mean" else len(samples)
-        for chunk in micro_batches(samples, cfg.micro_batch_tokens):
-            batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device)
-            padded_tokens += batch["input_ids"].numel()
-            batch["lag"] = policy.version - batch["policy_version"]  # (N,)
-            prox_lp = None
-            if correct and not cfg.disable_dropout:  # the grad forward has dropout: pi_prox needs its own
-                prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
-            ref_lp = None
-            if cfg.kl_coef > 0:
-                with torch.no_grad():
-                    ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
-                    ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-            out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
-            loss, mm = compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                           temperature=cfg.temperature, loss_agg=cfg.loss_agg,
-                                           kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer,
-                                           correction=cfg.off_policy_correction, is_cap=cfg.is_cap,
-                                           is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
-            if not torch.isfinite(loss):
-                m["train/skipped_nan"] = 1
-                break
-            loss.backward()
-            loss_total += loss.item()
-            for k in sums:
-                sums[k] += mm[k]
-            is_weight_max = max(is_weight_max, mm["is_weight_max"])
+        normalizer = step["tokens"] if cfg.loss_agg == "token-mean" else step["samples"]
+        chunks = micro_batches(samples, cfg.micro_batch_tokens)
+        if not chunks:
+            ranks.idle_backward(policy)
+        for i, chunk in enumerate(chunks):
+            with ranks.accumulating(policy, last=i == len(chunks) - 1):
+                batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device)
+                sums["padded_tokens"] += batch["input_ids"].numel()
+                batch["lag"] = policy.version - batch["policy_version"]  # (N,)
+                prox_lp = None
+                if correct and not cfg.disable_dropout:  # the grad forward has dropout: pi_prox needs its own
+                    prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
+                ref_lp = None
+                if cfg.kl_coef > 0:
+                    with torch.no_grad():
+                        ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+                        ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
+                out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+                loss, mm = compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                               temperature=cfg.temperature, loss_agg=cfg.loss_agg,
+                                               kl_coef=cfg.kl_coef, ref_logprobs=ref_lp, normalizer=normalizer,
+                                               correction=cfg.off_policy_correction, is_cap=cfg.is_cap,
+                                               is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
+                if not torch.isfinite(loss):
+                    sums["skipped_nan"] = 1  # its gradient is no better: the update is skipped below, on every rank
+                # DDP averages the ranks' gradients; the global normaliser already made them parts of one sum.
+                (loss * ranks.world).backward()
+                sums["loss"] += loss.item()
+                for k in mm.keys() & sums.keys():
+                    sums[k] += mm[k]
+                is_weight_max = max(is_weight_max, mm["is_weight_max"])
+    sums.update(zero_std=sum(is_zero_std(rs) for rs in groups.values()), groups=len(groups), adv_n=len(advs),
+                adv_sum=sum(advs), adv_sq=sum(a * a for a in advs), masked_truncated=len(truncated))
+    sums = ranks.all_sum(sums)
+    m = {
+        "frac_reward_zero_std": sums["zero_std"] / max(sums["groups"], 1),
+        "advantage/mean": sums["adv_sum"] / max(sums["adv_n"], 1),
+        "advantage/std": math.sqrt(max(sums["adv_sq"] / max(sums["adv_n"], 1)
+                                       - (sums["adv_sum"] / max(sums["adv_n"], 1)) ** 2, 0.0)),
+        "train/samples": int(step["samples"]),
+        "train/skipped_nan": int(sums["skipped_nan"] > 0),
+        "train/masked_truncated": int(sums["masked_truncated"]),  # episodes whose loss was masked
+    }
+    if step["samples"]:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm))
         if m["train/skipped_nan"] or not math.isfinite(grad_norm):
             m["train/skipped_nan"] = 1  # a non-finite loss or gradient skips the update, counted
@@ -134,9 +148,9 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         optimizer.zero_grad(set_to_none=True)
     n = max(sums["tokens"], 1.0)
     m.update({
-        "loss/policy": loss_total, "clip_ratio/low": sums["clip_low"] / n, "clip_ratio/high": sums["clip_high"] / n,
+        "loss/policy": sums["loss"], "clip_ratio/low": sums["clip_low"] / n, "clip_ratio/high": sums["clip_high"] / n,
         "approx_kl": sums["approx_kl"] / n, "entropy": sums["entropy"] / n,
-        "train/tokens": sums["tokens"], "train/padded_tokens": padded_tokens,
+        "train/tokens": sums["tokens"], "train/padded_tokens": int(sums["padded_tokens"]),
         "lr": optimizer.param_groups[0]["lr"], "perf/train_s": time.perf_counter() - t0,
     })
     if cfg.kl_coef > 0:
@@ -145,7 +159,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         if sums[f"tokens_{part}"]:
             m[f"mismatch/kl_{part}"] = sums[f"kl_{part}"] / sums[f"tokens_{part}"]
     if correct:
-        m.update({"is_weight/mean": sums["is_weight_sum"] / n, "is_weight/max": is_weight_max,
+        m.update({"is_weight/mean": sums["is_weight_sum"] / n, "is_weight/max": ranks.all_max(is_weight_max),
                   "is_weight/truncated_frac": sums["is_truncated"] / n, "is_weight/masked_frac": sums["is_masked"] / n})
     return m
 
@@ -159,10 +173,3 @@ def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
         lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
     policy.model.train(training)
     return lp
-
-
-def _std(xs: list[float]) -> float:
-    if not xs:
-        return 0.0
-    mean = sum(xs) / len(xs)
-    return (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5

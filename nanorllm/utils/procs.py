@@ -4,6 +4,7 @@ Used by the fault suite (launch/chaos.py) and the tests to check that a run leav
 """
 
 import os
+import signal
 from pathlib import Path
 
 
@@ -68,3 +69,15 @@ def age_s(pid: int) -> float | None:
 
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def exit_reason(code: int | None) -> str:
+    """A process's exit code in words: 'killed by SIGKILL', 'exit code 1'."""
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

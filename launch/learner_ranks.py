@@ -1,0 +1,198 @@
+"""Learner-ranks benchmark: one training step on 1 vs N data-parallel ranks, on the same batch.
+
+    python launch/bench.py --learner-ranks [--quick]
+
+Figures, all from this one run:
+  ranks_step_speedup   learner step time with 1 rank / with N ranks (gloo on CPU, NCCL on GPUs), same
+                       batch, same threads per rank; its ceiling is printed beside it: the cores (or
+                       devices) the ranks get, and the largest share's tokens (groups stay whole)
+  ranks_parity_max     largest parameter difference after one step, N ranks vs 1 (must be <= 1e-5)
+  ranks_broadcast_vs_copy  one broadcast of the flat weight block to another rank / one plain copy_ of
+                       the same bytes (what sending a version to another node costs)
+  ranks_allreduce_vs_copy  one all-reduce of a gradient block of the same size / the same copy_ (what
+                       every DDP step moves between ranks)
+
+Every rank is a fresh spawned process that builds the model from the same seed; rank 0 scatters the
+batch exactly as a training run does (dist/group.py), so this is the training path, not a model of it.
+"""
+
+import datetime
+import os
+import queue
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import tyro
+
+from launch.bench import record_run
+from nanorllm.config import TrainConfig
+from nanorllm.datasets.tasks import load_tasks
+from nanorllm.dist.group import LearnerRanks, free_port
+from nanorllm.dist.split import episode_tokens, split_groups
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.trainer import make_optimizer, train_step
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
+def _on_spawned_ranks(world: int, target, *args):
+    """Run target(rank, world, address, *args, out) on `world` spawned processes; rank 0's `out.put`."""
+    ctx = mp.get_context("spawn")
+    out, address = ctx.Queue(), f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=target, args=(r, world, address, *args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        while True:
+            try:
+                return out.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}") from None
+    finally:  # once rank 0 has answered, a slow teardown is not a failure
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps: int) -> list[dict]:
+    """On every rank: for each (cfg, results) a fresh model from cfg's seed, `steps` training steps
+    of `results` (rank 0 scatters them as a run does). Rank 0 gets, per case, the parameters after
+    the first step and the median time of the later steps (or of the one step)."""
+    got = []
+    for cfg, results in cases:
+        policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
+        optimizer = make_optimizer(policy, cfg)
+        ranks.attach(policy, optimizer)
+        params, times = None, []
+        for i in range(steps):
+            if ranks.world > 1:
+                dist.barrier()  # every rank starts the step together: the time is the step's, not a straggler's
+            t0 = time.perf_counter()
+            share = ranks.share(results, 0) if ranks.rank == 0 else ranks.receive()["results"]
+            train_step(policy, optimizer, share, cfg, ranks=ranks)
+            times.append(time.perf_counter() - t0)
+            if i == 0:
+                params = torch.cat([p.detach().flatten() for p in policy.model.parameters()]).clone()
+        got.append({"params": params, "step_s": _median(times[1:]) if steps > 1 else times[0]})
+    return got
+
+
+def _rank_main(rank: int, world: int, address: str, cases: list, steps: int, threads: int, out) -> None:
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device="cpu")
+    if world > 1:
+        ranks.init(address, 300)
+    got = run_cases(ranks, cases, steps)
+    if rank == 0:  # numpy, not tensors: torch would share their memory with a process about to exit
+        out.put([{**g, "params": g["params"].numpy()} for g in got])
+    ranks.close()
+
+
+def steps_on_ranks(world: int, cases: list[tuple[TrainConfig, list]], *, steps: int = 1, threads: int = 1,
+                   spawn: bool = False) -> list[dict]:
+    """`run_cases` on `world` gloo ranks spawned here (one rank: in this process unless `spawn`)."""
+    if world == 1 and not spawn:
+        return run_cases(LearnerRanks(), cases, steps)
+    got = _on_spawned_ranks(world, _rank_main, cases, steps, threads)
+    return [{**g, "params": torch.from_numpy(g["params"])} for g in got]
+
+
+def _transfer_main(rank: int, world: int, address: str, numel: int, repeats: int, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    block = torch.ones(numel)
+    times = {"broadcast": [], "all_reduce": []}
+    for _ in range(repeats):
+        for kind in times:
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.broadcast(block, src=0) if kind == "broadcast" else dist.all_reduce(block)
+            times[kind].append(time.perf_counter() - t0)
+    if rank == 0:
+        out.put({k: _median(v) for k, v in times.items()})
+    dist.destroy_process_group()
+
+
+def transfer_costs(numel: int, repeats: int = 5) -> dict:
+    """Broadcast and all-reduce of a numel-float32 block between 2 gloo ranks vs one copy_ of it."""
+    got = _on_spawned_ranks(2, _transfer_main, numel, repeats)
+    src, dst = torch.ones(numel), torch.empty(numel)
+    dst.copy_(src)  # first touch outside the timing
+    copies = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t0)
+    copy_s = _median(copies)
+    return {"ranks_broadcast_vs_copy": got["broadcast"] / copy_s, "ranks_allreduce_vs_copy": got["all_reduce"] / copy_s,
+            "_broadcast_s": got["broadcast"], "_allreduce_s": got["all_reduce"], "_copy_s": copy_s,
+            "_transfer_bytes": numel * 4}
+
+
+def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, steps: int = 4) -> dict:
+    """Step time 1 vs `world` ranks and the parity of their first step, on `results`; then transfers."""
+    cfg = replace(cfg, drop_zero_std_groups=False)
+    one, = steps_on_ranks(1, [(cfg, results)], steps=steps, spawn=True)  # a fresh process each side, 1 thread a rank
+    many, = steps_on_ranks(world, [(cfg, results)], steps=steps)
+    shares = split_groups(results, world)
+    total = sum(episode_tokens(r) for r in results)
+    largest = max(sum(episode_tokens(r) for r in s) for s in shares)
+    numel = one["params"].numel()
+    return {
+        "ranks_step_speedup": one["step_s"] / many["step_s"],
+        "_ranks_ceiling": min(world, os.cpu_count() or 1, total / max(largest, 1)),
+        "ranks_parity_max": float((one["params"] - many["params"]).abs().max()),
+        "_one_rank_step_s": one["step_s"], "_ranks_step_s": many["step_s"], "_world": world,
+        **transfer_costs(numel),
+    }
+
+
+@dataclass
+class RanksBenchConfig:
+    quick: bool = False
+    """tiny-random (minutes on a 2-core CPU); otherwise the default model."""
+    model: str = "smollm2-135m-instruct"
+    """Model (ignored with --quick)."""
+    world: int = 2
+    """Learner ranks compared with one."""
+    steps: int = 6
+    """Steps per side; the first is warm-up (its parameters are the parity check's)."""
+    json: str | None = None
+    """Also write the figures here."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    b = tyro.cli(RanksBenchConfig, args=argv)
+    torch.set_flush_denormal(True)
+    t_start = time.perf_counter()
+    cfg = TrainConfig(model="tiny-random" if b.quick else b.model, tasks_per_step=4, num_samples_per_task=4, seed=0)
+    policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=48 if b.quick else 32,
+                                                           temperature=cfg.temperature), max_turns=cfg.max_turns)
+    results = engine.run(load_tasks(cfg.tasks, limit=cfg.tasks_per_step), num_samples=cfg.num_samples_per_task, seed=1)
+    for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
+        r.trajectory.final_reward = float(i % 2)
+    print(f"[bench] learner step on 1 vs {b.world} ranks, {len(results)} episodes, then transfers ...", flush=True)
+    figures = bench_learner_ranks(cfg, results, world=b.world, steps=b.steps)
+    print(f"\n{'figure':28s} {'value':>12s}")
+    for k, v in figures.items():
+        if not k.startswith("_"):
+            print(f"{k:28s} {v:12.3g}")
+    print(f"  ranks_step_speedup ceiling (min of ranks, cores, batch tokens / largest share's): "
+          f"{figures['_ranks_ceiling']:.3f}")
+    print(f"  step {figures['_one_rank_step_s']:.3f} s on 1 rank, {figures['_ranks_step_s']:.3f} s on {b.world}; "
+          f"{figures['_transfer_bytes'] / 1e6:.1f} MB: broadcast {figures['_broadcast_s'] * 1e3:.1f} ms, "
+          f"all-reduce {figures['_allreduce_s'] * 1e3:.1f} ms, copy_ {figures['_copy_s'] * 1e3:.2f} ms")
+    record_run(figures, t_start, b.json, model=cfg.model)
+    return 0

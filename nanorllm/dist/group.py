@@ -1,0 +1,245 @@
+"""LearnerRanks: the learner as N data-parallel ranks of one torch.distributed process group.
+
+One learner process on one device is the bottleneck where users have the most hardware (seven
+rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one process group
+(NCCL on GPU, gloo on CPU), each holding a DistributedDataParallel replica of the model:
+
+- rank 0 is the launcher's process: it alone draws tasks, talks to its workers, logs, evaluates
+  and checkpoints. DDP replicas are identical after every step, so rank 0 holds the whole state
+  and checkpoints stay plain HF directories that any number of ranks can resume from.
+- every step rank 0 cuts the step's episodes into one share per rank, groups kept whole
+  (dist/split.py), and sends each rank its share with one `scatter_object_list`; a `None` share
+  tells the other ranks the run is over. Every rank trains its share (dist/follower.py).
+- the loss normaliser is global: train_step all-reduces the step's token and sample counts before
+  the loss, and multiplies each rank's loss by the world size because DDP averages gradients. An
+  N-rank step is then the 1-rank step on the same batch (tests/test_ranks.py holds them within 1e-5).
+  The clip norm is the global one, since DDP's gradients are already reduced.
+
+Ranks start one of two ways: under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR/PORT set, every process ran launch/train.py), or, with `--learner-devices` naming N > 1
+devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost).
+With one rank there is no process group and nothing here does anything.
+
+Faults: every collective carries the process group's timeout (`--learner-timeout-s`), so a hung
+rank stops the run instead of hanging it; a dead rank breaks the next collective at once (its
+connections close). `check` turns that into one clear error naming the rank and how it ended;
+the run then saves the last completed step like after any other error. Spawned ranks die with rank
+0 (pipeline/lifeline.py) and `close` ends them; under torchrun the agent ends the others.
+"""
+
+import contextlib
+import datetime
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nanorllm.dist.split import split_groups
+from nanorllm.utils.devices import DeviceError, DeviceMap
+from nanorllm.utils.procs import exit_reason
+
+
+class RankError(RuntimeError):
+    """A learner rank died or stopped answering; the message names it."""
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def learner_spec(cfg) -> str | None:
+    """--learner-devices, or under torchrun as many ranks as torchrun started on this node."""
+    return cfg.learner_devices or (os.environ.get("LOCAL_WORLD_SIZE") if under_torchrun() else None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LearnerRanks:
+    def __init__(self, *, rank: int = 0, world: int = 1, local_rank: int = 0, local_world: int = 1,
+                 device: str = "cpu"):
+        self.rank, self.world, self.device = rank, world, device
+        self.local_rank, self.local_world = local_rank, local_world
+        self.procs: dict[int, mp.Process] = {}  # ranks this process spawned
+        self.devices: dict[int, str] = {rank: device}
+        self.released = False  # rank 0 told the other ranks the run is over
+        self.in_step = False  # rank 0 began a step and has not yet sent its shares
+
+    # ---- start and stop ------------------------------------------------------------------------
+    @classmethod
+    def start(cls, devices: DeviceMap, timeout_s: float) -> "LearnerRanks":
+        """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now."""
+        if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+            local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+            if len(devices.learners) != local_world:
+                raise DeviceError(f"learner_devices: torchrun started {local_world} process(es) on this node, "
+                                  f"--learner-devices names {len(devices.learners)} ({devices.learners})")
+            ranks = cls(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]), local_rank=local,
+                        local_world=local_world, device=devices.learners[local])
+            ranks.init("env://", timeout_s)
+            return ranks
+        n = len(devices.learners)
+        ranks = cls(world=n, local_world=n, device=devices.learner)
+        if n == 1:
+            return ranks
+        from nanorllm.dist.follower import spawned_rank
+
+        ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
+        for r in range(1, n):
+            p = ctx.Process(target=spawned_rank, name=f"nanorllm-learner-{r}", daemon=True,
+                            args=(r, n, address, devices.learners[r], timeout_s, os.getpid()))
+            p.start()
+            ranks.procs[r], ranks.devices[r] = p, devices.learners[r]
+        ranks.init(address, timeout_s)
+        return ranks
+
+    def init(self, address: str, timeout_s: float) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(self.device)  # NCCL and object collectives use the current device
+        dist.init_process_group("nccl" if self.device.startswith("cuda") else "gloo", init_method=address,
+                                rank=self.rank, world_size=self.world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """End the ranks this process spawned (after `release` they exit by themselves; otherwise they
+        hold nothing worth waiting for), then the group."""
+        deadline = time.monotonic() + (grace_s if self.released else 0.0)
+        for p in self.procs.values():
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self.procs.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- the model -----------------------------------------------------------------------------
+    def attach(self, policy, optimizer: torch.optim.Optimizer) -> list[tuple[str, int, str]]:
+        """Wrap the model in DDP (rank 0's weights reach every rank) and give every rank rank 0's
+        optimizer state (a resumed run's, or a fresh one with its learning rate). Returns every
+        rank's (host, pid, device); [] with one rank."""
+        if self.world == 1:
+            return []
+        from torch.nn.parallel import DistributedDataParallel
+
+        # No buffer sync in forward: a rank's forward count varies with its share (a collective there
+        # would pair up wrong), and the rotary buffers are computed, not trained.
+        kw = {"device_ids": [torch.device(self.device)]} if self.device.startswith("cuda") else {}
+        policy.train_module = DistributedDataParallel(policy.model, forward_sync_buffers=False, **kw)
+        state = [optimizer.state_dict() if self.rank == 0 else None]
+        dist.broadcast_object_list(state, src=0)
+        if self.rank:
+            optimizer.load_state_dict(state[0])
+        where = [None] * self.world
+        dist.all_gather_object(where, (socket.gethostname(), os.getpid(), self.device))
+        return where
+
+    def accumulating(self, policy, *, last: bool):
+        """Gradients of a micro-batch that is not this rank's last stay local (one all-reduce a step)."""
+        if self.world == 1 or last:
+            return contextlib.nullcontext()
+        return policy.train_module.no_sync()
+
+    def idle_backward(self, policy) -> None:
+        """A rank with nothing to train still joins the step's gradient all-reduce: a zero gradient."""
+        ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
+        positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)
+        (policy.forward(ids, torch.ones_like(ids), positions).logits.sum() * 0.0).backward()
+
+    # ---- the step ------------------------------------------------------------------------------
+    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(list(values.values()), dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t)
+        return dict(zip(values, t.tolist()))
+
+    def all_max(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.local_world
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world
+
+    def _comm_device(self) -> str:
+        return self.device if self.device.startswith("cuda") else "cpu"
+
+    def begin(self, step: int | None = None) -> int | None:
+        """Rank 0: every rank learns the step that starts now (None: the run is over). Others: returns it."""
+        if self.world == 1:
+            return step
+        step = self.broadcast(step)
+        self.in_step = self.rank == 0 and step is not None
+        return step
+
+    def share(self, results: list, version: int) -> list:
+        """Rank 0: send every rank its share of the step (groups whole); returns rank 0's own."""
+        if self.world == 1:
+            return results
+        self.in_step = False
+        shares = [{"version": version, "results": s} for s in split_groups(results, self.world)]
+        return self._scatter(shares)["results"]
+
+    def release(self) -> None:
+        """Rank 0, after its last step: the other ranks stop. A run stopped inside a step cannot
+        release them (they wait in that step's collectives); `close` ends them instead."""
+        if self.world > 1 and not self.in_step:
+            self.begin(None)
+            self.released = True
+
+    def receive(self) -> dict:
+        """Another rank: its share of the step ({"version", "results"})."""
+        return self._scatter(None)
+
+    def _scatter(self, items: list | None):
+        out = [None]
+        dist.scatter_object_list(out, items, src=0)
+        return out[0]
+
+    def gather(self, results: list) -> list[list] | None:
+        """Every node's episodes of the step: rank 0 gets each rank's list, the others None."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(results, out, dst=0)
+        return out
+
+    def broadcast(self, obj=None):
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ---- faults --------------------------------------------------------------------------------
+    def check(self, error: BaseException, wait_s: float = 2.0) -> None:
+        """After a failed step: raise a RankError naming the rank that died or stopped answering.
+        Returns when the error is not the process group's (it is then the caller's to raise)."""
+        if self.world == 1:
+            return
+        deadline = time.monotonic() + wait_s  # a peer's closed connection is seen before its exit is
+        while self.procs and all(p.exitcode is None for p in self.procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for r, p in self.procs.items():
+            if p.exitcode is not None:
+                raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) {exit_reason(p.exitcode)}; "
+                                f"the run cannot go on without its share of the batch") from error
+        if isinstance(error, dist.DistError) or "gloo" in str(error).lower() or "nccl" in str(error).lower():
+            raise RankError(f"learner rank {self.rank}: another learner rank died or stopped answering "
+                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from error
+
+
+ONE_RANK = LearnerRanks()  # the learner alone: no process group, every collective is the identity
