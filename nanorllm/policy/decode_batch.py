@@ -142,13 +142,17 @@ class DecodeBatch:
         if len(keep) < len(self.rows):
             self._select(keep)
         if self.rows:
-            tok = tok[keep] if len(keep) < tok.shape[0] else tok
-            self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)  # (B, L + 1)
-            self.logits = self.policy.cached_forward(tok[:, None], self.attn, self.pos[:, None], self.cache)
-            self.pos = self.pos + 1
+            self.logits = self._decode(tok[keep] if len(keep) < tok.shape[0] else tok)
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += len(self.rows)
         return done
+
+    def _decode(self, tok: torch.Tensor) -> torch.Tensor:
+        """Feed each row its sampled token (B,); (B, V) next-token logits."""
+        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)  # (B, L + 1)
+        logits = self.policy.cached_forward(tok[:, None], self.attn, self.pos[:, None], self.cache)
+        self.pos = self.pos + 1
+        return logits
 
     def _generation(self, row: _Row) -> Generation:
         truncated = row.tokens[-1] not in self.policy.eos_ids
