@@ -93,6 +93,8 @@ class TrainConfig:
     """Padded tokens per forward/backward micro-batch (bounds memory)."""
     max_batch_episodes: int = 64
     """Most episodes in one generate call."""
+    compile_decode: bool = False
+    """Decode over a static KV cache with a torch.compile'd one-token step (CUDA graphs on CUDA); prefill stays eager."""
     dtype: str = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""

@@ -38,13 +38,15 @@ class _Episode:
 
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
-                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0):
+                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0,
+                 compile_decode: bool = False):
         self.policy = policy
         self.sampling = sampling
         self.max_turns = max_turns
         self.max_batch_episodes = max_batch_episodes
         self.agent_kwargs = agent_kwargs or {}
         self.grader_timeout_s = grader_timeout_s
+        self.compile_decode = compile_decode  # a static decode batch with a compiled step (policy/static_decode_batch.py)
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
             seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
@@ -81,7 +83,7 @@ class RolloutEngine:
         waiting = deque((ep, None) for ep in episodes)  # (episode, KV state of its last turn)
         n_generated, stats = 0, new_stats()
         t0 = time.perf_counter()
-        with self.policy.decode_batch(params, stats=stats) as batch:
+        with self.policy.decode_batch(params, stats=stats, compiled=self.compile_decode) as batch:
             while waiting or len(batch):
                 joining = [waiting.popleft() for _ in range(min(self.max_batch_episodes - len(batch), len(waiting)))]
                 batch.join([(ep, ep.prompt_ids, ep.rng, state) for ep, state in joining])
