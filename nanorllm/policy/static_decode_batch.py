@@ -10,9 +10,9 @@ and, after col, columns the causal mask hides. Rows occupy slots:
 - a leaving row frees its slot (its mask row is zeroed);
 - a joining row is prefilled as before (eager, a DynamicCache) and copied into a free slot, its
   tokens ending at col - 1;
-- when no slot is free, a joiner holds more tokens than col, col reaches W, or a quarter of the
-  slots or fewer are live, the live rows are repacked (eager) into a new buffer. S and W are powers
-  of two, so the compiled step sees few shapes (each shape is one CUDA graph).
+- when no slot is free, a joiner holds more tokens than col, col reaches W, or the live rows would
+  fit half the slots, the live rows are repacked (eager) into a new buffer. S and W are powers of
+  two, so the compiled step sees few shapes (each shape is one CUDA graph).
 
 A free slot still computes: it attends to the column it writes, so no attention row is all masked
 (softmax would give NaN there, and a NaN key left in a slot would poison its next row: 0 x NaN is NaN).
@@ -45,7 +45,6 @@ class StaticDecodeBatch(DecodeBatch):
         super().__init__(policy, params, keep_state=keep_state, stats=stats)
         self.slots: list[int] = []  # the slot of each row
         self.col = 0  # the column every slot writes next (each layer's cumulative_length too)
-        self.repacks = 0
 
     @property
     def num_slots(self) -> int:
@@ -70,10 +69,10 @@ class StaticDecodeBatch(DecodeBatch):
         self.slots += free
 
     def _fit(self, n_rows: int, n_cols: int, *, like) -> None:
-        """Repack unless n_rows rows fit the slots (and fill more than a quarter of them), n_cols
-        tokens fit before col, and col has a column to write."""
+        """Repack unless n_rows rows fit the slots (and more than half of them: free slots still
+        compute), n_cols tokens fit before col, and col has a column to write."""
         slots = bucket(n_rows, self.MIN_SLOTS)
-        if (self.cache is None or slots > self.num_slots or 4 * slots <= self.num_slots
+        if (self.cache is None or slots > self.num_slots or 2 * slots <= self.num_slots
                 or n_cols > self.col or self.col >= self.attn.shape[1]):
             self._repack(slots, n_cols, like)
 
@@ -106,7 +105,7 @@ class StaticDecodeBatch(DecodeBatch):
             pos[:len(live)] = self.pos[live]
         self.cache, self.attn, self.pos, self.col = Cache(layers=layers), attn, pos, col
         self.slots = list(range(len(live)))
-        self.repacks += 1
+        self.stats["repacks"] += 1
 
     def _decode(self, tok: torch.Tensor) -> torch.Tensor:
         self._fit(len(self.rows), 0, like=self.cache)
