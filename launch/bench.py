@@ -203,7 +203,8 @@ def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) ->
 def bench_compiled_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], repeats: int = 3) -> dict:
     """One default training step's rollouts, eager DecodeBatch vs the static cache with the compiled
     decode step. Each first runs the same step once untimed (the compiled one compiles there, timed
-    apart); then they alternate `repeats` times, median kept tokens/s each."""
+    apart; the eager one goes first, so the process's one-time costs land on its warm-up); then they
+    alternate `repeats` times, median kept tokens/s each."""
     from nanorllm.rollout.build import training_engine
 
     tasks = tasks[:cfg.tasks_per_step]
