@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Pipeline smoke run on every visible GPU: learner on cuda:0, one worker on each other GPU (with a
-# single GPU, learner and one worker share it); then, with 2 GPUs or more, the learner as 2 ranks
+# single GPU, learner and one worker share it); the same with --compile-decode (static KV cache,
+# compiled decode step, CUDA graphs); then, with 2 GPUs or more, the learner as 2 ranks
 # (--learner-devices 2: cuda:0 and cuda:1 over NCCL, workers on the rest, or sharing cuda:0 with 2
-# GPUs). Prints throughput, train time and lag per run; finishes in minutes.
+# GPUs); last the compiled-decode figure of launch/bench.py. Prints throughput, train time and lag
+# per run; finishes in minutes.
 #   bash launch/gpu_smoke.sh [extra train.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 acc = EventAccumulator(sys.argv[1]); acc.Reload()
 tags = acc.Tags()["scalars"]
-for tag in ["perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/train_tokens_per_s", "perf/step_s", "perf/train_s",
+for tag in ["perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/rollout_s", "perf/train_tokens_per_s", "perf/step_s", "perf/train_s",
             "pipeline/policy_lag_mean", "pipeline/policy_lag_max", "pipeline/learner_wait_frac",
             "pipeline/worker_wait_frac", "pipeline/weight_publish_s", "pipeline/weight_load_s", "pipeline/stale_dropped"]:
     if tag in tags:
@@ -33,6 +35,8 @@ PY
 }
 
 smoke smoke $(( n > 1 ? n - 1 : 1 )) "$@"
+smoke smoke-compiled $(( n > 1 ? n - 1 : 1 )) --compile-decode "$@"
 if [ "$n" -ge 2 ]; then
   smoke smoke-2ranks $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 "$@"
 fi
+$PY launch/bench.py --compile-decode --json "$out/compile_decode.json"

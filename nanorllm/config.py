@@ -94,6 +94,8 @@ class TrainConfig:
     max_batch_episodes: int = 256
     """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it). On 2 CPU
     threads a 200-task greedy eval took 78.6 s at 32 rows, 60.5 s at 64 and 41.8 s at 200."""
+    compile_decode: bool = False
+    """Decode over a static KV cache with a torch.compile'd one-token step (CUDA graphs on CUDA); prefill stays eager."""
     dtype: str = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""

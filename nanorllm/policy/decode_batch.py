@@ -48,7 +48,8 @@ class _Row:
 def new_stats() -> dict:
     """Counters of what the model computed for one engine call."""
     return {"decode_steps": 0, "decode_rows": 0, "tokens_kept": 0,
-            "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0}
+            "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0,
+            "repacks": 0}  # static decode batch only: its buffers rebuilt
 
 
 class DecodeBatch:
@@ -169,13 +170,17 @@ class DecodeBatch:
         if len(keep) < len(self.rows):
             self._select(keep)
         if self.rows:
-            tok = tok[keep] if len(keep) < tok.shape[0] else tok
-            self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)  # (B, L + 1)
-            self.logits = self.policy.cached_forward(tok[:, None], self.attn, self.pos[:, None], self.cache)
-            self.pos = self.pos + 1
+            self.logits = self._decode(tok[keep] if len(keep) < tok.shape[0] else tok)
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += len(self.rows)
         return done
+
+    def _decode(self, tok: torch.Tensor) -> torch.Tensor:
+        """Feed each row its sampled token (B,); (B, V) next-token logits."""
+        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)  # (B, L + 1)
+        logits = self.policy.cached_forward(tok[:, None], self.attn, self.pos[:, None], self.cache)
+        self.pos = self.pos + 1
+        return logits
 
     def _generation(self, row: _Row) -> Generation:
         truncated = row.tokens[-1] not in self.policy.eos_ids
@@ -184,10 +189,15 @@ class DecodeBatch:
 
     def _state(self, i: int, row: _Row) -> KVState:
         ids = row.prompt_ids + row.tokens[:-1]  # the last sampled token was never fed to the model
-        cols = self.attn[i].nonzero().squeeze(1)  # the columns holding this row's tokens, in order
+        s = self._cache_row(i)
+        cols = self.attn[s].nonzero().squeeze(1)  # the columns holding this row's tokens, in order
         assert len(cols) == len(ids), (len(cols), len(ids))
-        layers = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in self.cache.layers]
+        layers = [(layer.keys[s:s + 1, :, cols], layer.values[s:s + 1, :, cols]) for layer in self.cache.layers]
         return KVState(token_ids=ids, layers=layers)
+
+    def _cache_row(self, i: int) -> int:
+        """Where row i lives in the cache and the mask."""
+        return i
 
     def _select(self, keep: list[int]) -> None:
         """Keep these rows, then drop leading columns that are padding in all of them."""

@@ -5,7 +5,8 @@ log-probability under exactly the distribution the learner will score (logits / 
 vocabulary), and `generate` would have to keep (B, T, V) logits around to give us that. The loop is
 a KV-cached decode (policy/decode_batch.py) in which a finished row leaves the batch at once
 and new rows can join between steps; `generate` is one such batch, the RolloutEngine keeps one
-running across turns.
+running across turns. `decode_batch(compiled=True)` runs the same loop over a static KV cache with a
+torch.compile'd decode step (policy/static_decode_batch.py).
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
 and its state stay fp32, so a 6e-6 step is not rounded away below half a bf16 ulp) and runs every
@@ -32,6 +33,7 @@ from transformers.utils import logging as hf_logging
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 from nanorllm.policy.decode_batch import DecodeBatch
 from nanorllm.policy.models import load_model_and_tokenizer
+from nanorllm.policy.static_decode_batch import StaticDecodeBatch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _SENTINEL = "\x00NANORLLM_SENTINEL\x00"
@@ -76,6 +78,7 @@ class HFCausalPolicy(Policy):
         self.generator.manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; the cache object is updated in place.
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._compiled_model = None  # torch.compile(model), built on the first compiled decode step
 
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
@@ -118,13 +121,16 @@ class HFCausalPolicy(Policy):
         return [torch.Generator().manual_seed(s) for s in seeds]
 
     @contextlib.contextmanager
-    def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None):
-        """A DecodeBatch to join rows into and step, in eval mode, no grad and the policy's autocast."""
+    def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None,
+                     compiled: bool = False):
+        """A DecodeBatch to join rows into and step, in eval mode, no grad and the policy's autocast.
+        `compiled`: a StaticDecodeBatch, whose decode steps run the compiled forward."""
         was_training = self.model.training
         self.model.eval()
+        batch_class = StaticDecodeBatch if compiled else DecodeBatch
         try:
             with torch.no_grad(), self.autocast():
-                yield DecodeBatch(self, params, keep_state=keep_state, stats=stats)
+                yield batch_class(self, params, keep_state=keep_state, stats=stats)
         finally:
             self.model.train(was_training)
 
@@ -138,12 +144,24 @@ class HFCausalPolicy(Policy):
         return [out[i] for i in range(len(prompt_ids))]
 
     def cached_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                       cache) -> torch.Tensor:
+                       cache, *, compiled: bool = False) -> torch.Tensor:
         """(B, V) next-token logits after `input_ids` (B, T); `cache` (its keys/values for the first
-        L columns of the (B, L + T) `attention_mask`) is extended in place."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        return out.logits[:, -1]
+        L columns of the (B, L + T) `attention_mask`) is extended in place.
+
+        `compiled`: through torch.compile (compiled on first use, CUDA graphs on CUDA), for the one-token
+        step over a StaticDecodeBatch's cache. Its shapes are symbolic, so the batch's few (slots,
+        columns) sizes share one compiled graph (a CUDA graph is still recorded per size)."""
+        model = self.model
+        if compiled:
+            if self._compiled_model is None:
+                mode = "reduce-overhead" if self.device.type == "cuda" else None
+                self._compiled_model = torch.compile(self.model, mode=mode, dynamic=True)
+            model = self._compiled_model
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        logits = out.logits[:, -1]
+        # a CUDA graph's output is overwritten by its next replay: copy it out
+        return logits.clone() if compiled and self.device.type == "cuda" else logits
 
     def sample(self, logits: torch.Tensor, params: SamplingParams,
                rngs: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -52,13 +52,15 @@ def shared_prefix(prompts: list[list[int]]) -> list[int]:
 
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
-                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0):
+                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0,
+                 compile_decode: bool = False):
         self.policy = policy
         self.sampling = sampling
         self.max_turns = max_turns
         self.max_batch_episodes = max_batch_episodes
         self.agent_kwargs = agent_kwargs or {}
         self.grader_timeout_s = grader_timeout_s
+        self.compile_decode = compile_decode  # a static decode batch with a compiled step (policy/static_decode_batch.py)
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
             seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
@@ -94,7 +96,7 @@ class RolloutEngine:
             ep.rng = rng
         n_generated, stats = 0, new_stats()
         t0 = time.perf_counter()
-        with self.policy.decode_batch(params, stats=stats) as batch:
+        with self.policy.decode_batch(params, stats=stats, compiled=self.compile_decode) as batch:
             shared = shared_prefix([ep.prompt_ids for ep in episodes])
             start = batch.cache_prefix(shared) if len(episodes) > 1 and len(shared) >= MIN_SHARED_PREFIX else None
             waiting = deque((ep, start) for ep in episodes)  # (episode, KV state its prompt extends)

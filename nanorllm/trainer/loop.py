@@ -194,7 +194,8 @@ class TrainingRun:
             return None
         t0 = time.perf_counter()
         res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns,
-                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes)
+                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes,
+                       compile_decode=self.cfg.compile_decode)
         self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
                              res["first_turn_success"], "eval/mean_turns": res["mean_turns"]}, step)
         self.say(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
