@@ -225,19 +225,30 @@ class LearnerRanks:
         return box[0]
 
     # ---- faults --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def guarded(self):
+        """Rank 0's step, from `begin` to the update: an error of any collective in it (a rank that
+        died while rank 0 waited in `begin`, `share` or the gradient all-reduce) becomes one RankError."""
+        try:
+            yield
+        except Exception as e:
+            self.check(e)
+            raise
+
     def check(self, error: BaseException, wait_s: float = 2.0) -> None:
         """After a failed step: raise a RankError naming the rank that died or stopped answering.
         Returns when the error is not the process group's (it is then the caller's to raise)."""
         if self.world == 1:
             return
-        deadline = time.monotonic() + wait_s  # a peer's closed connection is seen before its exit is
+        comm = isinstance(error, dist.DistError) or any(k in str(error).lower() for k in ("gloo", "nccl"))
+        deadline = time.monotonic() + (wait_s if comm else 0.0)  # a closed connection is seen before the exit
         while self.procs and all(p.exitcode is None for p in self.procs.values()) and time.monotonic() < deadline:
             time.sleep(0.05)
         for r, p in self.procs.items():
             if p.exitcode is not None:
                 raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) {exit_reason(p.exitcode)}; "
                                 f"the run cannot go on without its share of the batch") from error
-        if isinstance(error, dist.DistError) or "gloo" in str(error).lower() or "nccl" in str(error).lower():
+        if comm:
             raise RankError(f"learner rank {self.rank}: another learner rank died or stopped answering "
                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from error
 

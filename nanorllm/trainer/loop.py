@@ -227,21 +227,18 @@ class TrainingRun:
             if self.stop_requested:
                 break
             t0 = time.perf_counter()
-            self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
-            results, extra = source.next_batch(step)
-            if self.stop_requested or results is None:
-                break
-            if fault("learner_step") == str(step + 1):
-                raise RuntimeError(f"injected fault: learner_step {step + 1}")
-            metrics = rollout_metrics(results)
-            metrics.update(extra)
-            try:
+            with self.ranks.guarded():  # a dead or silent rank: one error that names it
+                self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
+                results, extra = source.next_batch(step)
+                if self.stop_requested or results is None:
+                    break
+                if fault("learner_step") == str(step + 1):
+                    raise RuntimeError(f"injected fault: learner_step {step + 1}")
+                metrics = rollout_metrics(results)
+                metrics.update(extra)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
                                           ranks=self.ranks))
-            except Exception as e:
-                self.ranks.check(e)  # a dead or silent rank: one error that names it
-                raise
             self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
             self.final_step = step + 1
