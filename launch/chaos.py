@@ -1,6 +1,6 @@
 """Fault suite: every fault the pipeline promises to survive, against a real tiny-random run.
 
-    python launch/chaos.py                        # every fault, a table, exit 1 on any miss (~6 min on 2 cores)
+    python launch/chaos.py                        # every fault, a table, exit 1 on any miss (~8 min on 2 cores)
     python launch/chaos.py --only worker_hang,learner_kill
     python launch/chaos.py --soak-minutes 30      # one long run, a random worker SIGKILL/SIGSTOP every ~minute
 
@@ -77,6 +77,8 @@ class TrainProcess:
             if self.proc.poll() is not None and not self.reader.is_alive():
                 break
             time.sleep(0.05)
+        self.proc.kill()  # a run that never got there is not left running (its children die with it)
+        self.wait()
         raise AssertionError(f"{needle!r} not seen; output:\n{self.output()}")
 
     def output(self) -> str:
@@ -292,9 +294,46 @@ def learner_exception(out: Path) -> list[Outcome]:
     return [_finish(o, run, run_dir, shm)]
 
 
+def _stop_a_rank(out: Path, name: str, label: str, sig: int, report: str, extra: list[str]) -> list[Outcome]:
+    """Signal learner rank 1 of two mid-run: one error naming it, exit 1, the last completed step saved,
+    nothing left; then resume on one rank: every group trained once."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--learner-devices", "2", "--max-steps", "8", "--save-every", "0",
+                        "--save-every-minutes", "0", *extra, "--run-name", name], out)
+    run.wait_for("step 3/", timeout=300)
+    ranks = run.output().split("[ranks] ", 1)[1].splitlines()[0]  # "... rank 1 on <host> cpu pid N"
+    t = time.monotonic()
+    os.kill(int(ranks.split("rank 1 on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(",")), sig)
+    rc = run.wait()
+    seen, text = run.seen(report, after=t), run.output()
+    trained = max((int(line[5:].split("/")[0]) for line in text.splitlines() if line.startswith("step ")), default=0)
+    saved = checkpoint_steps(out / name)
+    stopped = Outcome(label, seen and seen - t, rc == 1 and seen is not None and saved[-1:] == [trained] and trained < 8,
+                      output=text)
+    stopped.procs_left, stopped.shm_left, _ = leftovers(run.token, shm)
+    stopped.notes.append(f"exit {rc}; {trained} steps trained; checkpoints {saved}")
+    resumed = TrainProcess(["--resume", str(out / name), "--learner-devices", "1"], out, token=run.token)
+    rc = resumed.wait()
+    o = Outcome(f"resume on 1 rank after {label}", None, rc == 0 and "step 8/8" in resumed.output()
+                and f"step_{trained}" in resumed.output())
+    return [stopped, _finish(o, resumed, out / name, shm)]
+
+
+def rank_kill(out: Path) -> list[Outcome]:
+    """SIGKILL learner rank 1: its connections close, the next collective fails, the error names it."""
+    return _stop_a_rank(out, "rank_kill", "learner rank SIGKILL", signal.SIGKILL, "killed by SIGKILL", [])
+
+
+def rank_hang(out: Path) -> list[Outcome]:
+    """SIGSTOP learner rank 1: past --learner-timeout-s the collective fails, the error names the stopped rank."""
+    return _stop_a_rank(out, "rank_hang", "learner rank SIGSTOP (hang)", signal.SIGSTOP, "is stopped (SIGSTOP",
+                        ["--learner-timeout-s", "15"])
+
+
 FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start": worker_start_fails,
           "torn_result": torn_result, "learner_kill": learner_kill, "sigint_twice": sigint_twice,
-          "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception}
+          "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception, "rank_kill": rank_kill,
+          "rank_hang": rank_hang}
 
 
 # ---- soak ----------------------------------------------------------------------------------------

@@ -119,7 +119,8 @@ class TrainConfig:
     process torchrun starts on the node)."""
     learner_timeout_s: float = 1800.0
     """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than
-    the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0."""
+    the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until every rank
+    has loaded the model the limit is --worker-start-timeout-s, if longer."""
     threads: int | None = None
     """Torch threads per process on CPU; None splits the cores across processes."""
     queue_size: int = 4
@@ -151,7 +152,7 @@ class TrainConfig:
     worker_timeout_s: float | None = None
     """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the longest job)."""
     worker_start_timeout_s: float = 600.0
-    """Longest a worker may take to load its model and say it is ready."""
+    """Longest a worker (or a learner rank) may take to load its model and say it is ready."""
     restart_backoff_s: float = 1.0
     """Wait before restarting a failed worker; doubles with each failure in a row (at most 60 s)."""
     max_restarts_per_worker: int = 5

@@ -63,12 +63,13 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     return 0
 
 
-def spawned_rank(rank: int, world: int, address: str, device: str, timeout_s: float, parent_pid: int) -> None:
+def spawned_rank(rank: int, world: int, address: str, device: str, timeout_s: float, start_timeout_s: float,
+                 parent_pid: int) -> None:
     """Entry point of a rank that rank 0 spawned (no torchrun)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device=device)
-    ranks.init(address, timeout_s)
+    ranks.init(address, timeout_s, start_timeout_s)
     code = follow(ranks)
     ranks.close()
     sys.exit(code)
@@ -91,7 +92,7 @@ def follow_torchrun(argv: list[str]) -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s)
+    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s)
     try:
         return follow(ranks, devices)
     finally:

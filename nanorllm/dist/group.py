@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 
 from nanorllm.dist.split import split_groups
 from nanorllm.utils.devices import DeviceError, DeviceMap
-from nanorllm.utils.procs import exit_reason
+from nanorllm.utils.procs import exit_reason, is_stopped
 
 
 class RankError(RuntimeError):
@@ -70,11 +70,14 @@ class LearnerRanks:
         self.devices: dict[int, str] = {rank: device}
         self.released = False  # rank 0 told the other ranks the run is over
         self.in_step = False  # rank 0 began a step and has not yet sent its shares
+        self.timeout_s: float | None = None  # every collective's limit (init)
 
     # ---- start and stop ------------------------------------------------------------------------
     @classmethod
-    def start(cls, devices: DeviceMap, timeout_s: float) -> "LearnerRanks":
-        """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now."""
+    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0) -> "LearnerRanks":
+        """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
+        every rank holds the model (`attach`), collectives wait up to `start_timeout_s` (imports and
+        model loads are slow); from then on `timeout_s`."""
         if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
             if len(devices.learners) != local_world:
@@ -82,7 +85,7 @@ class LearnerRanks:
                                   f"--learner-devices names {len(devices.learners)} ({devices.learners})")
             ranks = cls(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]), local_rank=local,
                         local_world=local_world, device=devices.learners[local])
-            ranks.init("env://", timeout_s)
+            ranks.init("env://", timeout_s, start_timeout_s)
             return ranks
         n = len(devices.learners)
         ranks = cls(world=n, local_world=n, device=devices.learner)
@@ -93,18 +96,19 @@ class LearnerRanks:
         ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
         for r in range(1, n):
             p = ctx.Process(target=spawned_rank, name=f"nanorllm-learner-{r}", daemon=True,
-                            args=(r, n, address, devices.learners[r], timeout_s, os.getpid()))
+                            args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid()))
             p.start()
             ranks.procs[r], ranks.devices[r] = p, devices.learners[r]
-        ranks.init(address, timeout_s)
+        ranks.init(address, timeout_s, start_timeout_s)
         return ranks
 
-    def init(self, address: str, timeout_s: float) -> None:
+    def init(self, address: str, timeout_s: float, start_timeout_s: float = 0.0) -> None:
+        self.timeout_s = timeout_s
         if self.device.startswith("cuda"):
             torch.cuda.set_device(self.device)  # NCCL and object collectives use the current device
         dist.init_process_group("nccl" if self.device.startswith("cuda") else "gloo", init_method=address,
                                 rank=self.rank, world_size=self.world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=max(timeout_s, start_timeout_s)))
 
     def close(self, grace_s: float = 5.0) -> None:
         """End the ranks this process spawned (after `release` they exit by themselves; otherwise they
@@ -138,6 +142,7 @@ class LearnerRanks:
             optimizer.load_state_dict(state[0])
         where = [None] * self.world
         dist.all_gather_object(where, (socket.gethostname(), os.getpid(), self.device))
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s))  # started: steps' limit
         return where
 
     def accumulating(self, policy, *, last: bool):
@@ -248,9 +253,15 @@ class LearnerRanks:
             if p.exitcode is not None:
                 raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) {exit_reason(p.exitcode)}; "
                                 f"the run cannot go on without its share of the batch") from error
-        if comm:
-            raise RankError(f"learner rank {self.rank}: another learner rank died or stopped answering "
-                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from error
+        if not comm:
+            return
+        for r, p in self.procs.items():
+            if is_stopped(p.pid):
+                raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) is stopped (SIGSTOP or a "
+                                f"debugger) and did not answer within --learner-timeout-s {self.timeout_s:g}") from error
+        raise RankError(f"learner rank {self.rank}: another learner rank died or did not answer within "
+                        f"--learner-timeout-s {self.timeout_s:g} ({type(error).__name__}: "
+                        f"{str(error).splitlines()[0] if str(error) else ''})") from error
 
 
 ONE_RANK = LearnerRanks()  # the learner alone: no process group, every collective is the identity

@@ -119,7 +119,7 @@ class TrainingRun:
     def setup(self) -> None:
         cfg = self.cfg
         self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s)  # the other ranks load meanwhile
+        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s)  # the other ranks load meanwhile
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

@@ -35,6 +35,14 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def is_stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP, a debugger): it is alive but runs nothing."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
