@@ -119,8 +119,8 @@ class TrainConfig:
     process torchrun starts on the node)."""
     learner_timeout_s: float = 1800.0
     """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than
-    the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until every rank
-    has loaded the model the limit is --worker-start-timeout-s, if longer."""
+    the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until the first
+    step's batch is shared (ranks and workers have started) the limit is --worker-start-timeout-s, if longer."""
     threads: int | None = None
     """Torch threads per process on CPU; None splits the cores across processes."""
     queue_size: int = 4

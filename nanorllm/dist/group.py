@@ -70,14 +70,15 @@ class LearnerRanks:
         self.devices: dict[int, str] = {rank: device}
         self.released = False  # rank 0 told the other ranks the run is over
         self.in_step = False  # rank 0 began a step and has not yet sent its shares
-        self.timeout_s: float | None = None  # every collective's limit (init)
+        self.timeout_s: float | None = None  # every collective's limit once started (init)
+        self.started = False  # the first step's shares went out: the start's longer limit is over
 
     # ---- start and stop ------------------------------------------------------------------------
     @classmethod
     def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0) -> "LearnerRanks":
         """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
-        every rank holds the model (`attach`), collectives wait up to `start_timeout_s` (imports and
-        model loads are slow); from then on `timeout_s`."""
+        the first step's shares go out, collectives wait up to `start_timeout_s` (imports, model loads
+        and the workers' start are slow); from then on `timeout_s`."""
         if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
             if len(devices.learners) != local_world:
@@ -142,7 +143,6 @@ class LearnerRanks:
             optimizer.load_state_dict(state[0])
         where = [None] * self.world
         dist.all_gather_object(where, (socket.gethostname(), os.getpid(), self.device))
-        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s))  # started: steps' limit
         return where
 
     def accumulating(self, policy, *, last: bool):
@@ -213,6 +213,9 @@ class LearnerRanks:
     def _scatter(self, items: list | None):
         out = [None]
         dist.scatter_object_list(out, items, src=0)
+        if not self.started:  # the first step's shares are out: every process has started, workers too
+            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s))
+            self.started = True
         return out[0]
 
     def gather(self, results: list) -> list[list] | None:
