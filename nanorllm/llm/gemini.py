@@ -212,12 +212,6 @@ class GeminiPolicy(Policy):
         self.concurrency = concurrency
         self.client = client if client is not None else GeminiClient(model, **client_kwargs)
 
-    def first_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return []
-
-    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_message: dict) -> list[int]:
-        return []
-
     def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
                  params: SamplingParams) -> list[Generation]:
         """One reply per conversation, in input order; `prompt_ids` are ignored.
