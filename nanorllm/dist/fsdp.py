@@ -26,6 +26,7 @@ import time
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 
@@ -36,11 +37,12 @@ def shard(policy, optimizer: torch.optim.Optimizer, ranks) -> None:
     state = optimizer.state_dict() if ranks.rank == 0 else None  # a resumed run's (plain, by position)
     if ranks.local_rank == 0:  # keeps the full model its workers read: trains a copy
         model = copy.deepcopy(model)
+    mesh = init_device_mesh(torch.device(ranks.device).type, (ranks.world,))  # the ranks' device, not the default
     layers = set(getattr(model, "_no_split_modules", None) or ())  # the decoder layer classes
     for module in model.modules():
         if type(module).__name__ in layers:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     policy.train_module, policy.share_prefix = model, False
     shards = dict(model.named_parameters())
     it = iter(order)
