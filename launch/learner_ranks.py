@@ -1,6 +1,6 @@
 """Learner-ranks benchmark: one training step on 1 vs N data-parallel ranks, on the same batch.
 
-    python launch/bench.py --learner-ranks [--quick]
+    python launch/bench.py --learner-ranks [--quick] [--fsdp]
 
 Figures, all from this one run:
   ranks_step_speedup   learner step time with 1 rank / with N ranks (gloo on CPU, NCCL on GPUs), same
@@ -11,6 +11,10 @@ Figures, all from this one run:
                        the same bytes (what sending a version to another node costs)
   ranks_allreduce_vs_copy  one all-reduce of a gradient block of the same size / the same copy_ (what
                        every DDP step moves between ranks)
+With --fsdp, also the same N-rank step with the model sharded (dist/fsdp.py):
+  fsdp_step_vs_ddp     FSDP step time / DDP step time, same batch, same ranks
+  fsdp_gather_frac     the part of the FSDP step spent gathering the new weights into rank 0's model
+  fsdp_parity_max      largest parameter difference after one step, FSDP vs 1 rank (must be <= 1e-5)
 
 Every rank is a fresh spawned process that builds the model from the same seed; rank 0 scatters the
 batch exactly as a training run does (dist/group.py), so this is the training path, not a model of it.
@@ -69,6 +73,7 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
     the first step and the median time of the later steps (or of the one step)."""
     got = []
     for cfg, results in cases:
+        gathers = []
         policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
         optimizer = make_optimizer(policy, cfg)
         ranks.attach(policy, optimizer)
@@ -78,18 +83,20 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
                 dist.barrier()  # every rank starts the step together: the time is the step's, not a straggler's
             t0 = time.perf_counter()
             share = ranks.share(results, 0) if ranks.rank == 0 else ranks.receive()["results"]
-            train_step(policy, optimizer, share, cfg, ranks=ranks)
+            gathers.append(train_step(policy, optimizer, share, cfg, ranks=ranks).get("perf/gather_s", 0.0))
             times.append(time.perf_counter() - t0)
-            if i == 0:
+            if i == 0 and ranks.rank == 0:  # under FSDP the other ranks hold shards
                 params = torch.cat([p.detach().flatten() for p in policy.model.parameters()]).clone()
-        got.append({"params": params, "step_s": _median(times[1:]) if steps > 1 else times[0]})
+        got.append({"params": params, "step_s": _median(times[1:]) if steps > 1 else times[0],
+                    "gather_s": _median(gathers[1:]) if steps > 1 else gathers[0]})
     return got
 
 
-def _rank_main(rank: int, world: int, address: str, cases: list, steps: int, threads: int, out) -> None:
+def _rank_main(rank: int, world: int, address: str, cases: list, steps: int, threads: int, parallel: str,
+               out) -> None:
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
-    ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device="cpu")
+    ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device="cpu", parallel=parallel)
     if world > 1:
         ranks.init(address, 300)
     got = run_cases(ranks, cases, steps)
@@ -99,11 +106,12 @@ def _rank_main(rank: int, world: int, address: str, cases: list, steps: int, thr
 
 
 def steps_on_ranks(world: int, cases: list[tuple[TrainConfig, list]], *, steps: int = 1, threads: int = 1,
-                   spawn: bool = False) -> list[dict]:
-    """`run_cases` on `world` gloo ranks spawned here (one rank: in this process unless `spawn`)."""
+                   spawn: bool = False, parallel: str = "ddp") -> list[dict]:
+    """`run_cases` on `world` gloo ranks spawned here (one rank: in this process unless `spawn`);
+    `parallel`: how the ranks hold the model (ddp, fsdp)."""
     if world == 1 and not spawn:
         return run_cases(LearnerRanks(), cases, steps)
-    got = _on_spawned_ranks(world, _rank_main, cases, steps, threads)
+    got = _on_spawned_ranks(world, _rank_main, cases, steps, threads, parallel)
     return [{**g, "params": torch.from_numpy(g["params"])} for g in got]
 
 
@@ -140,11 +148,18 @@ def transfer_costs(numel: int, repeats: int = 5) -> dict:
             "_transfer_bytes": numel * 4}
 
 
-def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, steps: int = 4) -> dict:
-    """Step time 1 vs `world` ranks and the parity of their first step, on `results`; then transfers."""
+def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, steps: int = 4, fsdp: bool = False) -> dict:
+    """Step time 1 vs `world` ranks and the parity of their first step, on `results`; then transfers;
+    with `fsdp` the same `world` ranks sharded, against DDP."""
     cfg = replace(cfg, drop_zero_std_groups=False)
     one, = steps_on_ranks(1, [(cfg, results)], steps=steps, spawn=True)  # a fresh process each side, 1 thread a rank
     many, = steps_on_ranks(world, [(cfg, results)], steps=steps)
+    sharded = {}
+    if fsdp:
+        f, = steps_on_ranks(world, [(cfg, results)], steps=steps, parallel="fsdp")
+        sharded = {"fsdp_step_vs_ddp": f["step_s"] / many["step_s"], "fsdp_gather_frac": f["gather_s"] / f["step_s"],
+                   "fsdp_parity_max": float((one["params"] - f["params"]).abs().max()),
+                   "_fsdp_step_s": f["step_s"], "_fsdp_gather_s": f["gather_s"]}
     shares = split_groups(results, world)
     total = sum(episode_tokens(r) for r in results)
     largest = max(sum(episode_tokens(r) for r in s) for s in shares)
@@ -154,7 +169,7 @@ def bench_learner_ranks(cfg: TrainConfig, results: list, *, world: int = 2, step
         "_ranks_ceiling": min(world, os.cpu_count() or 1, total / max(largest, 1)),
         "ranks_parity_max": float((one["params"] - many["params"]).abs().max()),
         "_one_rank_step_s": one["step_s"], "_ranks_step_s": many["step_s"], "_world": world,
-        **transfer_costs(numel),
+        **transfer_costs(numel), **sharded,
     }
 
 
@@ -168,6 +183,8 @@ class RanksBenchConfig:
     """Learner ranks compared with one."""
     steps: int = 6
     """Steps per side; the first is warm-up (its parameters are the parity check's)."""
+    fsdp: bool = False
+    """Also the same step with the model sharded over the ranks (--learner-parallel fsdp), against DDP."""
     json: str | None = None
     """Also write the figures here."""
 
@@ -184,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
         r.trajectory.final_reward = float(i % 2)
     print(f"[bench] learner step on 1 vs {b.world} ranks, {len(results)} episodes, then transfers ...", flush=True)
-    figures = bench_learner_ranks(cfg, results, world=b.world, steps=b.steps)
+    figures = bench_learner_ranks(cfg, results, world=b.world, steps=b.steps, fsdp=b.fsdp)
     print(f"\n{'figure':28s} {'value':>12s}")
     for k, v in figures.items():
         if not k.startswith("_"):
@@ -194,5 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  step {figures['_one_rank_step_s']:.3f} s on 1 rank, {figures['_ranks_step_s']:.3f} s on {b.world}; "
           f"{figures['_transfer_bytes'] / 1e6:.1f} MB: broadcast {figures['_broadcast_s'] * 1e3:.1f} ms, "
           f"all-reduce {figures['_allreduce_s'] * 1e3:.1f} ms, copy_ {figures['_copy_s'] * 1e3:.2f} ms")
+    if b.fsdp:
+        print(f"  FSDP step {figures['_fsdp_step_s']:.3f} s on {b.world} ranks (DDP {figures['_ranks_step_s']:.3f} s), "
+              f"of which gathering the weights into rank 0's model {figures['_fsdp_gather_s'] * 1e3:.1f} ms")
     record_run(figures, t_start, b.json, model=cfg.model)
     return 0

@@ -117,6 +117,10 @@ class TrainConfig:
     """Learner ranks (data-parallel, dist/group.py): a count ('2': the first 2 devices of --devices) or a list
     ('cuda:0,cuda:1'); workers share the devices left. None: one rank on the first device (under torchrun, one per
     process torchrun starts on the node)."""
+    learner_parallel: str = "ddp"
+    """How the learner ranks split the model: 'ddp' (each holds the whole model, its gradients and its optimizer
+    state) or 'fsdp' (each holds 1/N of them, dist/fsdp.py: for a model whose optimizer state does not fit one
+    device; rank 0 still holds the full weights). fsdp needs more than one learner rank."""
     learner_timeout_s: float = 1800.0
     """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than
     the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until the first
@@ -206,6 +210,8 @@ class TrainConfig:
             p.append(f"is_band: must be two numbers 0 <= a < b, got {self.is_band}")
         if self.dual_clip != 0 and not self.dual_clip > 1:
             p.append(f"dual_clip: must be 0 (off) or > 1, got {self.dual_clip}")
+        if self.learner_parallel not in ("ddp", "fsdp"):
+            p.append(f"learner_parallel: must be 'ddp' or 'fsdp', got {self.learner_parallel!r}")
         if self.loss_agg not in ("token-mean", "seq-mean"):
             p.append(f"loss_agg: must be 'token-mean' or 'seq-mean', got {self.loss_agg!r}")
         if self.dtype not in ("float32", "bfloat16", "fp32", "bf16"):

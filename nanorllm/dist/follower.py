@@ -1,7 +1,8 @@
 """A learner rank other than 0: take a share of each step, train it, until rank 0 says the run is over.
 
 It holds a DDP replica of the model and its own copy of the optimizer state, which stay equal to
-rank 0's because every rank applies the same all-reduced gradients. It draws no tasks, writes no
+rank 0's because every rank applies the same all-reduced gradients (under FSDP: its shard of both,
+dist/fsdp.py). Between steps rank 0 may call it into a collective of its own (`LearnerRanks.together`). It draws no tasks, writes no
 logs and no checkpoints: the run's state is rank 0's. On another machine, that machine's local
 rank 0 also runs its rollout workers, on the tasks rank 0 sends it. It ignores SIGINT (Ctrl-C goes to rank 0,
 which saves first and then releases or ends it) and exits with rank 0: a spawned rank through its
@@ -41,16 +42,22 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
         source = PipelineSource(node, draws=False)  # takes its first shares of tasks from rank 0
     elif remote:
         ranks.broadcast()  # the first shares of tasks: for the nodes' leaders
+    ranks.parallel = cfg.learner_parallel
     ranks.attach(policy, optimizer)  # rank 0's weights and optimizer state
     if source is not None:
         source.weights.publish(start["start_step"])  # the workers start from rank 0's weights
     try:
         while (step := ranks.begin()) is not None:
+            if callable(step):  # not a step: a collective rank 0 runs between steps (LearnerRanks.together)
+                step(policy, optimizer, ranks)
+                continue
             if source is not None:
                 source.next_batch(step)  # this node's episodes of the step, sent to rank 0 in there
             elif remote:
                 ranks.gather([])
             share = ranks.receive()
+            if share is None:  # rank 0 stopped before training this step
+                continue
             policy.version = share["version"]
             train_step(policy, optimizer, share["results"], cfg, ref_policy=ref_policy, ranks=ranks)
             if source is not None:
@@ -92,7 +99,7 @@ def follow_torchrun(argv: list[str]) -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s)
+    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s, cfg.learner_parallel)
     try:
         return follow(ranks, devices)
     finally:

@@ -20,10 +20,15 @@ MASTER_ADDR/PORT set, every process ran launch/train.py), or, with `--learner-de
 devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost).
 With one rank there is no process group and nothing here does anything.
 
+With `--learner-parallel fsdp` the ranks hold shards of the model and its optimizer state instead
+of replicas (dist/fsdp.py); rank 0 still holds the full weights, but the optimizer state exists only
+in shards, so saving it is a collective that rank 0 calls the other ranks into (`together`).
+
 Faults: every collective carries the process group's timeout (`--learner-timeout-s`), so a hung
 rank stops the run instead of hanging it; a dead rank breaks the next collective at once (its
 connections close). `check` turns that into one clear error naming the rank and how it ended;
-the run then saves the last completed step like after any other error. Spawned ranks die with rank
+the run then saves the last completed step like after any other error (under FSDP it cannot: the
+dead rank's shard of the optimizer state is gone, and `optimizer_state` says so instead). Spawned ranks die with rank
 0 (pipeline/lifeline.py) and `close` ends them; under torchrun the agent ends the others.
 """
 
@@ -46,6 +51,10 @@ class RankError(RuntimeError):
     """A learner rank died or stopped answering; the message names it."""
 
 
+class ShardsUnavailable(RuntimeError):
+    """The sharded optimizer state cannot be gathered now; the message says why."""
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -63,8 +72,8 @@ def free_port() -> int:
 
 class LearnerRanks:
     def __init__(self, *, rank: int = 0, world: int = 1, local_rank: int = 0, local_world: int = 1,
-                 device: str = "cpu"):
-        self.rank, self.world, self.device = rank, world, device
+                 device: str = "cpu", parallel: str = "ddp"):
+        self.rank, self.world, self.device, self.parallel = rank, world, device, parallel
         self.local_rank, self.local_world = local_rank, local_world
         self.procs: dict[int, mp.Process] = {}  # ranks this process spawned
         self.devices: dict[int, str] = {rank: device}
@@ -72,24 +81,31 @@ class LearnerRanks:
         self.in_step = False  # rank 0 began a step and has not yet sent its shares
         self.timeout_s: float | None = None  # every collective's limit once started (init)
         self.started = False  # the first step's shares went out: the start's longer limit is over
+        self.training = False  # rank 0 sent the shares and has not finished the step
+        self.lost: str | None = None  # why a rank is gone (set with the RankError)
 
     # ---- start and stop ------------------------------------------------------------------------
     @classmethod
-    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0) -> "LearnerRanks":
+    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0,
+              parallel: str = "ddp") -> "LearnerRanks":
         """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
         the first step's shares go out, collectives wait up to `start_timeout_s` (imports, model loads
         and the workers' start are slow); from then on `timeout_s`."""
+        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else len(devices.learners)
+        if parallel == "fsdp" and world == 1:
+            raise DeviceError(f"learner_parallel: fsdp shards the learner over several ranks, but there is one "
+                              f"({devices.learner}); give --learner-devices N > 1 or use --learner-parallel ddp")
         if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
             if len(devices.learners) != local_world:
                 raise DeviceError(f"learner_devices: torchrun started {local_world} process(es) on this node, "
                                   f"--learner-devices names {len(devices.learners)} ({devices.learners})")
             ranks = cls(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]), local_rank=local,
-                        local_world=local_world, device=devices.learners[local])
+                        local_world=local_world, device=devices.learners[local], parallel=parallel)
             ranks.init("env://", timeout_s, start_timeout_s)
             return ranks
         n = len(devices.learners)
-        ranks = cls(world=n, local_world=n, device=devices.learner)
+        ranks = cls(world=n, local_world=n, device=devices.learner, parallel=parallel)
         if n == 1:
             return ranks
         from nanorllm.dist.follower import spawned_rank
@@ -126,11 +142,16 @@ class LearnerRanks:
 
     # ---- the model -----------------------------------------------------------------------------
     def attach(self, policy, optimizer: torch.optim.Optimizer) -> list[tuple[str, int, str]]:
-        """Wrap the model in DDP (rank 0's weights reach every rank) and give every rank rank 0's
-        optimizer state (a resumed run's, or a fresh one with its learning rate). Returns every
-        rank's (host, pid, device); [] with one rank."""
+        """Wrap the model in DDP (rank 0's weights reach every rank) or shard it (FSDP, from rank 0's
+        weights) and give every rank rank 0's optimizer state (a resumed run's, or a fresh one with
+        its learning rate). Returns every rank's (host, pid, device); [] with one rank."""
         if self.world == 1:
             return []
+        if self.parallel == "fsdp":
+            from nanorllm.dist.fsdp import shard
+
+            shard(policy, optimizer, self)
+            return self._where()
         from torch.nn.parallel import DistributedDataParallel
 
         # No buffer sync in forward: a rank's forward count varies with its share (a collective there
@@ -141,21 +162,71 @@ class LearnerRanks:
         dist.broadcast_object_list(state, src=0)
         if self.rank:
             optimizer.load_state_dict(state[0])
+        return self._where()
+
+    def _where(self) -> list[tuple[str, int, str]]:
         where = [None] * self.world
         dist.all_gather_object(where, (socket.gethostname(), os.getpid(), self.device))
         return where
 
     def accumulating(self, policy, *, last: bool):
-        """Gradients of a micro-batch that is not this rank's last stay local (one all-reduce a step)."""
-        if self.world == 1 or last:
+        """DDP: gradients of a micro-batch that is not this rank's last stay local (one all-reduce a
+        step). FSDP reduce-scatters every micro-batch's: a rank then never holds a full gradient."""
+        if self.world == 1 or last or self.parallel == "fsdp":
             return contextlib.nullcontext()
         return policy.train_module.no_sync()
 
-    def idle_backward(self, policy) -> None:
-        """A rank with nothing to train still joins the step's gradient all-reduce: a zero gradient."""
+    def micro_batch_count(self, n: int) -> int:
+        """Micro-batches this rank runs when it has `n` to train: under DDP at least one (a rank with
+        nothing still joins the gradient all-reduce), under FSDP as many as any rank has (every
+        forward and backward is a collective). Those past `n` are idle (`idle_backward`)."""
+        if self.world == 1:
+            return n
+        return int(self.all_max(n)) if self.parallel == "fsdp" else max(n, 1)
+
+    def idle_backward(self, policy, *, proximal: bool = False) -> None:
+        """A micro-batch with nothing to train, with the collectives of a real one: a zero gradient,
+        after the no-grad proximal forward when real micro-batches run one."""
         ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
         positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)
+        if proximal:
+            with torch.no_grad():
+                policy.forward(ids, torch.ones_like(ids), positions)
         (policy.forward(ids, torch.ones_like(ids), positions).logits.sum() * 0.0).backward()
+
+    def updated(self, policy) -> dict:
+        """After an optimizer step: under FSDP every rank gathers the new weights (rank 0 into the full
+        model the workers read); returns its metric."""
+        if self.world == 1 or self.parallel != "fsdp":
+            return {}
+        from nanorllm.dist.fsdp import gather_weights
+
+        return {"perf/gather_s": gather_weights(policy)}
+
+    def optimizer_state(self, policy, optimizer: torch.optim.Optimizer) -> dict:
+        """Rank 0: the full, plain optimizer state_dict, whatever the number of ranks. Under FSDP it
+        lies in shards and gathering it needs every rank between two steps; raises ShardsUnavailable
+        when they cannot all join (a rank died, or rank 0 stopped inside an update)."""
+        if self.world == 1 or self.parallel != "fsdp":
+            return optimizer.state_dict()
+        if self.lost or self.released or self.training or (self.in_step and self.nodes > 1):
+            why = self.lost or ("the other learner ranks have exited" if self.released else
+                                "rank 0 stopped inside a step, while the other ranks were in its collectives")
+            raise ShardsUnavailable(f"the optimizer state is sharded over the learner ranks (--learner-parallel "
+                                    f"fsdp) and cannot be gathered: {why}")
+        if self.in_step:  # the others wait for this step's shares: none come, they go back to `begin`
+            self._scatter([None] * self.world)
+            self.in_step = False
+        from nanorllm.dist.fsdp import full_optimizer_state
+
+        return self.together(full_optimizer_state, policy, optimizer)
+
+    def together(self, fn, policy, optimizer):
+        """Rank 0, between steps: every rank runs fn(policy, optimizer, ranks) at once, for collectives
+        outside a step (gathering the optimizer state for a checkpoint). The other ranks, waiting
+        in `begin`, get `fn` (a module-level function) instead of a step (dist/follower.py)."""
+        self.begin(fn)
+        return fn(policy, optimizer, self)
 
     # ---- the step ------------------------------------------------------------------------------
     def all_sum(self, values: dict[str, float]) -> dict[str, float]:
@@ -183,19 +254,20 @@ class LearnerRanks:
     def _comm_device(self) -> str:
         return self.device if self.device.startswith("cuda") else "cpu"
 
-    def begin(self, step: int | None = None) -> int | None:
-        """Rank 0: every rank learns the step that starts now (None: the run is over). Others: returns it."""
+    def begin(self, step=None):
+        """Rank 0: every rank learns the step that starts now (None: the run is over; a function: a
+        collective to run together, see `together`). Others: returns it."""
         if self.world == 1:
             return step
         step = self.broadcast(step)
-        self.in_step = self.rank == 0 and step is not None
+        self.in_step = self.rank == 0 and isinstance(step, int)
         return step
 
     def share(self, results: list, version: int) -> list:
         """Rank 0: send every rank its share of the step (groups whole); returns rank 0's own."""
         if self.world == 1:
             return results
-        self.in_step = False
+        self.in_step, self.training = False, True
         shares = [{"version": version, "results": s} for s in split_groups(results, self.world)]
         return self._scatter(shares)["results"]
 
@@ -206,8 +278,8 @@ class LearnerRanks:
             self.begin(None)
             self.released = True
 
-    def receive(self) -> dict:
-        """Another rank: its share of the step ({"version", "results"})."""
+    def receive(self) -> dict | None:
+        """Another rank: its share of the step ({"version", "results"}); None: rank 0 abandoned the step."""
         return self._scatter(None)
 
     def _scatter(self, items: list | None):
@@ -242,6 +314,7 @@ class LearnerRanks:
         except Exception as e:
             self.check(e)
             raise
+        self.training = False  # the step's collectives are over (or it never sent its shares)
 
     def check(self, error: BaseException, wait_s: float = 2.0) -> None:
         """After a failed step: raise a RankError naming the rank that died or stopped answering.
@@ -254,10 +327,12 @@ class LearnerRanks:
             time.sleep(0.05)
         for r, p in self.procs.items():
             if p.exitcode is not None:
+                self.lost = f"learner rank {r} {exit_reason(p.exitcode)} and its shard went with it"
                 raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) {exit_reason(p.exitcode)}; "
                                 f"the run cannot go on without its share of the batch") from error
         if not comm:
             return
+        self.lost = "another learner rank died or stopped answering, and its shard went with it"
         for r, p in self.procs.items():
             if is_stopped(p.pid):
                 raise RankError(f"learner rank {r} on {self.devices[r]} (pid {p.pid}) is stopped (SIGSTOP or a "

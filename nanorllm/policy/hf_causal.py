@@ -62,7 +62,8 @@ class HFCausalPolicy(Policy):
     def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0,
                  compute_dtype: torch.dtype | None = None):
         self.model = model.to(device)
-        self.train_module = self.model  # what the learner's forward calls: the model or its DDP wrapper
+        self.train_module = self.model  # what the learner's forward calls: the model, its DDP wrapper or its FSDP shards
+        self.share_prefix = True  # the shared-prompt-prefix forward (off under FSDP: its shapes depend on the data)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
@@ -196,7 +197,7 @@ class HFCausalPolicy(Policy):
         example) are computed once and their keys/values expanded to every row; gradients flow back
         through that one copy. Not while the model trains in train mode: rows must not share dropout.
         """
-        P = 0 if self.model.training else shared_columns(input_ids, attention_mask, int(positions[:, 1].min()))
+        P = 0 if self.train_module.training or not self.share_prefix else shared_columns(input_ids, attention_mask, int(positions[:, 1].min()))
         kwargs = {"attention_mask": attention_mask}
         with self.autocast():
             if P:

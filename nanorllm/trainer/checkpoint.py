@@ -1,7 +1,8 @@
 """Checkpoints: runs/<run>/checkpoints/step_<N>/ with
 
     model/               HF format (safetensors + config + tokenizer)
-    optimizer.pt         optimizer state_dict: tensors and numbers only, loaded with weights_only=True
+    optimizer.pt         optimizer state_dict: tensors and numbers only, loaded with weights_only=True;
+                         the full, plain one on any number of ranks (gathered from FSDP's shards)
     rng.pt               torch and sampler RNG states, weights_only=True
     trainer_state.json   step, task-stream position, python RNG state, counters, config
 
@@ -47,6 +48,7 @@ def list_complete(run_dir: Path) -> list[Path]:
 
 
 def save(run, step: int) -> Path:
+    optimizer_state = run.ranks.optimizer_state(run.policy, run.optimizer)  # first: it may be refused
     root = checkpoints_dir(run.run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
@@ -54,7 +56,7 @@ def save(run, step: int) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     run.policy.save(str(tmp / "model"))
-    torch.save(run.optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
     position = run.source.position_at(step) if run.source else run.stream.position
     state = {

@@ -31,7 +31,7 @@ from nanorllm.config import TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import load_tasks, remove_overlap
-from nanorllm.dist.group import ONE_RANK, LearnerRanks, learner_spec
+from nanorllm.dist.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.trainer import checkpoint
@@ -119,7 +119,8 @@ class TrainingRun:
     def setup(self) -> None:
         cfg = self.cfg
         self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s)  # the other ranks load meanwhile
+        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
+                                        cfg.learner_parallel)  # the other ranks load meanwhile
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -263,13 +264,16 @@ class TrainingRun:
             minutes = (time.monotonic() - self.last_save_t) / 60
             if ((cfg.save_every and (step + 1) % cfg.save_every == 0)
                     or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
-                self.save_checkpoint(step + 1)
+                with self.ranks.guarded():  # FSDP: the ranks gather the optimizer state
+                    self.save_checkpoint(step + 1)
             self.committing = False  # the step is on record; an eval may be interrupted
             if self.stop_requested:
                 break
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
         bar.close()
+        if self.ranks.parallel == "fsdp":  # the last checkpoint's optimizer state needs the ranks: before they go
+            self.save_last()
         self.ranks.release()
         return {"step": self.final_step}
 
@@ -303,7 +307,13 @@ class TrainingRun:
                   "no step; the previous checkpoint stands", flush=True)
             return None
         saved = {p.name: p for p in checkpoint.list_complete(self.run_dir)}
-        return saved.get(f"{checkpoint.PREFIX}{self.final_step}") or self.save_checkpoint(self.final_step)
+        try:
+            return saved.get(f"{checkpoint.PREFIX}{self.final_step}") or self.save_checkpoint(self.final_step)
+        except ShardsUnavailable as e:  # never a checkpoint with a partial optimizer state
+            stands = list(saved)[-1] if saved else "none: a resume starts from scratch"
+            print(f"[checkpoint] step {self.final_step} not written: {e}; the previous checkpoint stands "
+                  f"({stands})", flush=True)
+            return None
 
     def finish(self) -> dict:
         """After a run that completed: final eval and final model. Returns eval.json's content."""

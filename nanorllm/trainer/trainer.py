@@ -93,13 +93,16 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
     step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
     if step["samples"]:
-        policy.model.train(not cfg.disable_dropout)
+        policy.train_module.train(not cfg.disable_dropout)
         normalizer = step["tokens"] if cfg.loss_agg == "token-mean" else step["samples"]
         chunks = micro_batches(samples, cfg.micro_batch_tokens)
-        if not chunks:
-            ranks.idle_backward(policy)
-        for i, chunk in enumerate(chunks):
-            with ranks.accumulating(policy, last=i == len(chunks) - 1):
+        runs = ranks.micro_batch_count(len(chunks))  # with idle ones, so every rank runs the same collectives
+        for i in range(runs):
+            with ranks.accumulating(policy, last=i == runs - 1):
+                if i >= len(chunks):
+                    ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout)
+                    continue
+                chunk = chunks[i]
                 batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device)
                 sums["padded_tokens"] += batch["input_ids"].numel()
                 batch["lag"] = policy.version - batch["policy_version"]  # (N,)
@@ -119,7 +122,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
                                                is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
                 if not torch.isfinite(loss):
                     sums["skipped_nan"] = 1  # its gradient is no better: the update is skipped below, on every rank
-                # DDP averages the ranks' gradients; the global normaliser already made them parts of one sum.
+                # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
                 (loss * ranks.world).backward()
                 sums["loss"] += loss.item()
                 for k in mm.keys() & sums.keys():
@@ -138,12 +141,14 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
         "train/masked_truncated": int(sums["masked_truncated"]),  # episodes whose loss was masked
     }
     if step["samples"]:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(policy.train_module.parameters(), cfg.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: the global norm
         if m["train/skipped_nan"] or not math.isfinite(grad_norm):
             m["train/skipped_nan"] = 1  # a non-finite loss or gradient skips the update, counted
             optimizer.zero_grad(set_to_none=True)
         else:
             optimizer.step()
+            m.update(ranks.updated(policy))  # FSDP: the new weights gathered into rank 0's full model
             m["grad_norm"] = grad_norm
         optimizer.zero_grad(set_to_none=True)
     n = max(sums["tokens"], 1.0)
@@ -166,10 +171,10 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
 
 def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
     """(N,) the learner's logprobs at its current weights, no grad, no dropout: one extra forward."""
-    training = policy.model.training
-    policy.model.eval()
+    training = policy.train_module.training
+    policy.train_module.eval()
     with torch.no_grad():
         out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
         lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
-    policy.model.train(training)
+    policy.train_module.train(training)
     return lp
