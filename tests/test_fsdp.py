@@ -50,8 +50,8 @@ def test_fsdp_with_one_learner_rank_is_refused_by_name():
     cfg = TrainConfig(serial=True, learner_parallel="fsdp")
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=True, learner_spec=None)
     with pytest.raises(DeviceError, match="learner_parallel: fsdp shards the learner over several ranks"):
-        LearnerRanks.start(devices, 60.0, cfg.learner_parallel)
-    assert LearnerRanks.start(devices, 60.0, "ddp").world == 1
+        LearnerRanks.start(devices, 60.0, parallel=cfg.learner_parallel)
+    assert LearnerRanks.start(devices, 60.0, parallel="ddp").world == 1
     assert "learner_parallel: must be 'ddp' or 'fsdp', got 'zero'" in TrainConfig(learner_parallel="zero").validate()
 
 

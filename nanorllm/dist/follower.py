@@ -99,7 +99,8 @@ def follow_torchrun(argv: list[str]) -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s, cfg.learner_parallel)
+    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
+                               parallel=cfg.learner_parallel)
     try:
         return follow(ranks, devices)
     finally:

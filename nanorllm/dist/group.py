@@ -86,7 +86,7 @@ class LearnerRanks:
 
     # ---- start and stop ------------------------------------------------------------------------
     @classmethod
-    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0,
+    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0, *,
               parallel: str = "ddp") -> "LearnerRanks":
         """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
         the first step's shares go out, collectives wait up to `start_timeout_s` (imports, model loads

@@ -120,7 +120,7 @@ class TrainingRun:
         cfg = self.cfg
         self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
         self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
-                                        cfg.learner_parallel)  # the other ranks load meanwhile
+                                        parallel=cfg.learner_parallel)  # the other ranks load meanwhile
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
