@@ -327,7 +327,7 @@ def rank_kill(out: Path) -> list[Outcome]:
 def rank_hang(out: Path) -> list[Outcome]:
     """SIGSTOP learner rank 1: past --learner-timeout-s the collective fails, the error names the stopped rank."""
     return _stop_a_rank(out, "rank_hang", "learner rank SIGSTOP (hang)", signal.SIGSTOP, "is stopped (SIGSTOP",
-                        ["--learner-timeout-s", "20"])
+                        ["--learner-timeout-s", "10"])
 
 
 FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start": worker_start_fails,

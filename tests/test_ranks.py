@@ -63,14 +63,14 @@ def test_two_ranks_step_equals_one_rank_step(tiny_policy):
 # ---- whole runs ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("fault", [chaos.rank_kill, chaos.rank_hang])
 def test_a_killed_or_hung_rank_stops_the_run_with_a_checkpoint_and_resume_takes_another_rank_count(tmp_path, fault):
-    """SIGKILL (or SIGSTOP, with --learner-timeout-s 20) learner rank 1 mid-run: one error naming it, exit 1,
+    """SIGKILL (or SIGSTOP, with --learner-timeout-s 10) learner rank 1 mid-run: one error naming it, exit 1,
     the last completed step saved, nothing left running; the run resumes on one rank and finishes with every
     group trained exactly once."""
     stopped, resumed = fault(tmp_path)
     assert stopped.ok, stopped.notes + [stopped.output[-3000:]]
     assert "RankError: learner rank 1 on cpu (pid " in stopped.output
     if fault is chaos.rank_hang:
-        assert 19 <= stopped.detected_s <= 60  # the collective's timeout, not a hang
+        assert 9 <= stopped.detected_s <= 60  # the collective's timeout, not a hang
     assert resumed.ok, resumed.notes + [resumed.output[-3000:]]
 
 
