@@ -3,8 +3,9 @@
 # single GPU, learner and one worker share it); the same with --compile-decode (static KV cache,
 # compiled decode step, CUDA graphs); then, with 2 GPUs or more, the learner as 2 ranks
 # (--learner-devices 2: cuda:0 and cuda:1 over NCCL, workers on the rest, or sharing cuda:0 with 2
-# GPUs); last the compiled-decode figure of launch/bench.py. Prints throughput, train time and lag
-# per run; finishes in minutes.
+# GPUs), once as DDP replicas and once sharded (--learner-parallel fsdp); last the compiled-decode
+# figure of launch/bench.py. Prints throughput, train time, lag (and the FSDP weight gather) per
+# run; finishes in minutes.
 #   bash launch/gpu_smoke.sh [extra train.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,8 @@ acc = EventAccumulator(sys.argv[1]); acc.Reload()
 tags = acc.Tags()["scalars"]
 for tag in ["perf/episodes_per_s", "perf/gen_tokens_per_s", "perf/rollout_s", "perf/train_tokens_per_s", "perf/step_s", "perf/train_s",
             "pipeline/policy_lag_mean", "pipeline/policy_lag_max", "pipeline/learner_wait_frac",
-            "pipeline/worker_wait_frac", "pipeline/weight_publish_s", "pipeline/weight_load_s", "pipeline/stale_dropped"]:
+            "pipeline/worker_wait_frac", "pipeline/weight_publish_s", "pipeline/weight_load_s", "pipeline/stale_dropped",
+            "perf/gather_s"]:
     if tag in tags:
         v = [e.value for e in acc.Scalars(tag)][1:] or [e.value for e in acc.Scalars(tag)]
         print(f"{tag:32s} mean {sum(v) / len(v):10.3f}  last {v[-1]:10.3f}")
@@ -38,5 +40,6 @@ smoke smoke $(( n > 1 ? n - 1 : 1 )) "$@"
 smoke smoke-compiled $(( n > 1 ? n - 1 : 1 )) --compile-decode "$@"
 if [ "$n" -ge 2 ]; then
   smoke smoke-2ranks $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 "$@"
+  smoke smoke-2ranks-fsdp $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 --learner-parallel fsdp "$@"
 fi
 $PY launch/bench.py --compile-decode --json "$out/compile_decode.json"
