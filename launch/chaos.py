@@ -87,6 +87,11 @@ class TrainProcess:
     def workers(self) -> list[int]:
         return worker_pids(self.proc.pid)
 
+    def rank_pid(self, rank: int) -> int:
+        """A learner rank's pid, from the run's "[ranks] ... rank R on <host> <device> pid N" line."""
+        line = self.output().split("[ranks] ", 1)[1].splitlines()[0]
+        return int(line.split(f"rank {rank} on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(","))
+
     def signal(self, sig: int) -> float:
         self.proc.send_signal(sig)
         return time.monotonic()
@@ -301,9 +306,8 @@ def _stop_a_rank(out: Path, name: str, label: str, sig: int, report: str, extra:
     run = TrainProcess([*PIPELINE, "--learner-devices", "2", "--max-steps", "8", "--save-every", "0",
                         "--save-every-minutes", "0", *extra, "--run-name", name], out)
     run.wait_for("step 3/", timeout=300)
-    ranks = run.output().split("[ranks] ", 1)[1].splitlines()[0]  # "... rank 1 on <host> cpu pid N"
     t = time.monotonic()
-    os.kill(int(ranks.split("rank 1 on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(",")), sig)
+    os.kill(run.rank_pid(1), sig)
     rc = run.wait()
     seen, text = run.seen(report, after=t), run.output()
     trained = max((int(line[5:].split("/")[0]) for line in text.splitlines() if line.startswith("step ")), default=0)

@@ -92,8 +92,7 @@ def test_a_killed_sharded_rank_stops_the_run_and_writes_no_partial_checkpoint(tm
     shm = shm_entries()
     run = chaos.TrainProcess(args, tmp_path)
     run.wait_for("step 3/", timeout=600)
-    line = run.output().split("[ranks] ", 1)[1].splitlines()[0]
-    pid = int(line.split("rank 1 on ", 1)[1].split(" pid ", 1)[1].split()[0].rstrip(","))
+    pid = run.rank_pid(1)
     os.kill(pid, signal.SIGKILL)
     assert run.wait(timeout=900) == 1, run.output()[-3000:]
     out = run.output()

@@ -95,7 +95,7 @@ class LearnerRanks:
         if parallel == "fsdp" and world == 1:
             raise DeviceError(f"learner_parallel: fsdp shards the learner over several ranks, but there is one "
                               f"({devices.learner}); give --learner-devices N > 1 or use --learner-parallel ddp")
-        if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        if under_torchrun() and world > 1:
             local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
             if len(devices.learners) != local_world:
                 raise DeviceError(f"learner_devices: torchrun started {local_world} process(es) on this node, "
