@@ -11,13 +11,13 @@ Figures, all from this one run:
                        the same bytes (what sending a version to another node costs)
   ranks_allreduce_vs_copy  one all-reduce of a gradient block of the same size / the same copy_ (what
                        every DDP step moves between ranks)
-With --fsdp, also the same N-rank step with the model sharded (dist/fsdp.py):
+With --fsdp, also the same N-rank step with the model sharded (ranks/fsdp.py):
   fsdp_step_vs_ddp     FSDP step time / DDP step time, same batch, same ranks
   fsdp_gather_frac     the part of the FSDP step spent gathering the new weights into rank 0's model
   fsdp_parity_max      largest parameter difference after one step, FSDP vs 1 rank (must be <= 1e-5)
 
 Every rank is a fresh spawned process that builds the model from the same seed; rank 0 scatters the
-batch exactly as a training run does (dist/group.py), so this is the training path, not a model of it.
+batch exactly as a training run does (ranks/group.py), so this is the training path, not a model of it.
 """
 
 import datetime
@@ -34,8 +34,8 @@ import tyro
 from launch.bench import record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.dist.group import LearnerRanks, free_port
-from nanorllm.dist.split import episode_tokens, split_groups
+from nanorllm.ranks.group import LearnerRanks, free_port
+from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine

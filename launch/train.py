@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanorllm.config import ConfigError, TrainConfig, parse_config  # noqa: E402
 from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
-from nanorllm.dist.group import under_torchrun  # noqa: E402
+from nanorllm.ranks.group import under_torchrun  # noqa: E402
 from nanorllm.trainer.checkpoint import CheckpointError  # noqa: E402
 from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
 from nanorllm.utils.devices import DeviceError  # noqa: E402
@@ -92,7 +92,7 @@ def _attempt(what: str, fn) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if under_torchrun() and int(os.environ["RANK"]) > 0:  # a learner rank other than 0: rank 0 runs the run
-        from nanorllm.dist.follower import follow_torchrun
+        from nanorllm.ranks.follower import follow_torchrun
         return follow_torchrun(argv)
     try:
         cfg, resume_dir, overrides = parse_args(argv)

@@ -114,12 +114,12 @@ class TrainConfig:
     devices: str = "auto"
     """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers'."""
     learner_devices: str | None = None
-    """Learner ranks (data-parallel, dist/group.py): a count ('2': the first 2 devices of --devices) or a list
+    """Learner ranks (data-parallel, ranks/group.py): a count ('2': the first 2 devices of --devices) or a list
     ('cuda:0,cuda:1'); workers share the devices left. None: one rank on the first device (under torchrun, one per
     process torchrun starts on the node)."""
     learner_parallel: str = "ddp"
     """How the learner ranks split the model: 'ddp' (each holds the whole model, its gradients and its optimizer
-    state) or 'fsdp' (each holds 1/N of them, dist/fsdp.py: for a model whose optimizer state does not fit one
+    state) or 'fsdp' (each holds 1/N of them, ranks/fsdp.py: for a model whose optimizer state does not fit one
     device; rank 0 still holds the full weights). fsdp needs more than one learner rank."""
     learner_timeout_s: float = 1800.0
     """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than

@@ -1,4 +1,4 @@
-"""Learner ranks with the model sharded (--learner-parallel fsdp, dist/fsdp.py): the 2-rank step equals
+"""Learner ranks with the model sharded (--learner-parallel fsdp, ranks/fsdp.py): the 2-rank step equals
 the 1-rank step, a real run's checkpoint is the full plain state and resumes on one DDP rank, a killed
 rank stops the run without writing a checkpoint whose optimizer state is partial."""
 
@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from launch import chaos
 from launch.learner_ranks import steps_on_ranks
 from nanorllm.config import TrainConfig
-from nanorllm.dist.group import LearnerRanks
+from nanorllm.ranks.group import LearnerRanks
 from nanorllm.utils.devices import DeviceError, resolve_devices
 from nanorllm.utils.procs import shm_entries
 from tests.procs import read_scalars

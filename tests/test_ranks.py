@@ -10,8 +10,8 @@ import pytest
 
 from launch import chaos
 from launch.learner_ranks import steps_on_ranks
-from nanorllm.dist.split import episode_tokens, split_groups
-from nanorllm.dist.group import free_port
+from nanorllm.ranks.split import episode_tokens, split_groups
+from nanorllm.ranks.group import free_port
 from tests.procs import ROOT, run_train
 from tests.test_train_step import build_results, config
 

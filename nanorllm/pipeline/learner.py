@@ -16,7 +16,7 @@ come from changes. Here:
   job's result is used once (a late duplicate is discarded), so no group is lost or trained twice.
   Past the restart caps the run stops with the worker's own last error (`PipelineError`).
 
-Several machines (torchrun --nnodes K, learner ranks on each: dist/group.py): every node's local
+Several machines (torchrun --nnodes K, learner ranks on each: ranks/group.py): every node's local
 rank 0 runs its own workers with a PipelineSource of its own (`draws=False`). Rank 0 alone draws
 tasks; it cuts each step's groups into one share per node, keeps its own and sends the others'
 with one broadcast over the process group after each update (when local jobs are dispatched too),

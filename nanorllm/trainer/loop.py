@@ -31,7 +31,7 @@ from nanorllm.config import TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import load_tasks, remove_overlap
-from nanorllm.dist.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
+from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.trainer import checkpoint

@@ -30,7 +30,7 @@ import torch
 
 from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
 from nanorllm.core.types import RolloutResult, StepSample
-from nanorllm.dist.group import ONE_RANK
+from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
@@ -74,7 +74,7 @@ def train_step(policy, optimizer: torch.optim.Optimizer, results: list[RolloutRe
                ref_policy=None, ranks=None) -> dict:
     """group -> advantage -> flatten -> (collate -> forward -> loss -> backward) per micro-batch -> step.
 
-    With learner `ranks` (dist/group.py) `results` is this rank's share of the step (whole groups):
+    With learner `ranks` (ranks/group.py) `results` is this rank's share of the step (whole groups):
     the normaliser and every metric are the whole step's, over all ranks."""
     t0 = time.perf_counter()
     ranks = ranks or ONE_RANK

@@ -8,8 +8,8 @@ rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one 
   and checkpoints. DDP replicas are identical after every step, so rank 0 holds the whole state
   and checkpoints stay plain HF directories that any number of ranks can resume from.
 - every step rank 0 cuts the step's episodes into one share per rank, groups kept whole
-  (dist/split.py), and sends each rank its share with one `scatter_object_list`; a `None` share
-  tells the other ranks the run is over. Every rank trains its share (dist/follower.py).
+  (ranks/split.py), and sends each rank its share with one `scatter_object_list`; a `None` share
+  tells the other ranks the run is over. Every rank trains its share (ranks/follower.py).
 - the loss normaliser is global: train_step all-reduces the step's token and sample counts before
   the loss, and multiplies each rank's loss by the world size because DDP averages gradients. An
   N-rank step is then the 1-rank step on the same batch (tests/test_ranks.py holds them within 1e-5).
@@ -21,7 +21,7 @@ devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP o
 With one rank there is no process group and nothing here does anything.
 
 With `--learner-parallel fsdp` the ranks hold shards of the model and its optimizer state instead
-of replicas (dist/fsdp.py); rank 0 still holds the full weights, but the optimizer state exists only
+of replicas (ranks/fsdp.py); rank 0 still holds the full weights, but the optimizer state exists only
 in shards, so saving it is a collective that rank 0 calls the other ranks into (`together`).
 
 Faults: every collective carries the process group's timeout (`--learner-timeout-s`), so a hung
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nanorllm.dist.split import split_groups
+from nanorllm.ranks.split import split_groups
 from nanorllm.utils.devices import DeviceError, DeviceMap
 from nanorllm.utils.procs import exit_reason, is_stopped
 
@@ -108,7 +108,7 @@ class LearnerRanks:
         ranks = cls(world=n, local_world=n, device=devices.learner, parallel=parallel)
         if n == 1:
             return ranks
-        from nanorllm.dist.follower import spawned_rank
+        from nanorllm.ranks.follower import spawned_rank
 
         ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
         for r in range(1, n):
@@ -148,7 +148,7 @@ class LearnerRanks:
         if self.world == 1:
             return []
         if self.parallel == "fsdp":
-            from nanorllm.dist.fsdp import shard
+            from nanorllm.ranks.fsdp import shard
 
             shard(policy, optimizer, self)
             return self._where()
@@ -199,7 +199,7 @@ class LearnerRanks:
         model the workers read); returns its metric."""
         if self.world == 1 or self.parallel != "fsdp":
             return {}
-        from nanorllm.dist.fsdp import gather_weights
+        from nanorllm.ranks.fsdp import gather_weights
 
         return {"perf/gather_s": gather_weights(policy)}
 
@@ -217,14 +217,14 @@ class LearnerRanks:
         if self.in_step:  # the others wait for this step's shares: none come, they go back to `begin`
             self._scatter([None] * self.world)
             self.in_step = False
-        from nanorllm.dist.fsdp import full_optimizer_state
+        from nanorllm.ranks.fsdp import full_optimizer_state
 
         return self.together(full_optimizer_state, policy, optimizer)
 
     def together(self, fn, policy, optimizer):
         """Rank 0, between steps: every rank runs fn(policy, optimizer, ranks) at once, for collectives
         outside a step (gathering the optimizer state for a checkpoint). The other ranks, waiting
-        in `begin`, get `fn` (a module-level function) instead of a step (dist/follower.py)."""
+        in `begin`, get `fn` (a module-level function) instead of a step (ranks/follower.py)."""
         self.begin(fn)
         return fn(policy, optimizer, self)
 

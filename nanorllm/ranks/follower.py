@@ -2,7 +2,7 @@
 
 It holds a DDP replica of the model and its own copy of the optimizer state, which stay equal to
 rank 0's because every rank applies the same all-reduced gradients (under FSDP: its shard of both,
-dist/fsdp.py). Between steps rank 0 may call it into a collective of its own (`LearnerRanks.together`). It draws no tasks, writes no
+ranks/fsdp.py). Between steps rank 0 may call it into a collective of its own (`LearnerRanks.together`). It draws no tasks, writes no
 logs and no checkpoints: the run's state is rank 0's. On another machine, that machine's local
 rank 0 also runs its rollout workers, on the tasks rank 0 sends it. It ignores SIGINT (Ctrl-C goes to rank 0,
 which saves first and then releases or ends it) and exits with rank 0: a spawned rank through its
@@ -13,7 +13,7 @@ import signal
 import sys
 from types import SimpleNamespace
 
-from nanorllm.dist.group import LearnerRanks
+from nanorllm.ranks.group import LearnerRanks
 from nanorllm.pipeline.lifeline import die_with_parent
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.trainer.trainer import make_optimizer, train_step
@@ -86,7 +86,7 @@ def follow_torchrun(argv: list[str]) -> int:
     """A torchrun rank other than 0. Its devices come from its own command line (the same on every
     node); everything else from rank 0, so `--resume DIR` need not be readable here."""
     from nanorllm.config import ConfigError, parse_config
-    from nanorllm.dist.group import learner_spec
+    from nanorllm.ranks.group import learner_spec
     from nanorllm.utils.devices import resolve_devices
 
     if "--resume" in argv:
