@@ -1,12 +1,14 @@
 """The actor/learner pipeline as users run it: real processes. Faults and signals: test_faults.py."""
 
+import pickle
 import time
 from collections import Counter
 
 import pytest
 
 from nanorllm.core.types import RolloutResult, Trajectory
-from nanorllm.pipeline.learner import split_stale
+from nanorllm.pipeline.learner import PipelineSource, split_stale
+from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
 from tests.procs import processes_with_token, read_rollouts, read_scalars, run_train, shm_entries
 
 
@@ -70,3 +72,46 @@ def test_split_stale_drops_beyond_the_lag_bound():
     assert [r.policy_version for r in stale] == [3, 2]
     fresh, stale = split_stale(results, learner_version=5, max_lag=0)
     assert [r.policy_version for r in fresh] == [5] and len(stale) == 3
+
+
+class _Pool:
+    """Two live workers; records what the learner submits."""
+
+    devices = ["cpu", "cpu"]
+
+    def __init__(self):
+        self.sent = []
+
+    def up(self) -> list[int]:
+        return [0, 1]
+
+    def submit(self, wid: int, job: Job) -> None:
+        self.sent.append((wid, job))
+
+
+def _learner() -> PipelineSource:
+    """The learner's message handling alone: no run, no processes."""
+    src = PipelineSource.__new__(PipelineSource)
+    src.pool, src.ready, src.last_error = _Pool(), set(), {}
+    src.outstanding, src.owner, src.attempts, src.done, src.specs = {}, {}, {}, {}, {}
+    src.failures, src.totals, src.longest_job_s, src._msgs = {0: 0, 1: 0}, Counter(), 0.0, []
+    return src
+
+
+def test_typed_worker_messages_drive_the_learner():
+    src = _learner()
+    job = Job(job_id="3.0", step=3, tasks=[{"task_id": "t"}], group_ids=["t@0"], num_samples=2, seed=1, min_version=2)
+    for wid in (0, 1):
+        src._handle(Ready(worker_id=wid, version=0, load_s=0.1))
+    src._submit(job)
+    assert src.ready == {0, 1} and src.pool.sent == [(0, job)]
+    src._handle(JobFailed(job_id="3.0", worker_id=0, version=2, error="boom"))
+    assert src.totals["job_errors"] == 1 and src.pool.sent[-1] == (1, job)  # re-issued to the other worker
+    done = JobDone(job_id="3.0", worker_id=1, version=2, results=[_result(2)],
+                   times=JobTimes(wall_s=2.0, idle_s=0.5, weight_wait_s=0.25, queue_wait_s=0.25, rollout_s=1.0))
+    src._handle(done)
+    src._handle(done)  # a late duplicate
+    assert src.done == {"3.0": done} and src.totals["duplicates"] == 1 and src.longest_job_s == 1.0
+    src._handle(Fatal(worker_id=0, error="Traceback ..."))
+    assert src.last_error == {0: "Traceback ..."}
+    assert pickle.loads(pickle.dumps(done)) == done  # what the pipes carry

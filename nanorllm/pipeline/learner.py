@@ -27,8 +27,10 @@ episodes k x 1000 + i (`worker_id` in rollouts.jsonl). A node's worker faults ar
 leader's to handle, as here; a node that dies breaks the process group (a dead rank: the run stops).
 """
 
+import dataclasses
 import time
 
+from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, NodeShare, Ready, WorkerMessage
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.trainer.metrics import decode_metrics
@@ -57,7 +59,7 @@ class PipelineSource:
 
         self.run, self.cfg, self.ranks = run, run.cfg, run.ranks
         self.draws = draws  # rank 0 draws every node's tasks; another node's leader runs its share of them
-        self.outgoing: list[dict] = []  # other nodes' shares of the steps drawn since the last broadcast
+        self.outgoing: list[NodeShare] = []  # other nodes' shares of the steps drawn since the last broadcast
         self.rollout_seed = rollout_seed
         self.lag = run.cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
@@ -66,11 +68,11 @@ class PipelineSource:
         n = len(run.devices.workers)
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
                                num_processes=n + run.ranks.local_world)
-        self.outstanding: dict[str, dict] = {}  # job_id -> job, dispatched and not yet returned
+        self.outstanding: dict[str, Job] = {}  # job_id -> job, dispatched and not yet returned
         self.owner: dict[str, int | None] = {}  # job_id -> worker it was given to (None: waits for one)
         self.attempts: dict[str, int] = {}
-        self.done: dict[str, dict] = {}  # job_id -> message, returned and not yet trained on
-        self.specs: dict[str, dict] = {}  # job_id -> job, kept until its step is trained
+        self.done: dict[str, JobDone] = {}  # job_id -> its episodes, returned and not yet trained on
+        self.specs: dict[str, Job] = {}  # job_id -> job, kept until its step is trained
         self.step_jobs: dict[int, list[str]] = {}
         self.step_position: dict[int, int] = {}  # task-stream position before step s was drawn
         self.ready: set[int] = set()  # workers whose current process has loaded its model
@@ -95,7 +97,7 @@ class PipelineSource:
         picked = self.run.stream.take(self.cfg.tasks_per_step)
         size = -(-len(picked) // self.ranks.nodes)  # one node: all of it
         for node in range(1, self.ranks.nodes):
-            self.outgoing.append({"node": node, "step": step, "picked": picked[node * size:(node + 1) * size]})
+            self.outgoing.append(NodeShare(node, step, picked[node * size:(node + 1) * size]))
         self._add_step(step, picked[:size], node=0)
 
     def _add_step(self, step: int, picked: list, *, node: int) -> None:
@@ -107,11 +109,10 @@ class PipelineSource:
             chunk, part = picked[i * size:(i + 1) * size], node * self.PARTS_PER_NODE + i
             if not chunk:
                 continue
-            job = {"job_id": f"{step}.{part}", "step": step, "tasks": [t for t, _ in chunk],
-                   "group_ids": [g for _, g in chunk], "num_samples": self.cfg.num_samples_per_task,
-                   "seed": self.rollout_seed(self.cfg, step) + 7919 * part,
-                   "min_version": max(0, step - self.lag)}
-            ids.append(job["job_id"])
+            job = Job(job_id=f"{step}.{part}", step=step, tasks=[t for t, _ in chunk],
+                      group_ids=[g for _, g in chunk], num_samples=self.cfg.num_samples_per_task,
+                      seed=self.rollout_seed(self.cfg, step) + 7919 * part, min_version=max(0, step - self.lag))
+            ids.append(job.job_id)
             self._submit(job)
         self.step_jobs[step] = ids
 
@@ -122,12 +123,12 @@ class PipelineSource:
         shares = self.ranks.broadcast(self.outgoing if self.draws else None)
         self.outgoing = []
         for share in shares if not self.draws else []:
-            if share["node"] == self.ranks.node:
-                self._add_step(share["step"], share["picked"], node=self.ranks.node)
+            if share.node == self.ranks.node:
+                self._add_step(share.step, share.picked, node=self.ranks.node)
 
-    def _submit(self, job: dict, exclude: int | None = None) -> None:
+    def _submit(self, job: Job, exclude: int | None = None) -> None:
         """A new attempt at `job`: to the least loaded live worker, or waiting for one."""
-        jid = job["job_id"]
+        jid = job.job_id
         self.outstanding[jid] = job
         self.specs[jid] = job
         self.attempts[jid] = self.attempts.get(jid, 0) + 1
@@ -153,25 +154,25 @@ class PipelineSource:
             self._assign(jid)
 
     # ---- receive -------------------------------------------------------------------------------
-    def _handle(self, msg: dict) -> None:
-        kind, wid = msg["kind"], msg["worker_id"]
-        if kind == "ready":
+    def _handle(self, msg: WorkerMessage) -> None:
+        wid = msg.worker_id
+        if isinstance(msg, Ready):
             self.ready.add(wid)
             return
-        if kind == "fatal":
-            self.last_error[wid] = msg["error"]
+        if isinstance(msg, Fatal):
+            self.last_error[wid] = msg.error
             return
-        jid = msg["job_id"]
+        jid = msg.job_id
         if jid not in self.outstanding:  # already returned by an earlier attempt
             self.totals["duplicates"] += 1
             return
-        if kind == "error":
+        if isinstance(msg, JobFailed):
             self.totals["job_errors"] += 1
-            print(f"[pipeline] worker {wid} failed job {jid}:\n{msg['error']}", flush=True)
+            print(f"[pipeline] worker {wid} failed job {jid}:\n{msg.error}", flush=True)
             job = self.outstanding.pop(jid)
             if self.attempts[jid] >= self.MAX_JOB_ATTEMPTS:
                 raise PipelineError(f"job {jid} failed {self.attempts[jid]} times; the last error:\n"
-                                    f"{msg['error']}")
+                                    f"{msg.error}")
             self._submit(job, exclude=wid)
             return
         self.outstanding.pop(jid)
@@ -179,7 +180,7 @@ class PipelineSource:
         self._msgs.append(msg)
         self.failures[wid] = 0
         self.last_error.pop(wid, None)
-        self.longest_job_s = max(self.longest_job_s, msg["rollout_s"])
+        self.longest_job_s = max(self.longest_job_s, msg.times.rollout_s)
 
     def worker_timeout_s(self) -> float:
         return self.cfg.worker_timeout_s or max(60.0, 5 * self.longest_job_s)
@@ -242,20 +243,20 @@ class PipelineSource:
         self._cycle_t0 = t0
         version = self.run.policy.version
         self._pump(timeout=0.0)
-        self._ready_groups = sum(len(self.specs[jid]["group_ids"]) for jid in self.done)
+        self._ready_groups = sum(len(self.specs[jid].group_ids) for jid in self.done)
         pending, results = list(self.step_jobs[step]), []
         while pending:
             if not self._collect(pending):
                 return None, {}
             stale_jobs = []
             for jid in pending:  # one job = one weights version, so it is all fresh or all stale
-                fresh, stale = split_stale(self.done.pop(jid)["results"], version, self.lag)
+                fresh, stale = split_stale(self.done.pop(jid).results, version, self.lag)
                 results.extend(fresh)
                 if stale:
                     self.totals["stale_dropped"] += len(stale)
                     stale_jobs.append(jid)
             for jid in stale_jobs:  # the same groups again, on current weights
-                self._submit({**self.specs[jid], "min_version": version})
+                self._submit(dataclasses.replace(self.specs[jid], min_version=version))
             pending = stale_jobs
         if self.ranks.nodes > 1:  # every node's episodes of this step reach rank 0
             for r in results if not self.draws else []:
@@ -283,22 +284,23 @@ class PipelineSource:
             "pipeline/worker_hangs": self.totals["worker_hangs"],
             "pipeline/job_errors": self.totals["job_errors"],
         }
-        wall = sum(x["wall_s"] for x in msgs)
+        times = [x.times for x in msgs]
+        wall = sum(t.wall_s for t in times)
         if wall > 0:
-            m["pipeline/worker_wait_frac"] = sum(x["weight_wait_s"] + x["queue_wait_s"] for x in msgs) / wall
-            m["pipeline/worker_idle_frac"] = sum(x["idle_s"] for x in msgs) / wall
-        loads = sum(x["loads"] for x in msgs)
+            m["pipeline/worker_wait_frac"] = sum(t.weight_wait_s + t.queue_wait_s for t in times) / wall
+            m["pipeline/worker_idle_frac"] = sum(t.idle_s for t in times) / wall
+        loads = sum(t.loads for t in times)
         if loads:
-            m["pipeline/weight_load_s"] = sum(x["load_s"] for x in msgs) / loads
+            m["pipeline/weight_load_s"] = sum(t.load_s for t in times) / loads
         total_rate = 0.0
         for x in msgs:
-            tokens = x["results"][0].timings["gen_tokens"] if x["results"] else 0
-            rate = tokens / max(x["rollout_s"], 1e-9)
-            m[f"pipeline/worker{x['worker_id']}/gen_tokens_per_s"] = rate
+            tokens = x.results[0].timings["gen_tokens"] if x.results else 0
+            rate = tokens / max(x.times.rollout_s, 1e-9)
+            m[f"pipeline/worker{x.worker_id}/gen_tokens_per_s"] = rate
             total_rate += rate
         m["perf/gen_tokens_per_s"] = total_rate
-        m.update(decode_metrics([x["results"][0].timings for x in msgs if x["results"]]))
-        m["perf/rollout_s"] = max((x["rollout_s"] for x in msgs), default=0.0)
+        m.update(decode_metrics([x.results[0].timings for x in msgs if x.results]))
+        m["perf/rollout_s"] = max((t.rollout_s for t in times), default=0.0)
         return m
 
     def after_update(self, step: int) -> dict:

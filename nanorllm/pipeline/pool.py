@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from nanorllm.pipeline.channel import Inbox, Outbox
 from nanorllm.pipeline.heartbeat import Heartbeat
+from nanorllm.pipeline.messages import Job, Stop, WorkerMessage
 from nanorllm.pipeline.worker import worker_main
 
 
@@ -51,14 +52,14 @@ class WorkerPool:
         """Slots with a process (alive, or dead and not yet handled)."""
         return sorted(self.procs)
 
-    def submit(self, wid: int, job: dict) -> None:
+    def submit(self, wid: int, job: Job) -> None:
         self.outbox[wid].put(job)
 
     def dead(self) -> list[tuple[int, int | None]]:
         """(worker id, exit code) of every worker process that is no longer running."""
         return [(wid, p.exitcode) for wid, p in self.procs.items() if not p.is_alive()]
 
-    def remove(self, wid: int) -> list[dict]:
+    def remove(self, wid: int) -> list[WorkerMessage]:
         """Kill slot `wid`'s process if alive; returns the complete messages it sent before it died."""
         p = self.procs.pop(wid)
         if p.is_alive():
@@ -81,7 +82,7 @@ class WorkerPool:
             self._start(wid)
         return due
 
-    def poll(self, timeout: float) -> list[dict]:
+    def poll(self, timeout: float) -> list[WorkerMessage]:
         """Messages from any worker, waiting up to `timeout` seconds for the first bytes."""
         for box in self.outbox.values():
             box.flush()
@@ -101,7 +102,7 @@ class WorkerPool:
         self.stop_flag[0] = 1
         self.start_at.clear()
         for box in self.outbox.values():
-            box.put(None)
+            box.put(Stop())
         deadline = time.monotonic() + grace_s
         for p in self.procs.values():
             p.join(timeout=max(0.0, deadline - time.monotonic()))

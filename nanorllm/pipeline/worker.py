@@ -28,6 +28,7 @@ import torch
 
 from nanorllm.pipeline.channel import frame
 from nanorllm.pipeline.lifeline import die_with_parent
+from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 from nanorllm.utils.devices import configure_threads
@@ -46,20 +47,20 @@ class _Sender:
         while True:
             msg = self.q.get()
             try:
-                if self.torn and msg["kind"] == "result":
+                if self.torn and isinstance(msg, JobDone):
                     self._die_mid_write(msg)
                 self.conn.send(msg)
             except OSError:
                 os._exit(1)  # the learner closed its end: it is gone
             self.q.task_done()
 
-    def _die_mid_write(self, msg: dict) -> None:
-        payload = pickle.dumps({**msg, "padding": b"x" * (8 << 20)})
+    def _die_mid_write(self, msg: JobDone) -> None:
+        payload = pickle.dumps((msg, b"x" * (8 << 20)))
         print("[fault] worker 0: SIGKILL halfway through writing a result", file=sys.stderr, flush=True)
         os.write(self.conn.fileno(), frame(payload) + payload[:len(payload) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def put(self, msg: dict, *, waiting) -> None:
+    def put(self, msg, *, waiting) -> None:
         """Queue a message; while the queue is full, call `waiting()` every 0.1 s."""
         while True:
             try:
@@ -84,7 +85,7 @@ def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int
     except BaseException:
         error = traceback.format_exc()
         print(f"[worker {worker_id}] stopped by an error:\n{error}", file=sys.stderr, flush=True)
-        sender.put({"kind": "fatal", "worker_id": worker_id, "error": error}, waiting=lambda: None)
+        sender.put(Fatal(worker_id, error), waiting=lambda: None)
         sender.drain(timeout_s=5.0)
         sys.exit(1)
 
@@ -103,48 +104,45 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
     block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
     policy.version, load_s = weights.load_into(block)
     engine = training_engine(policy, cfg)
-    sender.put({"kind": "ready", "worker_id": wid, "version": policy.version, "load_s": load_s},
-               waiting=lambda: hb.beat(wid))
-    # Time since the last message, by what the worker was doing: the learner reads the shares.
-    acc, loads, t_mark = {"idle_s": 0.0, "weight_wait_s": 0.0, "queue_wait_s": 0.0}, [load_s], time.perf_counter()
+    sender.put(Ready(wid, policy.version, load_s), waiting=lambda: hb.beat(wid))
+    # Time since the last report, by what the worker was doing: the learner reads the shares.
+    acc, t_mark = JobTimes(load_s=load_s, loads=1), time.perf_counter()
     while not stop[0]:
         hb.doing(wid, "waiting for a job")
         t0 = time.perf_counter()
         if not jobs.poll(0.05):
-            acc["idle_s"] += time.perf_counter() - t0
+            acc.idle_s += time.perf_counter() - t0
             continue
         job = jobs.recv()
-        acc["idle_s"] += time.perf_counter() - t0
-        if job is None:
+        acc.idle_s += time.perf_counter() - t0
+        if not isinstance(job, Job):  # Stop
             break
-        hb.doing(wid, "waiting for weights", job["job_id"])
+        hb.doing(wid, "waiting for weights", job.job_id)
         t0 = time.perf_counter()
-        while weights.version < job["min_version"] and not stop[0]:
+        while weights.version < job.min_version and not stop[0]:
             time.sleep(0.002)
             hb.beat(wid)
-        acc["weight_wait_s"] += time.perf_counter() - t0
+        acc.weight_wait_s += time.perf_counter() - t0
         if stop[0]:
             break
         if weights.version != policy.version:
-            hb.doing(wid, "loading weights", job["job_id"])
+            hb.doing(wid, "loading weights", job.job_id)
             policy.version, s = weights.load_into(block)
-            loads.append(s)
-        hb.doing(wid, "generating", job["job_id"])
+            acc.load_s += s
+            acc.loads += 1
+        hb.doing(wid, "generating", job.job_id)
         t_run = time.perf_counter()
         try:
-            out = engine.run(job["tasks"], num_samples=job["num_samples"], group_ids=job["group_ids"],
-                             seed=job["seed"])
+            out = engine.run(job.tasks, num_samples=job.num_samples, group_ids=job.group_ids, seed=job.seed)
             for r in out:
                 r.worker_id = wid
-            msg = {"kind": "result", "job_id": job["job_id"], "results": out}
+            msg = JobDone(job.job_id, wid, policy.version, out, acc)
         except Exception:
-            msg = {"kind": "error", "job_id": job["job_id"], "error": traceback.format_exc()}
+            msg = JobFailed(job.job_id, wid, policy.version, traceback.format_exc(), acc)
         now = time.perf_counter()
-        msg.update({"worker_id": wid, "version": policy.version, "rollout_s": now - t_run,
-                    "wall_s": now - t_mark, **acc, "load_s": sum(loads), "loads": len(loads)})
-        hb.doing(wid, "waiting to hand a result to the learner", job["job_id"])
+        acc.rollout_s, acc.wall_s = now - t_run, now - t_mark
+        hb.doing(wid, "waiting to hand a result to the learner", job.job_id)
         t0 = time.perf_counter()
         sender.put(msg, waiting=lambda: hb.beat(wid))  # bounded: waits (and counts it) when the learner is behind
-        acc = {"idle_s": 0.0, "weight_wait_s": 0.0, "queue_wait_s": time.perf_counter() - t0}
-        loads, t_mark = [], now
+        acc, t_mark = JobTimes(queue_wait_s=time.perf_counter() - t0), now
     hb.doing(wid, "stopping")
