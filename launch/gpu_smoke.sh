@@ -3,9 +3,9 @@
 # single GPU, learner and one worker share it); the same with --compile-decode (static KV cache,
 # compiled decode step, CUDA graphs); then, with 2 GPUs or more, the learner as 2 ranks
 # (--learner-devices 2: cuda:0 and cuda:1 over NCCL, workers on the rest, or sharing cuda:0 with 2
-# GPUs), once as DDP replicas and once sharded (--learner-parallel fsdp); last the compiled-decode
-# figure of launch/bench.py. Prints throughput, train time, lag (and the FSDP weight gather) per
-# run; finishes in minutes.
+# GPUs), once as DDP replicas and once sharded (--learner-parallel fsdp); then the compiled-decode
+# figure of launch/bench.py; last the weight broadcast's GPU tests and figure (CUDA IPC). Prints
+# throughput, train time, lag (and the FSDP weight gather) per run; finishes in minutes.
 #   bash launch/gpu_smoke.sh [extra train.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,3 +43,7 @@ if [ "$n" -ge 2 ]; then
   smoke smoke-2ranks-fsdp $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 --learner-parallel fsdp "$@"
 fi
 $PY launch/bench.py --compile-decode --json "$out/compile_decode.json"
+# The weight broadcast on the GPU: torn reads through CUDA IPC, no GPU memory held after a killed
+# worker, then publish + load ms beside one plain device copy (nanorllm/bench/gpu_weights.py).
+$PY -m pytest -q tests/test_weights.py
+$PY -m nanorllm.bench.gpu_weights cuda

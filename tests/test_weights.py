@@ -1,5 +1,8 @@
 """SharedWeights: flat parameters, publish/load round trip, the optimizer write guard, no torn reads."""
 
+import os
+import signal
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -7,8 +10,11 @@ import torch.multiprocessing as mp
 from nanorllm.pipeline.weights import SharedWeights, flatten_parameters
 
 
-def _model(fill: float = 0.0) -> torch.nn.Module:
-    m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 64))
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))
+
+
+def _model(fill: float = 0.0, device: str = "cpu") -> torch.nn.Module:
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 64)).to(device)
     with torch.no_grad():
         for p in m.parameters():
             p.fill_(fill)
@@ -72,9 +78,32 @@ def test_optimizer_step_hides_the_buffer_until_publish():
     assert int(store.state[0]) % 2 == 0
 
 
-def _reader(store: SharedWeights, n_reads: int, out) -> None:
+def test_loads_copy_into_the_replica_in_place():
+    src, dst = _model(), _model()
+    store = SharedWeights(src)
+    block = store.attach(dst)  # flattening moves the replica's parameters once, before anything records them
+    ptrs = [p.data_ptr() for p in dst.parameters()]
+    for version in (1, 2):
+        with torch.no_grad():
+            for i, p in enumerate(src.parameters()):
+                p.copy_(torch.randn_like(p) * version + i)
+        store.publish(version)
+        assert store.load_into(block)[0] == version
+        assert [p.data_ptr() for p in dst.parameters()] == ptrs  # captured CUDA graphs keep their addresses
+        for a, b in zip(src.parameters(), dst.parameters()):
+            assert torch.equal(a, b)
+
+
+def test_cpu_readers_get_no_ipc_handle():
+    store = SharedWeights(_model(), readers=["cpu", "cpu"])
+    assert not store.ipc and store.device_flat is None
+    reader = store.reader("cpu")
+    assert reader._share is None and store._sent == []
+
+
+def _reader(store: SharedWeights, n_reads: int, out, device: str = "cpu") -> None:
     torch.set_num_threads(1)
-    model = _model()
+    model = _model(device=device)
     block = store.attach(model)
     torn = versions = 0
     last = -1
@@ -86,28 +115,58 @@ def _reader(store: SharedWeights, n_reads: int, out) -> None:
             torn += 1
         versions += version != last
         last = version
-    out.put((torn, versions))
+    out.put((torn, versions, store.reads_gpu))
 
 
-def test_no_torn_reads_while_publishing():
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_no_torn_reads_while_publishing(device):
     ctx = mp.get_context("spawn")
-    model = _model()
-    store = SharedWeights(model)
+    model = _model(device=device)
+    store = SharedWeights(model, readers=[device])
     out = ctx.Queue()
-    reader = ctx.Process(target=_reader, args=(store, 300, out))
+    reader = ctx.Process(target=_reader, args=(store.reader(device), 300, out, device))
     reader.start()
     version = 0
     while reader.is_alive() and version < 200_000:
         version += 1
-        store.begin_write()  # the learner's parameters are the buffer: writing them is writing it
+        if store.in_place:
+            store.begin_write()  # the learner's parameters are the buffer: writing them is writing it
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float(version))
         store.publish(version)
-    torn, distinct = out.get(timeout=60)
+    torn, distinct, reads_gpu = out.get(timeout=60)
     reader.join(timeout=10)
+    store.close()
     assert torn == 0
+    assert reads_gpu == (device == "cuda")  # the GPU path was the one under test
     assert distinct > 10, "the reader should have seen many different versions"
+
+
+def _hold_and_wait(store: SharedWeights, ready) -> None:
+    block = store.attach(_model(device="cuda"))
+    store.load_into(block)
+    ready.put(store.reads_gpu)
+    signal.pause()  # killed here, holding the mapping
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_worker_killed_holding_the_gpu_block_leaves_no_gpu_memory_held():
+    ctx = mp.get_context("spawn")
+    base = torch.cuda.memory_allocated()
+    model = _model(device="cuda")
+    store = SharedWeights(model, readers=["cuda"])
+    for _ in range(2):  # a restarted worker maps the same block
+        ready = ctx.Queue()
+        p = ctx.Process(target=_hold_and_wait, args=(store.reader("cuda"), ready))
+        p.start()
+        assert ready.get(timeout=120) is True
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(timeout=30)
+    store.close()  # after its readers are gone, as PipelineSource.close orders it
+    del model, store
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
 
 
 def test_seqlock_fences_are_real_fences_or_the_store_refuses_to_run(monkeypatch):
@@ -124,3 +183,24 @@ def test_seqlock_fences_are_real_fences_or_the_store_refuses_to_run(monkeypatch)
         weights._load_fence()()  # weakly ordered and no fence: refuse rather than risk torn reads
     monkeypatch.setattr(weights.platform, "machine", lambda: "x86_64")
     assert weights._load_fence()() is None  # TSO needs none
+
+
+def test_a_reader_that_falls_back_to_host_memory_gets_the_current_weights():
+    """The GPU path's fallback, with a CPU stand-in for the learner's GPU block."""
+    learner, replica = _model(1.0), _model()
+    learner.replica_dtype = torch.bfloat16  # the host buffer is a cast copy, not the learner's parameters
+    store = SharedWeights(learner, readers=["cuda"])
+    store.device_flat, store.ipc, store._host_readers = torch.empty_like(store.flat), True, False
+    reader = store.reader("cpu")
+    block = reader.attach(replica)
+    with torch.no_grad():
+        learner[0].weight.fill_(2.0)
+    store.publish(version=1)  # every reader maps the GPU block: the host buffer is left behind
+    assert store.version == 1 and reader.version == 0
+    reader.fall_back_to_host("test")
+    store.refresh_host()  # what the learner does while it waits for episodes
+    assert reader.load_into(block)[0] == 1 and bool((replica[0].weight == 2.0).all())
+    with torch.no_grad():
+        learner[0].weight.fill_(3.0)
+    store.publish(version=2)  # from now on every publish fills the host buffer too
+    assert reader.load_into(block)[0] == 2 and bool((replica[0].weight == 3.0).all())

@@ -63,7 +63,8 @@ class PipelineSource:
         self.rollout_seed = rollout_seed
         self.lag = run.cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
-        self.weights = SharedWeights(run.policy.model, run.optimizer, version=run.start_step)
+        self.weights = SharedWeights(run.policy.model, run.optimizer, version=run.start_step,
+                                     readers=run.devices.workers)
         run.policy.version = run.start_step
         n = len(run.devices.workers)
         self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
@@ -226,6 +227,7 @@ class PipelineSource:
         """One round of the learner's watch: read messages, handle deaths and hangs, restarts."""
         for msg in self.pool.poll(timeout):
             self._handle(msg)
+        self.weights.refresh_host()
         self._check_workers()
         if self.pool.start_due():
             self._assign_waiting()

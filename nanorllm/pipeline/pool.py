@@ -39,7 +39,8 @@ class WorkerPool:
         res_r, res_w = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(target=worker_main, name=f"nanorllm-worker-{wid}", daemon=True,
                              args=(wid, self.started[wid], self.cfg, self.devices[wid], self.threads,
-                                   self.num_processes, job_r, res_w, self.weights, self.heartbeat,
+                                   self.num_processes, job_r, res_w, self.weights.reader(self.devices[wid]),
+                                   self.heartbeat,
                                    self.stop_flag, os.getpid()))
         self.heartbeat.reset(wid)
         p.start()

@@ -4,7 +4,8 @@ Flat parameters: on both sides every parameter is a view into one contiguous ten
 (`flatten_parameters`), so moving the weights is one `copy_` of one block, not hundreds of small
 copies. On a CPU learner that block *is* the shared buffer: the optimizer updates the shared
 weights in place and a publish only moves the version. On CUDA the learner's block lives on its
-device and a publish is one device->host copy. A worker loads with one copy into its own block.
+device and a publish is one copy out of it (below). A worker loads with one copy into its own block,
+in place: its parameters keep their addresses, which a decode engine's CUDA graphs depend on.
 
 Why preallocated: `share_memory_()` on fresh tensors costs over a second for a 135M model, so the
 buffer is made once, before the workers start.
@@ -12,6 +13,27 @@ buffer is made once, before the workers start.
 Mixed precision: replicas sample in the compute dtype (`model.replica_dtype`, set by HFCausalPolicy),
 so with bf16 the shared buffer is bf16 while the learner keeps fp32 master weights. A publish is
 then one cast-copy of the fp32 block into the buffer, and every load moves half the bytes.
+
+GPU publish (a CUDA learner with CUDA workers): the learner also keeps the flat block in the replica
+dtype on its own GPU (`device_flat`: the bf16 cast of a publish runs there) and shares that
+allocation with CUDA workers through torch.multiprocessing's CUDA IPC. A worker on the learner's GPU
+then loads by one device-to-device copy, a worker on another GPU by one GPU-to-GPU copy: no host
+round trip. Host shared memory stays the path for CPU workers, and the fallback when CUDA IPC is
+unavailable: sharing fails in the learner (said once at start) or opening the handle fails in a
+worker (said once by that worker, which then asks the learner to keep filling the host buffer). The
+host buffer carries its own version (`host_version`), since while no reader needs it the learner
+leaves it behind.
+
+Teardown order with CUDA IPC: torch counts every handle given out (`reader`) and keeps the
+producer's block allocated while a count is up, and the producer must outlive its consumers' use.
+So the workers stop (or are killed) first, and the learner frees the GPU block last (`close`);
+PipelineSource.close does it in that order. A worker that dies holding the mapping loses it with
+its process (the driver unmaps a dead process's memory) but cannot return its count: `close`
+returns every count it handed out (no reader is left by then), so the block is freed there and
+then instead of lingering in torch's "limbo" until the learner exits. The block is one allocation
+for the whole run, mapped again by restarted workers, so worker deaths never grow GPU memory. A
+learner that dies, even in the middle of a publish, takes the block with its CUDA context, and its
+workers follow it (lifeline.py).
 
 Why a seqlock and not a lock: the learner must never wait for a slow, stopped or dead reader, and
 a lock a killed process held would never be released. A writer makes the sequence number odd
@@ -35,17 +57,25 @@ needs fences exactly where the Linux kernel's seqcount puts smp_wmb / smp_rmb:
 against every one after it. Copies run by OpenMP threads are covered too: the parallel region's
 join synchronises those threads with the calling thread before our fence, and aarch64 barriers
 are cumulative. A CUDA publish copies device -> host synchronously, so its bytes are in host
-memory before the fence. 8-byte aligned counter loads/stores are single-copy atomic on both
-architectures. Without libatomic we fall back to no fence on x86 (TSO suffices) and refuse to run
-elsewhere rather than risk a silently torn read. The torn-read test checks the protocol under load.
+memory before the fence. On the GPU path the writer synchronizes its publish stream before the
+fence and the even count, and a reader synchronizes its copy before the second count load, so a
+copy that overlapped a publish is seen and retried as on the host. 8-byte aligned counter
+loads/stores are single-copy atomic on both architectures. Without libatomic we fall back to no
+fence on x86 (TSO suffices) and refuse to run elsewhere rather than risk a silently torn read. The
+torn-read test checks the protocol under load, on the GPU path too where a GPU is present.
 """
 
 import ctypes
 import ctypes.util
+import inspect
 import platform
+import sys
 import time
 
 import torch
+from torch.multiprocessing.reductions import reduce_tensor
+
+SEQ, VERSION, HOST_VERSION, HOST_WANTED = range(4)  # the shared int64 state
 
 
 def _load_fence():
@@ -96,30 +126,92 @@ def _layout(model: torch.nn.Module) -> list[tuple[str, tuple]]:
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
 
 
+def _ipc_counter(reduced: tuple) -> tuple:
+    """(handle, offset, device) of the reference count a CUDA IPC handle from `reduce_tensor` carries."""
+    rebuild, args = reduced
+    named = dict(zip(inspect.signature(rebuild).parameters, args))
+    return named["ref_counter_handle"], named["ref_counter_offset"], named["storage_device"]
+
+
+def _release(counter: tuple) -> None:
+    """Return one reference count of a CUDA IPC handle, as a reader that drops its mapping does."""
+    handle, offset, device = counter
+    try:
+        torch.UntypedStorage._release_ipc_counter(handle, offset, device=device)
+    except Exception:
+        pass  # best effort, as torch's own release: the count file may already be gone
+
+
+def _is_cuda(device: str | torch.device) -> bool:
+    return str(device).startswith("cuda")
+
+
 class SharedWeights:
-    """Created by the learner from its model (which it flattens); pickled to the workers."""
+    """Created by the learner from its model (which it flattens); pickled to the workers.
+
+    `readers`: the workers' devices. With a CUDA learner and a CUDA reader the GPU publish path is
+    used; None (unknown) keeps the host path only.
+    """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 version: int = 0):
+                 version: int = 0, readers: list[str] | None = None):
         self.layout = _layout(model)
         first = next(model.parameters())
         dtype = getattr(model, "replica_dtype", first.dtype)  # what the workers' replicas store
         numel = sum(p.numel() for p in model.parameters())
         self.flat = torch.empty(numel, dtype=dtype).share_memory_()  # made once, reused
-        self.state = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
+        self.state = torch.zeros(4, dtype=torch.int64).share_memory_()  # [sequence, version, host_version, host_wanted]
         shares = first.device.type == "cpu" and first.dtype == dtype
         self._source = flatten_parameters(model, into=self.flat if shares else None)
+        gpu_readers = first.device.type == "cuda" and any(_is_cuda(d) for d in readers or [])
+        self._host_readers = readers is None or not all(_is_cuda(d) for d in readers)
+        # On a CUDA learner: the block in the replica dtype on its GPU, cast there; shared when a reader is on CUDA.
+        self.device_flat = None
+        if first.device.type == "cuda" and (gpu_readers or first.dtype != dtype):
+            self.device_flat = torch.empty(numel, dtype=dtype, device=first.device)
+        self.ipc = gpu_readers and self._can_share()
+        self._share = None  # a CUDA worker's side: (rebuild, args) of its CUDA IPC handle of device_flat
+        self._sent: list[tuple] = []  # learner side: the IPC reference count of every handle given out
+        self._reader_gpu = None  # a reader's view of the learner's GPU block (mapped through CUDA IPC in a worker)
+        self._slot = VERSION  # which version this side reads: a host reader's is HOST_VERSION
         self._hook = None
         if self.in_place and optimizer is not None:  # in-place updates of the shared block are writes
             self._hook = optimizer.register_step_pre_hook(lambda *_: self.begin_write())
-        self.publish(version)
+        self.publish(version, host=True)  # the host buffer starts filled: a fallback reader can begin
 
-    def __getstate__(self) -> dict:  # workers get the shared buffer and counters, not the learner's side
-        return {"layout": self.layout, "flat": self.flat, "state": self.state, "_source": None, "_hook": None}
+    def _can_share(self) -> bool:
+        """Learner side: can this GPU block be shared? Says which path CUDA workers take, once."""
+        try:
+            _release(_ipc_counter(reduce_tensor(self.device_flat)))  # a trial handle, returned at once
+        except Exception as e:  # e.g. no CUDA IPC on this platform, or an allocator that cannot export
+            print(f"[weights] CUDA IPC unavailable ({type(e).__name__}: {e}); CUDA workers load through host "
+                  "shared memory", flush=True)
+            return False
+        print(f"[weights] CUDA workers load from the learner's {self.device_flat.device} block through CUDA IPC",
+              flush=True)
+        return True
+
+    def reader(self, device: str) -> "SharedWeights":
+        """Learner side: what the worker on `device` gets (pickled to it); a CUDA worker gets a CUDA IPC handle."""
+        out = SharedWeights.__new__(SharedWeights)
+        out.__setstate__(self.__getstate__())  # exactly what the worker unpickles: no learner-side tensor
+        if self.ipc and _is_cuda(device):
+            out._share = reduce_tensor(self.device_flat)  # (rebuild, args): one reference count per handle
+            self._sent.append(_ipc_counter(out._share))
+        return out
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __getstate__(self) -> dict:  # workers get the shared buffers and counters, not the learner's side
+        return {"layout": self.layout, "flat": self.flat, "state": self.state, "_source": None, "_hook": None,
+                "device_flat": None, "ipc": self.ipc, "_host_readers": True, "_share": self._share, "_sent": [],
+                "_reader_gpu": None, "_slot": HOST_VERSION}
 
     @property
     def version(self) -> int:
-        return int(self.state[1])
+        """The newest version this side can load (the host buffer's lags while no reader needs it)."""
+        return int(self.state[self._slot])
 
     @property
     def nbytes(self) -> int:
@@ -132,46 +224,105 @@ class SharedWeights:
 
     def begin_write(self) -> None:
         """Mark the buffer as being written: readers wait until the next publish."""
-        if int(self.state[0]) % 2 == 0:
-            self.state[0] += 1
+        if int(self.state[SEQ]) % 2 == 0:
+            self.state[SEQ] += 1
             _fence()  # the odd count is visible before any buffer store
 
     @torch.no_grad()
-    def publish(self, version: int) -> float:
-        """Make the learner's current parameters visible as `version`; returns seconds taken."""
+    def publish(self, version: int, *, host: bool = False) -> float:
+        """Make the learner's current parameters visible as `version`; returns seconds taken.
+
+        The host buffer is written when a reader needs it (`host`, a CPU reader, no CUDA IPC, or a
+        worker that fell back to it)."""
         t0 = time.perf_counter()
+        host = host or self._host_readers or not self.ipc or bool(self.state[HOST_WANTED])
         self.begin_write()
-        if not self.in_place:
-            self.flat.copy_(self._source)  # one (cast-)copy of the learner's block
+        if self.device_flat is not None:
+            self.device_flat.copy_(self._source)  # on the learner's GPU: the bf16 cast runs there
+        if host and not self.in_place:
+            self.flat.copy_(self._source if self.device_flat is None else self.device_flat)  # one (cast-)copy
+        if self.device_flat is not None and self.device_flat.is_cuda:
+            torch.cuda.current_stream(self.device_flat.device).synchronize()  # the copies are done before the count
         _fence()  # every buffer store is visible before the even count
-        self.state[1] = version
-        self.state[0] += 1  # even again: consistent
+        self.state[VERSION] = version
+        if host or self.in_place:
+            self.state[HOST_VERSION] = version
+        self.state[SEQ] += 1  # even again: consistent
         return time.perf_counter() - t0
 
+    @torch.no_grad()
+    def refresh_host(self) -> None:
+        """Learner side, called while it waits: a worker that fell back to host memory asked for it,
+        so the host buffer catches up with the GPU block now rather than at the next publish (whose
+        update may be waiting for that worker's episodes)."""
+        version = int(self.state[VERSION])
+        if self.device_flat is None or not int(self.state[HOST_WANTED]) or int(self.state[HOST_VERSION]) == version:
+            return
+        self.begin_write()
+        self.flat.copy_(self.device_flat)  # the GPU block holds the current version's bytes
+        _fence()
+        self.state[HOST_VERSION] = version
+        self.state[SEQ] += 1
+
     def attach(self, model: torch.nn.Module) -> torch.Tensor:
-        """Worker side: flatten a replica of the learner's model; returns the block `load_into` fills."""
+        """Worker side: flatten a replica of the learner's model; returns the block `load_into` fills.
+
+        Call it before anything records the parameters' addresses (a decode engine's CUDA graphs):
+        flattening moves them once, every load after it copies into them in place."""
         if _layout(model) != self.layout:
             raise ValueError("the worker's model does not have the learner's parameter names and shapes")
-        return flatten_parameters(model)
+        block = flatten_parameters(model)
+        if block.is_cuda and self.device_flat is not None:  # a reader in the learner's process (benchmarks)
+            self._reader_gpu = self.device_flat
+        elif block.is_cuda and self._share is not None and self._reader_gpu is None:
+            try:
+                rebuild, args = self._share
+                self._reader_gpu = rebuild(*args)  # maps the learner's GPU block; no copy
+                self._slot = VERSION
+            except Exception as e:
+                self.fall_back_to_host(f"cannot open the learner's CUDA IPC block ({type(e).__name__}: {e})")
+        return block
+
+    def fall_back_to_host(self, reason: str) -> None:
+        """Worker side: load through host shared memory from now on; the learner keeps that buffer filled."""
+        print(f"[weights] {reason}; this worker loads through host shared memory", file=sys.stderr, flush=True)
+        self._reader_gpu, self._slot = None, HOST_VERSION
+        self.state[HOST_WANTED] = 1  # the learner fills the host buffer (refresh_host, then every publish)
+
+    @property
+    def reads_gpu(self) -> bool:
+        """Worker side: loads come from the learner's GPU block (CUDA IPC), not host memory."""
+        return self._reader_gpu is not None
 
     @torch.no_grad()
     def load_into(self, block: torch.Tensor, *, max_wait_s: float = 60.0) -> tuple[int, float]:
-        """Copy a consistent snapshot into `block` (from `attach`); returns (version, seconds taken)."""
+        """Copy a consistent snapshot into `block` (from `attach`), in place; returns (version, seconds taken)."""
         t0 = time.perf_counter()
+        src = self._reader_gpu if self._reader_gpu is not None and block.is_cuda else self.flat
         while True:
-            seq = int(self.state[0])
+            seq = int(self.state[SEQ])
             if seq % 2 == 0:
                 _fence()  # no buffer load before the first count load
-                version = int(self.state[1])
-                block.copy_(self.flat)
+                version = int(self.state[self._slot])
+                block.copy_(src)  # device to device (or GPU to GPU) on the IPC path
+                if src.is_cuda:
+                    torch.cuda.synchronize(src.device)  # the copy has read every byte before the second count load
+                    torch.cuda.synchronize(block.device)
                 _fence()  # no buffer load after the second count load
-                if int(self.state[0]) == seq:
+                if int(self.state[SEQ]) == seq:
                     return version, time.perf_counter() - t0
             if time.perf_counter() - t0 > max_wait_s:
                 raise TimeoutError("could not read a consistent weight snapshot")
             time.sleep(0.001)
 
     def close(self) -> None:
+        """Learner side, after every worker is gone: the GPU block goes last (see the module docstring)."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        for counter in self._sent:  # a killed worker never returned its count; no reader is left to need it
+            _release(counter)
+        self._sent = []
+        if self.device_flat is not None:
+            self.device_flat, self.ipc = None, False
+            torch.cuda.ipc_collect()  # frees the block now that no count holds it

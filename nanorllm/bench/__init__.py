@@ -1,0 +1,1 @@
+"""Benchmarks: figures measured side by side, each printed beside its ceiling."""
