@@ -105,6 +105,7 @@ def _reader(store: SharedWeights, n_reads: int, out, device: str = "cpu") -> Non
     torch.set_num_threads(1)
     model = _model(device=device)
     block = store.attach(model)
+    out.put("attached")  # the writer starts now, not while this process is still starting
     torn = versions = 0
     last = -1
     for _ in range(n_reads):
@@ -126,6 +127,7 @@ def test_no_torn_reads_while_publishing(device):
     out = ctx.Queue()
     reader = ctx.Process(target=_reader, args=(store.reader(device), 300, out, device))
     reader.start()
+    assert out.get(timeout=120) == "attached"
     version = 0
     while reader.is_alive() and version < 200_000:
         version += 1
@@ -150,6 +152,7 @@ def _hold_and_wait(store: SharedWeights, ready) -> None:
     signal.pause()  # killed here, holding the mapping
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_worker_killed_holding_the_gpu_block_leaves_no_gpu_memory_held():
     ctx = mp.get_context("spawn")
