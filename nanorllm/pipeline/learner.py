@@ -78,7 +78,7 @@ class PipelineSource:
         self.step_position: dict[int, int] = {}  # task-stream position before step s was drawn
         self.ready: set[int] = set()  # workers whose current process has loaded its model
         self.failures = {wid: 0 for wid in range(n)}  # failures in a row, without a finished job
-        self.last_error: dict[int, str] = {}  # a worker's own traceback, from its last "fatal" message
+        self.last_error: dict[int, str] = {}  # a worker's own traceback, from its last Fatal message
         self.longest_job_s = 0.0
         self.totals = {"stale_dropped": 0, "worker_restarts": 0, "worker_hangs": 0, "job_errors": 0,
                        "duplicates": 0}
