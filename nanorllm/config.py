@@ -6,8 +6,9 @@ Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by c
 """
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Literal, get_args, get_origin, get_type_hints
 
 DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
 DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
@@ -64,8 +65,8 @@ class TrainConfig:
     """PPO clip: ratio floor is 1 - clip_low."""
     clip_high: float = 0.28
     """PPO clip: ratio ceiling is 1 + clip_high."""
-    loss_agg: str = "token-mean"
-    """'token-mean' or 'seq-mean'."""
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same."""
     kl_coef: float = 0.0
     """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
     adv_normalize_std: bool = True
@@ -74,15 +75,15 @@ class TrainConfig:
     """Epsilon added to the group std."""
     drop_zero_std_groups: bool = True
     """Skip groups whose samples all got advantage 0 (episode credit: every episode the same reward); counted."""
-    turn_credit: str = "episode"
+    turn_credit: Literal["episode", "turn"] = "episode"
     """'episode': every turn gets the episode's group-relative advantage; 'turn': a turn's own reward plus
     turn_gamma x the next turn's return, normalised among the group's turns with the same index."""
     turn_gamma: float = 0.5
     """Discount of later turns' outcome under turn_credit='turn'; < 1 so a wrong first answer that a retry
     fixed scores below a first-try success (1.0 would give both the same first-turn return)."""
-    off_policy_correction: str = "none"
+    off_policy_correction: Literal["none", "tis", "mis", "decoupled"] = "none"
     """'none' (PPO ratio to the sampler's logprobs), 'tis', 'mis' or 'decoupled' (see trainer/loss.py).
-    'none' stays the default until the learning benchmark (launch/bench.py --learning) shows one helps."""
+    'none' is the default: the learning benchmark (docs/learning.md) found no correction that helps here."""
     is_cap: float = 2.0
     """tis / decoupled: importance weight pi_learner / pi_sampler capped at this."""
     is_band: tuple[float, float] = (0.5, 2.0)
@@ -92,11 +93,10 @@ class TrainConfig:
     micro_batch_tokens: int = 4096
     """Padded tokens per forward/backward micro-batch (bounds memory)."""
     max_batch_episodes: int = 256
-    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it). On 2 CPU
-    threads a 200-task greedy eval took 78.6 s at 32 rows, 60.5 s at 64 and 41.8 s at 200."""
+    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
     compile_decode: bool = False
     """Decode over a static KV cache with a torch.compile'd one-token step (CUDA graphs on CUDA); prefill stays eager."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
     # --- sampler / learner agreement ---
@@ -117,7 +117,7 @@ class TrainConfig:
     """Learner ranks (data-parallel, ranks/group.py): a count ('2': the first 2 devices of --devices) or a list
     ('cuda:0,cuda:1'); workers share the devices left. None: one rank on the first device (under torchrun, one per
     process torchrun starts on the node)."""
-    learner_parallel: str = "ddp"
+    learner_parallel: Literal["ddp", "fsdp"] = "ddp"
     """How the learner ranks split the model: 'ddp' (each holds the whole model, its gradients and its optimizer
     state) or 'fsdp' (each holds 1/N of them, ranks/fsdp.py: for a model whose optimizer state does not fit one
     device; rank 0 still holds the full weights). fsdp needs more than one learner rank."""
@@ -262,13 +262,43 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     base = base or TrainConfig()
     if known.config:
         base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
+    base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest,
                    description="Train a causal LM with GRPO on multi-turn math self-refine episodes. "
                                "Also: --config FILE (JSON/YAML defaults), --resume RUN_DIR (continue a run).")
+    cfg = replace(cfg, **off_choice)
     problems = cfg.validate()
     if problems:
         raise ConfigError(problems, known.config or "command-line flags")
     return cfg
+
+
+def _set_aside_off_choice(base: TrainConfig, argv: list[str]) -> tuple[TrainConfig, list[str], dict]:
+    """Values of Literal fields outside their choices, taken out of the file's config and the flags.
+
+    tyro would stop at the first such flag; set aside and put back after parsing, they reach validate(),
+    which reports them beside every other problem, naming the field.
+    """
+    choices = {name: get_args(t) for name, t in get_type_hints(TrainConfig).items() if get_origin(t) is Literal}
+    off = {name: getattr(base, name) for name in choices if getattr(base, name) not in choices[name]}
+    base = replace(base, **{name: getattr(TrainConfig, name) for name in off})
+    flags = {"--" + name.replace("_", "-"): name for name in choices}
+    kept, i = [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        name = flags.get(flag.replace("_", "-"))
+        if name is None or (not eq and i + 1 == len(argv)):
+            kept.append(argv[i])
+            i += 1
+            continue
+        value, used = (value, 1) if eq else (argv[i + 1], 2)
+        if value in choices[name]:
+            off.pop(name, None)  # a valid flag overrides an off-choice value from the file
+            kept.extend(argv[i:i + used])
+        else:
+            off[name] = value
+        i += used
+    return base, kept, off
 
 
 def format_config(cfg: TrainConfig) -> str:

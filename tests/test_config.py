@@ -37,6 +37,31 @@ def test_parse_invalid_flag_value_raises_config_error():
     assert "command-line flags" in str(err.value)
 
 
+def test_choices_off_the_list_are_reported_with_the_other_problems(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"turn_credit": "step", "dtype": "half"}))
+    with pytest.raises(ConfigError) as err:
+        parse_config(["--config", str(path), "--max-turns", "0", "--loss-agg=sum", "--learner-parallel", "tp",
+                      "--dtype", "bf16"])
+    assert sorted(err.value.problems) == sorted([
+        "max_turns: must be >= 1, got 0",
+        "turn_credit: must be 'episode' or 'turn', got 'step'",
+        "loss_agg: must be 'token-mean' or 'seq-mean', got 'sum'",
+        "learner_parallel: must be 'ddp' or 'fsdp', got 'tp'"])
+
+
+def test_dtype_aliases_parse_and_help_lists_the_choices(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # help wraps to the terminal's width
+    assert parse_config(["--dtype", "bf16"]).dtype == "bf16"
+    assert parse_config(["--dtype=bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    out = capsys.readouterr().out
+    for listed in ["{token-mean,seq-mean}", "{episode,turn}", "{none,tis,mis,decoupled}",
+                   "{float32,bfloat16,fp32,bf16}", "{ddp,fsdp}"]:
+        assert listed in out
+
+
 def test_json_file_applies_and_flags_override(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"max_steps": 7, "lr": 0.5, "model": "tiny-random"}))
