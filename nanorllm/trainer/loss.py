@@ -21,7 +21,7 @@ clip never binds. `prox_logprobs` defaults to pi detached for that reason; the t
 with an extra no-grad forward only when the training forward is not deterministic (dropout on).
 With w = pi_prox / pi_rollout (detached):
 
-    none       pg as above: PPO clip of pi / pi_rollout (today's behaviour)
+    none       pg as above: PPO clip of pi / pi_rollout (the default)
     tis        PPO(ratio_prox) * min(w, is_cap)                   truncated importance sampling
     decoupled  PPO(ratio_prox) * min(w, is_cap)                   AReaL's decoupled PPO: clip around the
                proximal policy, times the capped behaviour weight. With one step per batch this is the

@@ -2,7 +2,7 @@
 
 `--devices cuda:0,cuda:1,cuda:2,cuda:3`: the learner takes the first, workers share the rest
 round-robin (with one device, learner and workers share it). `auto` is every visible GPU, else cpu.
-`--learner-devices` gives the learner several ranks (trainer/ranks.py): a count takes the first N
+`--learner-devices` gives the learner several ranks (ranks/group.py): a count takes the first N
 devices of `--devices`, a list names them; workers then share the devices no learner rank took (or,
 when none is left, the learner's). On CPU every process gets cores / processes threads, so N workers
 + the learner ranks do not oversubscribe.
