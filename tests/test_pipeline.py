@@ -24,6 +24,7 @@ def _trained_groups(run_dir) -> Counter:
     return Counter(r["group_id"] for r in read_rollouts(run_dir))
 
 
+@pytest.mark.slow
 def test_two_worker_run_finishes_and_cleans_up(tmp_path):
     shm_before = shm_entries()
     rc, out, token = run_train(["--num-workers", "2", "--max-steps", "4", "--run-name", "p2"], tmp_path)
@@ -45,6 +46,7 @@ def test_two_worker_run_finishes_and_cleans_up(tmp_path):
     _assert_clean_exit(token, shm_before)
 
 
+@pytest.mark.slow
 def test_serial_and_synchronous_pipeline_agree(tmp_path):
     common = ["--max-steps", "2", "--seed", "3", "--no-drop-zero-std-groups", "--max-new-tokens", "6"]
     rc1, out1, _ = run_train([*common, "--serial", "--run-name", "s"], tmp_path)

@@ -36,6 +36,7 @@ def test_more_ranks_than_groups_leaves_empty_shares(tiny_policy):
     assert sorted(len(s) for s in shares) == [0, 0, 2]
 
 
+@pytest.mark.slow
 def test_two_ranks_step_equals_one_rank_step(tiny_policy):
     """Whole groups on two gloo ranks, a global normaliser and DDP's averaged gradients give the
     1-rank update: AdamW at lr 1e-2 moves weights by ~1e-2, the two agree within 1e-5. Cases:
@@ -61,6 +62,7 @@ def test_two_ranks_step_equals_one_rank_step(tiny_policy):
 
 
 # ---- whole runs ----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [chaos.rank_kill, chaos.rank_hang])
 def test_a_killed_or_hung_rank_stops_the_run_with_a_checkpoint_and_resume_takes_another_rank_count(tmp_path, fault):
     """SIGKILL (or SIGSTOP, with --learner-timeout-s 10) learner rank 1 mid-run: one error naming it, exit 1,
@@ -74,6 +76,7 @@ def test_a_killed_or_hung_rank_stops_the_run_with_a_checkpoint_and_resume_takes_
     assert resumed.ok, resumed.notes + [resumed.output[-3000:]]
 
 
+@pytest.mark.slow
 def test_a_learner_device_that_does_not_exist_is_refused_by_name(tmp_path):
     rc, out, _ = run_train(["--serial", "--learner-devices", "cuda:5", "--run-name", "bad"], tmp_path)
     assert rc == 2, out
@@ -81,6 +84,7 @@ def test_a_learner_device_that_does_not_exist_is_refused_by_name(tmp_path):
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_train_every_group_once_with_both_nodes_workers(tmp_path):
     """torchrun --nnodes 2 on one box (gloo): node 1's leader runs its own worker on the tasks rank 0
     sends it; its episodes reach rank 0 over the process group. Both exit 0, nothing is left."""

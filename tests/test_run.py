@@ -37,6 +37,7 @@ def weights(model_dir):
     return load_file(str(model_dir / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_run_writes_metrics_eval_dump_checkpoints_and_model(tmp_path, length_rule_grader):
     run = train(tmp_path, "r", "--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "2",
                 "--rollout-dump-size", "5", "--sample-every", "2", "--eval-every", "2")
@@ -71,6 +72,7 @@ def test_run_writes_metrics_eval_dump_checkpoints_and_model(tmp_path, length_rul
     assert model.config.vocab_size > 256
 
 
+@pytest.mark.slow
 def test_resume_continues_like_an_uninterrupted_run(tmp_path, length_rule_grader):
     full = train(tmp_path, "full", "--max-steps", "6")
     part = train(tmp_path, "part", "--max-steps", "2")
@@ -89,6 +91,7 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path, length_rule_grader
     assert all(s["step"] == 6 for s in opt["state"].values())  # Adam moments carried over, not restarted
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader, capsys):
     run = train(tmp_path, "d", "--max-steps", "2", "--save-every", "1")
     (run / "checkpoints" / ".tmp-step_3-999").mkdir()  # a crash mid-write
@@ -101,6 +104,7 @@ def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader,
     assert state["step"] == 3
 
 
+@pytest.mark.slow
 def test_train_script_smoke_run_in_a_subprocess(tmp_path):
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--max-steps", "2",
            "--output-dir", str(tmp_path), "--run-name", "smoke"]
@@ -112,6 +116,7 @@ def test_train_script_smoke_run_in_a_subprocess(tmp_path):
     assert any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
 
 
+@pytest.mark.slow
 def test_bad_task_file_stops_before_anything_is_written(tmp_path):
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"task_id": "a", "question": "1+1?", "answer": "2"}\n{"task_id": "a", "question": "", '

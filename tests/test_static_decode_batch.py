@@ -64,8 +64,8 @@ def assert_same_rows(static, dynamic, atol):
             torch.testing.assert_close(sv, v, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_static_layout_samples_what_the_dynamic_batch_samples(family):
+@pytest.mark.parametrize("family", [FAMILIES[0], *(pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES[1:])])
+def test_static_layout_samples_what_the_dynamic_batch_samples(family):  # one family in the everyday tier
     """The slot/column bookkeeping alone: the model runs eagerly over the static cache (no compile)."""
     policy = tiny_family_policy(family)
     policy._compiled_model = policy.model
@@ -80,6 +80,7 @@ def test_static_layout_samples_what_the_dynamic_batch_samples(family):
     assert (0, 2) in static and (6, 2) in static  # second turns ran, on their reused KV states
 
 
+@pytest.mark.slow
 def test_compiled_decode_samples_what_the_eager_decode_samples(fresh_tiny_policy):
     """torch.compile for real (tiny model): the same tokens, logprobs equal to float rounding, also
     after the weights move to new storage with new values (as when a learner shares them)."""

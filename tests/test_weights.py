@@ -119,6 +119,7 @@ def _reader(store: SharedWeights, n_reads: int, out, device: str = "cpu") -> Non
     out.put((torn, versions, store.reads_gpu))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_no_torn_reads_while_publishing(device):
     ctx = mp.get_context("spawn")
