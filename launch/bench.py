@@ -4,7 +4,7 @@
     python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
     python launch/bench.py --learning [--quick]  # held-out learning per update and per second (launch/learning.py)
     python launch/bench.py --learner-ranks [--quick]  # learner step on 1 vs 2 ranks, parity, transfers (launch/learner_ranks.py)
-    python launch/bench.py --compile-decode [--quick]  # only eager vs compiled decode (compiled_decode_speedup)
+    python launch/bench.py --gpu [--dry-run]     # the decode engine on a GPU (nanorllm/bench/gpu.py)
 
 --quick checks that every measurement runs; its figures are not the reference (0.36 MB of weights
 make broadcast_vs_copy a measure of per-call overhead, and tiny-model steps are sub-second).
@@ -22,10 +22,6 @@ Figures (targets in TARGETS):
                             counts against it
   gen_vs_forward            kept tokens/s of that step / the model's bare batched decode forwards at the step's
                             mean batch and context (what sampling, prefills, the env and small tail batches cost)
-  compiled_decode_speedup   kept tokens/s of one default training step's rollouts with --compile-decode (static
-                            KV cache, compiled decode step) / the eager DecodeBatch; the compile (the first
-                            run's extra time, less where torch's on-disk compile cache holds the kernels) is
-                            reported apart as _compile_warmup_s. No target: above 1 says the flag pays here
   learner_efficiency        train tokens/s of train_step / a bare fwd+bwd+step on the same batch
   worker_scaling            throughput with 2 workers / (2 x 1 worker), same job per worker, tiny model
                             (learner not the bottleneck)
@@ -84,8 +80,6 @@ class BenchConfig:
     """Also write the figures here."""
     devices: str = "auto"
     """Devices for the pipeline runs (see launch/train.py --devices)."""
-    compile_decode: bool = False
-    """Only the compiled_decode_speedup figure (eager vs compiled decode on one default training step)."""
 
 
 def train_config(b: BenchConfig, **kw) -> TrainConfig:
@@ -201,37 +195,6 @@ def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) ->
             "_mean_context": context}
 
 
-def bench_compiled_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], repeats: int = 3) -> dict:
-    """One default training step's rollouts, eager DecodeBatch vs the static cache with the compiled
-    decode step. Each first runs the same step once untimed (the compiled one compiles there, timed
-    apart; the eager one goes first, so the process's one-time costs land on its warm-up); then they
-    alternate `repeats` times, median kept tokens/s each."""
-    from nanorllm.rollout.build import training_engine
-
-    tasks = tasks[:cfg.tasks_per_step]
-    engines = {flag: training_engine(policy, replace(cfg, compile_decode=flag)) for flag in (False, True)}
-    first_s, step_s, runs = {}, {False: [], True: []}, {}
-    for flag, engine in engines.items():
-        t0 = time.perf_counter()
-        engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)
-        first_s[flag] = time.perf_counter() - t0
-    for _ in range(repeats):
-        for flag, engine in engines.items():
-            t0 = time.perf_counter()
-            runs[flag] = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)
-            step_s[flag].append(time.perf_counter() - t0)
-    median = {flag: sorted(ts)[len(ts) // 2] for flag, ts in step_s.items()}
-    per_s = {flag: runs[flag][0].timings["tokens_kept"] / median[flag] for flag in engines}
-    episodes = {flag: [[s.response_ids for s in r.step_samples] for r in runs[flag]] for flag in engines}
-    return {"compiled_decode_speedup": per_s[True] / per_s[False],
-            "_eager_tokens_per_s": per_s[False], "_compiled_tokens_per_s": per_s[True],
-            "_eager_step_s": median[False], "_compiled_step_s": median[True],
-            "_compile_warmup_s": first_s[True] - median[True], "_eager_warmup_s": first_s[False] - median[False],
-            "_tokens_kept": runs[True][0].timings["tokens_kept"], "_decode_steps": runs[True][0].timings["decode_steps"],
-            "_repacks": runs[True][0].timings["repacks"],
-            "_same_episodes_frac": sum(e == c for e, c in zip(episodes[False], episodes[True])) / len(episodes[True])}
-
-
 def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens,
                                                            temperature=cfg.temperature), max_turns=cfg.max_turns)
@@ -332,34 +295,32 @@ def main() -> int:
     if "--learning" in sys.argv:  # its own benchmark, with its own flags
         from launch.learning import main as learning_main
         return learning_main([a for a in sys.argv[1:] if a != "--learning"])
+    if "--gpu" in sys.argv:  # the decode engine's GPU figures (nanorllm/bench/gpu.py)
+        from nanorllm.bench.gpu import main as gpu_main
+        return gpu_main([a for a in sys.argv[1:] if a != "--gpu"])
     if "--learner-ranks" in sys.argv:  # 1 vs N learner ranks (launch/learner_ranks.py)
         from launch.learner_ranks import main as ranks_main
         return ranks_main([a for a in sys.argv[1:] if a != "--learner-ranks"])
     b = tyro.cli(BenchConfig)
     torch.set_flush_denormal(True)
     figures, t_start = {}, time.perf_counter()
-    if not b.compile_decode:
-        print("[bench] pipeline vs serial ...", flush=True)
-        figures.update(bench_pipeline(b))
+    print("[bench] pipeline vs serial ...", flush=True)
+    figures.update(bench_pipeline(b))
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = train_config(b)
     policy = HFCausalPolicy.from_name(cfg.model, device="cuda:0" if torch.cuda.is_available() else "cpu")
     tasks = load_tasks(cfg.tasks, limit=32)  # 32 episodes: one default training step (8 tasks x 4)
     default_step = replace(TrainConfig(), model=cfg.model)
-    if not b.compile_decode:
-        print("[bench] weight broadcast ...", flush=True)
-        figures.update(bench_broadcast(policy))
-        print("[bench] rollout batching ...", flush=True)
-        figures.update(bench_rollout_batching(policy, tasks, max_new_tokens=16))
-        print("[bench] decode efficiency ...", flush=True)
-        figures.update(bench_decode(policy, default_step, tasks))
-    print("[bench] compiled decode ...", flush=True)
-    figures.update(bench_compiled_decode(policy, default_step, tasks))
-    if not b.compile_decode:
-        print("[bench] learner efficiency ...", flush=True)
-        figures.update(bench_learner(policy, cfg, tasks[:4]))  # 4 tasks x 4 episodes
-        print("[bench] worker scaling ...", flush=True)
-        figures.update(bench_worker_scaling(b))
+    print("[bench] weight broadcast ...", flush=True)
+    figures.update(bench_broadcast(policy))
+    print("[bench] rollout batching ...", flush=True)
+    figures.update(bench_rollout_batching(policy, tasks, max_new_tokens=16))
+    print("[bench] decode efficiency ...", flush=True)
+    figures.update(bench_decode(policy, default_step, tasks))
+    print("[bench] learner efficiency ...", flush=True)
+    figures.update(bench_learner(policy, cfg, tasks[:4]))  # 4 tasks x 4 episodes
+    print("[bench] worker scaling ...", flush=True)
+    figures.update(bench_worker_scaling(b))
 
     print(f"\n{'figure':28s} {'value':>9s}  target")
     for k, v in figures.items():

@@ -45,8 +45,6 @@ class EvalConfig:
     """Requests in flight at once for an API model."""
     max_batch_episodes: int = 256
     """Most rows in a local model's running decode batch (wider is faster on CPU; KV memory grows with it)."""
-    compile_decode: bool = False
-    """Decode over a static KV cache with a torch.compile'd one-token step (see TrainConfig.compile_decode)."""
 
 
 def load_policy(cfg: EvalConfig):
@@ -70,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(cfg)
     result = evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
                       max_turns=cfg.max_turns, max_batch_episodes=cfg.max_batch_episodes,
-                      compile_decode=cfg.compile_decode,
                       agent_kwargs={"system_prompt": DEFAULT_SYSTEM_PROMPT,
                                     "example": DEFAULT_EXAMPLE if cfg.worked_example else None})
     print(json.dumps(result))

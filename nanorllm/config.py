@@ -94,8 +94,8 @@ class TrainConfig:
     """Padded tokens per forward/backward micro-batch (bounds memory)."""
     max_batch_episodes: int = 256
     """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
-    compile_decode: bool = False
-    """Decode over a static KV cache with a torch.compile'd one-token step (CUDA graphs on CUDA); prefill stays eager."""
+    cuda_graphs: bool = True
+    """On a GPU, replay the decode step from CUDA graphs captured per batch-size bucket (no effect on CPU)."""
     dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""

@@ -24,16 +24,3 @@ def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
     assert out["_batched_tokens"] == out["_single_tokens"] == 3 * 5
     assert fresh_tiny_policy.eos_ids  # restored after the forced-length run
 
-
-def test_compiled_decode_figure_compares_the_same_step(fresh_tiny_policy):
-    from dataclasses import replace
-
-    from launch.bench import bench_compiled_decode
-    from nanorllm.config import TrainConfig
-
-    fresh_tiny_policy._compiled_model = fresh_tiny_policy.model  # the static batch without compile's cost
-    cfg = replace(TrainConfig(), model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=5)
-    out = bench_compiled_decode(fresh_tiny_policy, cfg, load_tasks(cfg.tasks, limit=4), repeats=1)
-    assert out["_same_episodes_frac"] == 1.0  # same tasks, seeds and tokens both ways
-    assert out["_repacks"] >= 1  # the compiled side ran the static batch
-    assert out["compiled_decode_speedup"] > 0

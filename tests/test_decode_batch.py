@@ -30,7 +30,7 @@ def run_rows(policy, params, schedule):
     {key: (prompt, Generation, KVState)} and the batch's stats."""
     out, step = {}, 0
     prompts = {e[0]: e[1] for joins in schedule.values() for e in joins}
-    with policy.decode_batch(params) as batch:
+    with policy.decode_batch(params, engine="dynamic") as batch:
         while len(batch) or any(s >= step for s in schedule):
             batch.join(schedule.get(step, []))
             if len(batch):
@@ -76,7 +76,7 @@ def test_finished_rows_leave_the_batch():
     params = SamplingParams(max_new_tokens=5)
     p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
     eos = policy.eos_ids[0]
-    with policy.decode_batch(params) as batch:
+    with policy.decode_batch(params, engine="dynamic") as batch:
         batch.join([(i, p[i], g, None) for i, g in enumerate(rngs(0, 1, 2))])
         sizes, ended = [], {}
         while len(batch):
@@ -99,13 +99,13 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
     boost[eos] = 3.0  # turns that end before max_new_tokens go on to a second turn
     handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
     sizes = []
-    real = policy.cached_forward
+    real = policy.slot_forward
 
     def counting(input_ids, *args):
         sizes.append(input_ids.shape)
         return real(input_ids, *args)
 
-    policy.cached_forward = counting
+    policy.slot_forward = counting
     tasks = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
     try:
         engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10, temperature=1.0), max_turns=3,
@@ -113,7 +113,7 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
         results = engine.run(tasks, num_samples=4, seed=1)
     finally:
         handle.remove()
-        del policy.cached_forward
+        del policy.slot_forward
     timings = results[0].timings
     assert max(s[0] for s in sizes) <= 5
     assert timings["reused_tokens"] > 0 and timings["decode_rows"] == timings["tokens_kept"] - timings["prefills"]
@@ -162,7 +162,7 @@ def test_rows_joining_from_a_shared_prefix_match_a_full_forward(family):
     p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
     n = len(shared_prefix(p))
     assert 0 < n < min(map(len, p)) and all(q[:n] == p[0][:n] for q in p)
-    with policy.decode_batch(params) as batch:
+    with policy.decode_batch(params, engine="dynamic") as batch:
         start = batch.cache_prefix(p[0][:n])
         batch.join([(i, p[i], g, start) for i, g in enumerate(rngs(0, 1, 2))])  # rests of different lengths
         done = dict((key, (gen, state)) for key, gen, state in batch.step())

@@ -8,7 +8,8 @@ them to the learner, so the next job can start while a large result is still bei
 
 Staying honest with the learner, which must be able to tell a slow worker from a dead or hung one:
 - it exits by itself when the learner dies (`lifeline`);
-- it beats a shared heartbeat on every model forward pass and every poll, with what it is doing;
+- it beats a shared heartbeat on every decode step (from the engine's loop: replayed CUDA graphs run
+  no forward hooks), between graph captures and on every poll, with what it is doing;
 - the stop signal is a flag in shared memory, so there is no lock for a dying process to hold;
 - any exception outside an episode is sent to the learner as a message and printed here, so a
   worker that cannot start still says why. An exception inside a job fails only that job.
@@ -31,6 +32,7 @@ from nanorllm.pipeline.lifeline import die_with_parent
 from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
+from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.faults import fault
 
@@ -100,10 +102,15 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
         raise RuntimeError("injected fault: worker_start")
     policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed,
                                       replica=True)  # stored in the compute dtype: bf16 replicas sample in bf16
-    policy.model.register_forward_hook(lambda *_: hb.beat(wid))  # progress inside a long generate
+    policy.graphs_enabled = cfg.cuda_graphs
     block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
-    policy.version, load_s = weights.load_into(block)
+    policy.version, load_s = weights.load_into(block)  # in place: captured graphs read the new weights
     engine = training_engine(policy, cfg)
+    engine.on_step = lambda: hb.beat(wid)  # progress inside a long generation
+    hb.doing(wid, "capturing decode graphs")
+    capture_s = engine.capture_graphs(EXAMPLE_TASK, on_progress=lambda: hb.beat(wid))
+    if capture_s:
+        print(f"[worker {wid}] decode graphs captured in {capture_s:.1f} s", flush=True)
     sender.put(Ready(wid, policy.version, load_s), waiting=lambda: hb.beat(wid))
     # Time since the last report, by what the worker was doing: the learner reads the shares.
     acc, t_mark = JobTimes(load_s=load_s, loads=1), time.perf_counter()

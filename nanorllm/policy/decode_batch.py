@@ -49,7 +49,7 @@ def new_stats() -> dict:
     """Counters of what the model computed for one engine call."""
     return {"decode_steps": 0, "decode_rows": 0, "tokens_kept": 0,
             "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0,
-            "repacks": 0}  # static decode batch only: its buffers rebuilt
+            "graph_steps": 0}  # decode steps replayed from a CUDA graph (policy/decode_graphs.py)
 
 
 class DecodeBatch:

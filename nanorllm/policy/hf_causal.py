@@ -5,8 +5,9 @@ log-probability under exactly the distribution the learner will score (logits / 
 vocabulary), and `generate` would have to keep (B, T, V) logits around to give us that. The loop is
 a KV-cached decode (policy/decode_batch.py) in which a finished row leaves the batch at once
 and new rows can join between steps; `generate` is one such batch, the RolloutEngine keeps one
-running across turns. `decode_batch(compiled=True)` runs the same loop over a static KV cache with a
-torch.compile'd decode step (policy/static_decode_batch.py).
+running across turns. By default that batch is a SlotBatch (policy/slot_batch.py) over a preallocated
+slot KV cache the policy keeps between calls (its decode step is replayed from CUDA graphs on a GPU);
+`engine="dynamic"` gives the DecodeBatch it grew from, kept as the reference it is tested against.
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
 and its state stay fp32, so a 6e-6 step is not rounded away below half a bf16 ulp) and runs every
@@ -26,14 +27,16 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, modeling_utils
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 from nanorllm.policy.decode_batch import DecodeBatch
+from nanorllm.policy.decode_graphs import DecodeGraphs
 from nanorllm.policy.models import load_model_and_tokenizer
-from nanorllm.policy.static_decode_batch import StaticDecodeBatch
+from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generators
+from nanorllm.policy.slot_batch import SlotBatch
+from nanorllm.policy.slot_cache import SlotCache, SlotForward, check_fits, model_shape
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _SENTINEL = "\x00NANORLLM_SENTINEL\x00"
@@ -79,7 +82,9 @@ class HFCausalPolicy(Policy):
         self.generator.manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; the cache object is updated in place.
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self._compiled_model = None  # torch.compile(model), built on the first compiled decode step
+        self.slot_cache: SlotCache | None = None  # the decode engine's KV cache, kept between calls
+        self.graphs_enabled = True  # on CUDA, replay decode steps from CUDA graphs (TrainConfig.cuda_graphs)
+        self.decode_graphs: DecodeGraphs | None = None  # built on the first CUDA decode batch
 
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
@@ -123,64 +128,87 @@ class HFCausalPolicy(Policy):
 
     @contextlib.contextmanager
     def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None,
-                     compiled: bool = False):
-        """A DecodeBatch to join rows into and step, in eval mode, no grad and the policy's autocast.
-        `compiled`: a StaticDecodeBatch, whose decode steps run the compiled forward."""
+                     engine: str = "slots", slots: int = 8, width: int = 256):
+        """A batch to join rows into and step, in eval mode, no grad and the policy's autocast.
+        `engine`: "slots" (a SlotBatch over a cache of at least `slots` slots x `width` tokens; it grows
+        if rows need more) or "dynamic" (the DecodeBatch)."""
         was_training = self.model.training
         self.model.eval()
-        batch_class = StaticDecodeBatch if compiled else DecodeBatch
+        batch = None
         try:
             with torch.no_grad(), self.autocast():
-                yield batch_class(self, params, keep_state=keep_state, stats=stats)
+                if engine == "dynamic":
+                    batch = DecodeBatch(self, params, keep_state=keep_state, stats=stats)
+                else:
+                    cache = self.ensure_slot_cache(slots, width)
+                    if self.device.type == "cuda" and self.graphs_enabled and self.decode_graphs is None:
+                        self.decode_graphs = DecodeGraphs(max_rows=cache.slots)
+                    batch = SlotBatch(self, params, cache=cache, keep_state=keep_state, stats=stats,
+                                      graphs=self.decode_graphs)
+                yield batch
         finally:
+            if isinstance(batch, SlotBatch):
+                batch.close()
             self.model.train(was_training)
+
+    def ensure_slot_cache(self, slots: int, width: int) -> SlotCache:
+        """The slot KV cache, (re)allocated when it has fewer slots or columns than asked; a cache that
+        cannot fit the device's free memory is refused (CacheTooLarge names the flag to change)."""
+        cache = self.slot_cache
+        if cache is None or cache.slots < slots or cache.width < width:
+            slots = max(slots, cache.slots if cache else 0)
+            width = max(width, cache.width if cache else 0)
+            dtype = self.compute_dtype or next(self.model.parameters()).dtype
+            self.slot_cache = None  # let the old buffers go before the new ones are counted
+            nbytes = check_fits(self.model, slots=slots, width=width, dtype=dtype, device=self.device)
+            layers, kv_heads, head_dim = model_shape(self.model)
+            cache = SlotCache(layers, kv_heads, head_dim, slots=slots, width=width, dtype=dtype, device=self.device)
+            self.slot_cache = cache
+            if slots * width >= 4096:  # the sizes a run asks for, not a test's or a probe's
+                print(f"[engine] slot KV cache: {slots} slots x {width} tokens x {layers} layers, "
+                      f"{nbytes / 2**20:.0f} MiB ({str(dtype).removeprefix('torch.')}) on {self.device}", flush=True)
+        return cache
+
+    def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, on_progress=None) -> float:
+        """Capture every batch-size bucket's decode graph now (before a worker says it is ready), so
+        no rollout pays for it; seconds taken (0.0 where there is nothing to capture: CPU, graphs off)."""
+        if self.device.type != "cuda" or not self.graphs_enabled:
+            return 0.0
+        with self.decode_batch(params, slots=slots, width=width) as batch:
+            self.decode_graphs.on_progress = on_progress or (lambda: None)
+            return self.decode_graphs.capture_all(batch)
+
+    def slot_forward(self, input_ids: torch.Tensor, fwd: SlotForward, cache: SlotCache) -> torch.Tensor:
+        """(B, V) logits after the last column of `input_ids` (B, T), the tokens written into `cache`
+        where `fwd` says (policy/slot_cache.py)."""
+        with cache.attending(self.model, fwd):
+            out = self.model(input_ids=input_ids, position_ids=fwd.positions, use_cache=False, logits_to_keep=1)
+        return out.logits[:, -1]
 
     def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],
                  params: SamplingParams) -> list[Generation]:
         out, rngs = {}, self.row_generators(len(prompt_ids))
-        with self.decode_batch(params, keep_state=False) as batch:
+        width = max(map(len, prompt_ids)) + params.max_new_tokens + 1
+        with self.decode_batch(params, keep_state=False, slots=len(prompt_ids), width=width) as batch:
             batch.join([(i, p, rng, None) for i, (p, rng) in enumerate(zip(prompt_ids, rngs))])
             while len(batch):
                 out.update((key, gen) for key, gen, _ in batch.step())
         return [out[i] for i in range(len(prompt_ids))]
 
     def cached_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                       cache, *, compiled: bool = False) -> torch.Tensor:
+                       cache) -> torch.Tensor:
         """(B, V) next-token logits after `input_ids` (B, T); `cache` (its keys/values for the first
-        L columns of the (B, L + T) `attention_mask`) is extended in place.
-
-        `compiled`: through torch.compile (compiled on first use, CUDA graphs on CUDA), for the one-token
-        step over a StaticDecodeBatch's cache. Its shapes are symbolic, so the batch's few (slots,
-        columns) sizes share one compiled graph (a CUDA graph is still recorded per size)."""
-        model = self.model
-        if compiled:
-            if self._compiled_model is None:
-                mode = "reduce-overhead" if self.device.type == "cuda" else None
-                self._compiled_model = torch.compile(self.model, mode=mode, dynamic=True)
-            model = self._compiled_model
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        logits = out.logits[:, -1]
-        # a CUDA graph's output is overwritten by its next replay: copy it out
-        return logits.clone() if compiled and self.device.type == "cuda" else logits
+        L columns of the (B, L + T) `attention_mask`) is extended in place (the DecodeBatch's forward)."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return out.logits[:, -1]
 
     def sample(self, logits: torch.Tensor, params: SamplingParams,
                rngs: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and its logprob under softmax(logits / temperature) over the full vocabulary.
         logits (B, V); row b draws its one uniform number from rngs[b] (inverse-CDF sampling)."""
-        if params.greedy:
-            tok = logits.argmax(-1)
-            return tok, F.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
-        logp = F.log_softmax(logits / params.temperature, -1)  # (B, V)
-        probs = logp.exp()
-        if params.top_p < 1.0:
-            sorted_p, idx = probs.sort(-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest head with mass >= top_p
-            probs = probs.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
-        cdf = probs.cumsum(-1)  # (B, V)
-        u = torch.cat([torch.rand(1, generator=g) for g in rngs]).to(logits.device) * cdf[:, -1]  # (B,)
-        tok = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
-        return tok, logp.gather(-1, tok[:, None])[:, 0]
+        u = None if params.greedy else uniforms_from_generators(rngs, logits.device)
+        return sample_with_uniforms(logits, params, u)
 
     # ---- scoring for the learner -------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

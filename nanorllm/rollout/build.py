@@ -22,4 +22,4 @@ def training_engine(policy, cfg) -> RolloutEngine:
     """The sampling engine every training rollout uses, serial or in a worker."""
     return RolloutEngine(policy, sampling=sampling_params(cfg), max_turns=cfg.max_turns,
                          max_batch_episodes=cfg.max_batch_episodes, agent_kwargs=agent_kwargs(cfg),
-                         grader_timeout_s=cfg.grader_timeout_s, compile_decode=cfg.compile_decode)
+                         grader_timeout_s=cfg.grader_timeout_s)

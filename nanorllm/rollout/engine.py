@@ -38,6 +38,13 @@ class _Episode:
 
 
 MIN_SHARED_PREFIX = 8  # tokens every first prompt must share before they are computed once
+EXAMPLE_TASK = {"task_id": "example", "question": "What is 12 + 34 - 5?", "answer": "41"}  # sizes graphs at start
+FEEDBACK_TOKENS = 128  # room per later turn for the env's feedback and the chat markup (the cache grows past it)
+
+
+def longest_episode(first_prompt: int, sampling: SamplingParams, max_turns: int) -> int:
+    """Tokens the longest episode is expected to hold: what sizes each slot of the KV cache."""
+    return first_prompt + max_turns * sampling.max_new_tokens + (max_turns - 1) * FEEDBACK_TOKENS
 
 
 def shared_prefix(prompts: list[list[int]]) -> list[int]:
@@ -53,14 +60,15 @@ def shared_prefix(prompts: list[list[int]]) -> list[int]:
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
                  max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0,
-                 compile_decode: bool = False):
+                 decode_engine: str = "slots"):
         self.policy = policy
         self.sampling = sampling
         self.max_turns = max_turns
         self.max_batch_episodes = max_batch_episodes
         self.agent_kwargs = agent_kwargs or {}
         self.grader_timeout_s = grader_timeout_s
-        self.compile_decode = compile_decode  # a static decode batch with a compiled step (policy/static_decode_batch.py)
+        self.decode_engine = decode_engine  # "slots" (policy/slot_batch.py) or "dynamic" (the DecodeBatch it replaced)
+        self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
             seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
@@ -96,20 +104,38 @@ class RolloutEngine:
             ep.rng = rng
         n_generated, stats = 0, new_stats()
         t0 = time.perf_counter()
-        with self.policy.decode_batch(params, stats=stats, compiled=self.compile_decode) as batch:
+        width = self.slot_width(max(len(ep.prompt_ids) for ep in episodes), params)
+        with self.policy.decode_batch(params, stats=stats, engine=self.decode_engine,
+                                      slots=self.max_batch_episodes + 1, width=width) as batch:  # + the shared prefix
             shared = shared_prefix([ep.prompt_ids for ep in episodes])
             start = batch.cache_prefix(shared) if len(episodes) > 1 and len(shared) >= MIN_SHARED_PREFIX else None
             waiting = deque((ep, start) for ep in episodes)  # (episode, KV state its prompt extends)
             while waiting or len(batch):
                 joining = [waiting.popleft() for _ in range(min(self.max_batch_episodes - len(batch), len(waiting)))]
                 batch.join([(ep, ep.prompt_ids, ep.rng, state) for ep, state in joining])
+                self.on_step()
                 next_turns = []
                 for ep, gen, state in batch.step():
                     n_generated += len(gen.response_ids)
                     if self._advance(ep, gen):
                         next_turns.append((ep, state))
+                    elif hasattr(batch, "release"):
+                        batch.release(state)  # the episode ended: its slot is free
                 waiting.extendleft(reversed(next_turns))  # next turns go before episodes not yet started
         return n_generated, time.perf_counter() - t0, stats
+
+    def slot_width(self, first_prompt: int, params: SamplingParams | None = None) -> int:
+        """Columns of the slot cache for episodes whose first prompt holds `first_prompt` tokens."""
+        return -(-longest_episode(first_prompt, params or self.sampling, self.max_turns) // 64) * 64
+
+    def capture_graphs(self, example_task: dict, on_progress=None) -> float:
+        """On a GPU, capture the decode step's graphs for this engine's sampling before any rollout,
+        sized for prompts like `example_task`'s (+ 64 tokens); seconds taken (0.0 on CPU)."""
+        agent = MathAgent(**self.agent_kwargs)
+        agent.reset(example_task, MathEnv(max_turns=self.max_turns).reset(example_task))
+        first = len(self.policy.first_prompt_ids(agent.messages)) + 64
+        return self.policy.capture_decode_graphs(self.sampling, slots=self.max_batch_episodes + 1,
+                                                 width=self.slot_width(first), on_progress=on_progress)
 
     def _run_turn_by_turn(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One `generate` call per turn for every live episode (chunked to max_batch_episodes)."""

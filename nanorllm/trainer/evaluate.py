@@ -7,11 +7,10 @@ from nanorllm.rollout.engine import RolloutEngine
 
 
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, max_turns: int,
-             agent_kwargs: dict | None = None, max_batch_episodes: int = 64, compile_decode: bool = False) -> dict:
+             agent_kwargs: dict | None = None, max_batch_episodes: int = 64) -> dict:
     """{"success_rate", "first_turn_success", "mean_turns", "n"} over `tasks`."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), max_turns=max_turns,
-                           max_batch_episodes=max_batch_episodes, agent_kwargs=agent_kwargs,
-                           compile_decode=compile_decode)
+                           max_batch_episodes=max_batch_episodes, agent_kwargs=agent_kwargs)
     results = engine.run(tasks, num_samples=1)
     n = len(results)
     return {

@@ -140,6 +140,7 @@ class TrainingRun:
         (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
         self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
                                                seed=cfg.seed)
+        self.policy.graphs_enabled = cfg.cuda_graphs
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         self.ref_policy = None
         if cfg.kl_coef > 0:  # the only case a reference model is loaded
@@ -195,8 +196,7 @@ class TrainingRun:
             return None
         t0 = time.perf_counter()
         res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns,
-                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes,
-                       compile_decode=self.cfg.compile_decode)
+                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes)
         self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
                              res["first_turn_success"], "eval/mean_turns": res["mean_turns"]}, step)
         self.say(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "

@@ -50,5 +50,10 @@ def decode_useful_frac(timings: dict) -> float:
 def decode_metrics(job_timings: list[dict]) -> dict:
     """Decode efficiency of a step from each engine call's timings (one per serial step or worker job)."""
     jobs = [t for t in job_timings if t.get("decode_rows")]
-    total = {k: sum(t[k] for t in jobs) for k in ("tokens_kept", "prefills", "decode_rows")}
-    return {"perf/decode_useful_frac": decode_useful_frac(total)} if jobs else {}
+    if not jobs:
+        return {}
+    total = {k: sum(t.get(k, 0) for t in jobs) for k in ("tokens_kept", "prefills", "decode_rows", "decode_steps",
+                                                         "graph_steps")}
+    # share of decode steps replayed from CUDA graphs: 0 on CPU, or after a capture failed
+    return {"perf/decode_useful_frac": decode_useful_frac(total),
+            "perf/graphs": total["graph_steps"] / max(total["decode_steps"], 1)}

@@ -1,0 +1,154 @@
+"""DecodeGraphs: the SlotBatch's decode step replayed from CUDA graphs, one per batch-size bucket.
+
+An eager decode step of a small model is ~1,000 kernel launches whose sum of work is far below what
+the launches cost. A CUDA graph records them once and replays them in one call. A graph is fixed:
+the same tensors, shapes and sampling parameters every replay. So:
+- every bucket (8, 16, 32, ... up to the slot count) has its own static inputs (last tokens,
+  positions, slots, row seeds) and outputs (next tokens, logprobs); live rows fill the first n entries,
+  the rest point at the cache's scratch slot;
+- attention reads the cache's full width, the mask hiding columns past each row's position;
+- weights are read where they are: a reload copies into the parameters (pipeline/weights.py), it never
+  rebinds them, so the graphs see new weights with no recapture;
+- a cache that grows (more slots or columns: policy/slot_cache.py) makes the graphs stale; the next step
+  of that bucket recaptures them (one line on the console);
+- sampling parameters are part of the key: greedy evaluation and the training temperature each get
+  their own graphs, captured on first use;
+- if a capture fails, the engine says so in one line and runs eager from then on (`perf/graphs` 0).
+All graphs share one memory pool and are captured largest first (as nano-vllm does).
+"""
+
+import sys
+import time
+
+import torch
+
+from nanorllm.policy.sampler import counter_uniforms
+
+MIN_BUCKET = 8
+
+
+def buckets(max_rows: int) -> list[int]:
+    """8, 16, 32, ... and the first power of two >= max_rows."""
+    out = [MIN_BUCKET]
+    while out[-1] < max_rows:
+        out.append(out[-1] * 2)
+    return out
+
+
+class _Graph:
+    def __init__(self, n: int, device: torch.device):
+        self.n = n
+        self.tok = torch.zeros(n, dtype=torch.long, device=device)
+        self.pos = torch.zeros(n, dtype=torch.long, device=device)
+        self.slots = torch.zeros(n, dtype=torch.long, device=device)
+        self.seeds = torch.zeros(n, dtype=torch.long, device=device)
+        self.graph = torch.cuda.CUDAGraph()
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class DecodeGraphs:
+    """Captured decode steps keyed by (bucket, sampling params, cache layout)."""
+
+    def __init__(self, max_rows: int, on_progress=None):
+        self.sizes = buckets(max_rows)
+        self.graphs: dict[tuple, _Graph] = {}
+        self.pool = None
+        self.failed: str | None = None  # why capture failed; eager from then on
+        self.capture_s = 0.0
+        self.on_progress = on_progress or (lambda: None)  # a heartbeat between captures
+
+    def usable(self) -> bool:
+        return self.failed is None
+
+    def run(self, batch, tok: torch.Tensor, pos: list[int]):
+        """Replay the step for the batch's rows; (next tokens, logprobs) (n,), or None to run eager."""
+        n = len(batch.rows)
+        size = next((s for s in self.sizes if s >= n), None)
+        if self.failed or size is None or n == 0:
+            return None
+        key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
+        g = self.graphs.get(key)
+        if g is None:
+            self._drop_stale(batch.cache.version)
+            g = self._capture(batch, key)
+            if g is None:
+                return None
+        scratch = batch.cache.scratch
+        g.tok[:n].copy_(tok)
+        g.pos.zero_()
+        g.pos[:n].copy_(torch.tensor(pos), non_blocking=True)
+        g.slots.fill_(scratch)
+        g.slots[:n].copy_(torch.tensor([r.slot for r in batch.rows]), non_blocking=True)
+        g.seeds[:n].copy_(torch.tensor([_seed(r) for r in batch.rows]), non_blocking=True)
+        g.graph.replay()
+        batch.stats["graph_steps"] += 1
+        return g.out[0][:n].clone(), g.out[1][:n].clone()
+
+    def capture_all(self, batch) -> float:
+        """Capture every bucket for `batch`'s sampling params, largest first; seconds taken."""
+        for size in reversed(self.sizes):
+            key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
+            if key not in self.graphs and self._capture(batch, key) is None:
+                break
+            self.on_progress()
+        return self.capture_s
+
+    def _capture(self, batch, key: tuple) -> _Graph | None:
+        size = key[0]
+        t0 = time.perf_counter()
+        try:
+            g = _Graph(size, batch.device)
+            g.slots.fill_(batch.cache.scratch)
+            width = batch.cache.width
+            greedy = batch.params.greedy
+
+            def step():
+                u = None if greedy else counter_uniforms(g.seeds, g.pos + 1)
+                return batch.decode_step(g.tok, g.pos, g.slots, width, lambda: u)
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with _no_autocast_cache(batch.policy), torch.cuda.graph(g.graph, pool=self.pool):
+                g.out = step()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 -- any failure means: run eager
+            self.failed = f"{type(e).__name__}: {e}"
+            print(f"[engine] WARNING: CUDA graph capture failed ({self.failed.splitlines()[0][:200]}); "
+                  "decoding eagerly (perf/graphs 0)", file=sys.stderr, flush=True)
+            self.graphs.clear()
+            return None
+        self.graphs[key] = g
+        self.capture_s += time.perf_counter() - t0
+        return g
+
+    def _drop_stale(self, version: int) -> None:
+        stale = [k for k in self.graphs if k[2] != version]
+        if stale:
+            print(f"[engine] the slot cache grew: recapturing {len(stale)} decode graph(s)", flush=True)
+        for k in stale:
+            del self.graphs[k]
+
+
+def _params_key(params) -> tuple:
+    return (params.greedy, params.temperature, params.top_p)
+
+
+def _seed(row) -> int:
+    from nanorllm.policy.slot_batch import row_seed
+
+    return row_seed(row.rng)
+
+
+def _no_autocast_cache(policy):
+    """Autocast's cache of cast weights must not live inside a graph: capture with it off."""
+    if policy.compute_dtype is None:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return torch.autocast(policy.device.type, dtype=policy.compute_dtype, cache_enabled=False)

@@ -1,0 +1,188 @@
+"""SlotCache: one preallocated KV buffer per layer, a slot per episode, and the attention that reads it.
+
+Each layer holds keys and values of shape (S + 1, kv_heads, W, head_dim) in the replica's compute
+dtype. An episode owns a slot from its first turn to its end; column c of its slot holds its token
+at position c, so a slot needs no mask of its own: a query at position p attends to columns <= p
+(and, for a sliding-window layer, > p - window). Nothing is ever repacked: a finished episode's slot
+is handed to the next one, whose writes overwrite the columns it will read. The last slot is
+scratch: padding tokens and the unused rows of a fixed-size batch write there, never into a slot
+someone owns.
+
+The model code stays transformers' own. For a forward over the cache the model's
+`config._attn_implementation` is switched to SLOT_ATTENTION, a function registered with
+transformers' AttentionInterface: it receives each layer's new keys/values (after RoPE), writes
+them at their rows' columns and attends over the rows' slots with SDPA (GQA without copies). A
+layer that soft-caps its attention logits (Gemma2) gets the eager formula instead, as transformers
+itself does. The model's own `scaling`, `softcap` and `sliding_window` come in as arguments, so a
+family's quirks stay its own. transformers builds no mask for a name its mask registry does not
+know, so the step pays for none.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+SLOT_ATTENTION = "nanorllm_slots"
+
+
+@dataclass
+class SlotForward:
+    """Where one forward's tokens go and which slots they read. Tensors on the cache's device."""
+
+    read_slots: torch.Tensor  # (B,) the slot each row attends over
+    write_slots: torch.Tensor  # (B, T) the slot each new token is written to (scratch for padding)
+    positions: torch.Tensor  # (B, T) each token's position = its column (0 for padding)
+    width: int  # columns attended: at least max(positions) + 1
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """(B, 1, T, width) True where a query may attend."""
+        cols = torch.arange(self.width, device=self.positions.device)  # (W,)
+        q = self.positions[:, None, :, None]  # (B, 1, T, 1)
+        allowed = cols <= q
+        if window is not None:
+            allowed = allowed & (cols > q - window)
+        return allowed
+
+
+class SlotCache:
+    """Per-layer (S + 1, H, W, D) key and value buffers and the bookkeeping of which slots are taken."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, *, slots: int, width: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.slots, self.width, self.dtype, self.device = slots, width, dtype, torch.device(device)
+        shape = (slots + 1, kv_heads, width, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self.version = 0  # moves whenever the buffers are reallocated (captured graphs are then stale)
+        self.forward: SlotForward | None = None  # set around a forward over the cache
+
+    @property
+    def scratch(self) -> int:
+        return self.slots
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * sum(k.numel() * k.element_size() for k in self.keys)
+
+    def take(self) -> int:
+        if not self.free:
+            self._grow(slots=2 * self.slots)
+        return self.free.pop()
+
+    def give_back(self, slot: int) -> None:
+        assert slot not in self.free and 0 <= slot < self.slots, slot
+        self.free.append(slot)
+
+    def ensure_width(self, columns: int) -> None:
+        """Room for `columns` tokens in every slot: a longer episode doubles the width (a copy of
+        every slot, none overwritten), it never writes past its slot's end."""
+        if columns > self.width:
+            width = self.width
+            while width < columns:
+                width *= 2
+            self._grow(width=width)
+
+    def copy_prefix(self, source: int, targets: list[int], n: int) -> None:
+        """The first n columns of slot `source` into each slot of `targets` (a shared prompt prefix)."""
+        idx = torch.tensor(targets, device=self.device)
+        for buf in (*self.keys, *self.values):
+            buf[idx, :, :n] = buf[source, :, :n]
+
+    def _grow(self, *, slots: int | None = None, width: int | None = None) -> None:
+        old_slots, slots, width = self.slots, slots or self.slots, width or self.width
+        for bufs in (self.keys, self.values):
+            for i, old in enumerate(bufs):
+                new = old.new_zeros((slots + 1, old.shape[1], width, old.shape[3]))
+                new[:old_slots, :, :self.width] = old[:old_slots]
+                bufs[i] = new
+        self.free = list(range(slots - 1, old_slots - 1, -1)) + self.free
+        self.slots, self.width = slots, width
+        self.version += 1
+
+    @contextlib.contextmanager
+    def attending(self, model, forward: SlotForward):
+        """Run `model` over this cache: its attention layers call slot_attention with `forward`."""
+        config = model.config
+        previous = config._attn_implementation
+        config._attn_implementation = SLOT_ATTENTION
+        self.forward, _ACTIVE[0] = forward, self
+        try:
+            yield
+        finally:
+            config._attn_implementation = previous
+            self.forward, _ACTIVE[0] = None, None
+
+
+_ACTIVE: list[SlotCache | None] = [None]  # the cache a forward is running over (one per process)
+
+
+def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                   dropout: float = 0.0, scaling: float | None = None, softcap: float | None = None,
+                   sliding_window: int | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query (B, Hq, T, D), key/value (B, Hkv, T, D) of the new tokens -> (B, T, Hq, D)."""
+    cache = _ACTIVE[0]
+    fwd = cache.forward
+    layer = module.layer_idx
+    k_buf, v_buf = cache.keys[layer], cache.values[layer]
+    cols = fwd.positions
+    k_buf[fwd.write_slots, :, cols] = key.transpose(1, 2).to(k_buf.dtype)  # (B, T, Hkv, D) into their columns
+    v_buf[fwd.write_slots, :, cols] = value.transpose(1, 2).to(v_buf.dtype)
+    k = k_buf[:, :, :fwd.width].index_select(0, fwd.read_slots).to(query.dtype)  # (B, Hkv, W, D)
+    v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots).to(query.dtype)
+    mask = fwd.mask(sliding_window)  # (B, 1, T, W)
+    groups = query.shape[1] // k.shape[1]
+    if softcap is None:
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
+    else:  # transformers' eager formula: SDPA has no soft-capping
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = torch.matmul(query, k.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), v)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+
+
+def model_shape(model) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a transformers causal LM."""
+    c = model.config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads, head_dim
+
+
+def cache_bytes(model, *, slots: int, width: int, dtype: torch.dtype) -> int:
+    layers, kv_heads, head_dim = model_shape(model)
+    return 2 * layers * (slots + 1) * kv_heads * width * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a new buffer may take on `device`: CUDA's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 1 << 62  # unknown: do not refuse
+
+
+class CacheTooLarge(ValueError):
+    """The slot KV cache the config asks for does not fit the device's free memory."""
+
+
+def check_fits(model, *, slots: int, width: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes the cache takes; raise CacheTooLarge (with the figure and the flag to change) if it cannot fit."""
+    need, free = cache_bytes(model, slots=slots, width=width, dtype=dtype), free_memory(torch.device(device))
+    if need > 0.9 * free:
+        raise CacheTooLarge(
+            f"the slot KV cache needs {need / 2**30:.2f} GiB ({slots} slots x {width} tokens) but {device} has "
+            f"{free / 2**30:.2f} GiB free: lower --max-batch-episodes (or --max-new-tokens / --max-turns)")
+    return need

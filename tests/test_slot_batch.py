@@ -1,0 +1,194 @@
+"""The slot engine (policy/slot_batch.py) samples what the DecodeBatch samples, token for token, while
+rows join, leave, come back for another turn in their own slot, start from a shared prefix, outgrow the
+cache or see new weights; its pieces (counter-based uniforms, bucket sizes, memory check, graph
+fallback) behave as documented."""
+
+import pytest
+import torch
+
+from families import FAMILIES, tiny_family_policy
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.decode_graphs import DecodeGraphs, buckets
+from nanorllm.policy.sampler import counter_uniforms
+from nanorllm.policy.slot_cache import CacheTooLarge, check_fits
+from nanorllm.rollout.engine import RolloutEngine, shared_prefix
+from nanorllm.trainer.metrics import decode_metrics
+
+QUESTIONS = ["What is 1 + 1?", "Hi", "Compute 12 * 3 and explain.", "Say something long, please, about numbers."]
+JOINS = {0: [0, 1, 2], 2: [3], 3: [4, 5], 7: [6]}  # row k asks QUESTIONS[k % 4]
+AGAIN = (0, 3)  # these come back for a second turn on their state
+
+
+def run_rows(policy, params, engine, *, prefix: bool = False, on_batch=None, **cache):
+    """{key: (Generation, state)} and the stats, for the JOINS schedule on `engine`."""
+    prompts = {k: policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[k % 4]}])
+               for joins in JOINS.values() for k in joins}
+    out, pending, step = {}, [], 0
+    with policy.decode_batch(params, engine=engine, **cache) as batch:
+        if on_batch:
+            on_batch(batch)
+        start = batch.cache_prefix(shared_prefix(list(prompts.values()))) if prefix else None
+        while len(batch) or pending or any(s >= step for s in JOINS):
+            batch.join([(k, prompts[k], torch.Generator().manual_seed(k), start) for k in JOINS.get(step, [])]
+                       + pending)
+            pending = []
+            if len(batch):
+                for key, gen, state in batch.step():
+                    out[key] = (gen, state)
+                    if key in AGAIN:
+                        prompts[key, 2] = policy.next_prompt_ids(prompts[key], gen.response_ids,
+                                                                 {"role": "user", "content": "Try again."})
+                        pending.append(((key, 2), prompts[key, 2], torch.Generator().manual_seed(100 + key), state))
+            step += 1
+        return out, dict(batch.stats)
+
+
+def assert_same(slots, dynamic, atol=1e-4):
+    assert slots.keys() == dynamic.keys()
+    for key, (gen, state) in dynamic.items():
+        s_gen, s_state = slots[key]
+        assert s_gen.response_ids == gen.response_ids, key
+        torch.testing.assert_close(torch.tensor(s_gen.logprobs), torch.tensor(gen.logprobs), rtol=0, atol=atol)
+        assert s_state.token_ids == state.token_ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("prefix", [False, True])
+def test_slots_sample_what_the_decode_batch_samples(family, prefix):
+    policy = tiny_family_policy(family)
+    params = SamplingParams(max_new_tokens=8, temperature=0.7)
+    dynamic, d_stats = run_rows(policy, params, "dynamic", prefix=prefix)
+    slots, s_stats = run_rows(policy, params, "slots", prefix=prefix)
+    assert_same(slots, dynamic)  # these families' x20 weights give logits in the hundreds
+    for k in AGAIN:  # the second turn ran in the first turn's slot, prefilling only its new tokens
+        assert slots[k, 2][1].slot == slots[k][1].slot
+    for name in ("prefill_tokens", "reused_tokens", "tokens_kept", "decode_rows", "prefills"):
+        assert s_stats[name] == d_stats[name], name
+    assert s_stats["reused_tokens"] >= sum(len(slots[k][1].token_ids) for k in AGAIN)
+
+
+def test_an_episode_longer_than_the_cache_grows_it_and_corrupts_no_other_slot():
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=12, temperature=0.7)
+    dynamic, _ = run_rows(policy, params, "dynamic")
+    slots, _ = run_rows(policy, params, "slots", slots=2, width=16)  # fewer slots than rows, columns than any prompt
+    assert_same(slots, dynamic)
+    assert policy.slot_cache.slots >= 4 and policy.slot_cache.width >= 32 and policy.slot_cache.version >= 2
+
+
+def test_new_weights_copied_in_place_are_what_the_next_step_reads():
+    policy = tiny_family_policy("qwen2")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    run_rows(policy, params, "slots")  # the cache (and on a GPU its graphs) exist before the reload
+    ptrs = [p.data_ptr() for p in policy.model.parameters()]
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.copy_(p * 1.3)  # as SharedWeights.load_into does: into the tensors, never rebinding them
+    assert ptrs == [p.data_ptr() for p in policy.model.parameters()]
+    dynamic, _ = run_rows(policy, params, "dynamic")
+    slots, _ = run_rows(policy, params, "slots")
+    assert_same(slots, dynamic)
+
+
+def test_rollouts_on_either_engine_are_the_same_episodes(tiny_policy):
+    policy = tiny_policy
+    boost = torch.zeros(len(policy.tokenizer))
+    boost[policy.tokenizer.eos_token_id] = 3.0  # turns that end early go on to a second turn
+    handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
+    tasks = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    runs, steps = {}, []
+    try:
+        for engine in ("dynamic", "slots"):
+            e = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10), max_turns=3, max_batch_episodes=5,
+                              decode_engine=engine)
+            e.on_step = lambda: steps.append(engine)
+            runs[engine] = e.run(tasks, num_samples=4, seed=1)
+    finally:
+        handle.remove()
+    episodes = {k: [[(s.prompt_ids, s.response_ids) for s in r.step_samples] for r in v] for k, v in runs.items()}
+    assert episodes["slots"] == episodes["dynamic"]
+    assert any(len(e) > 1 for e in episodes["slots"])
+    for a, b in zip(runs["dynamic"], runs["slots"]):
+        for sa, sb in zip(a.step_samples, b.step_samples):
+            torch.testing.assert_close(sb.rollout_logprobs, sa.rollout_logprobs, rtol=0, atol=1e-5)
+    timings = runs["slots"][0].timings
+    assert decode_metrics([timings]) == {"perf/decode_useful_frac": 1.0, "perf/graphs": 0.0}
+    assert timings["reused_tokens"] == runs["dynamic"][0].timings["reused_tokens"] > 0
+    assert steps.count("slots") == steps.count("dynamic") > 0  # the heartbeat hook runs every step
+    assert policy.slot_cache.free == list(range(policy.slot_cache.slots - 1, -1, -1))  # every slot back
+
+
+def test_counter_sampler_draws_do_not_depend_on_the_batch():
+    """The CUDA sampler, run on CPU: a row's tokens are a function of its seed and position only."""
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=8)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+    def sample(keys):
+        out = {}
+        with policy.decode_batch(params) as batch:
+            batch.counter_rng = True
+            batch.join([(k, p[k], torch.Generator().manual_seed(k), None) for k in keys])
+            while len(batch):
+                out.update((key, gen.response_ids) for key, gen, _ in batch.step())
+        return out
+
+    alone, crowd = sample([2]), sample([0, 1, 2, 3])
+    assert alone[2] == crowd[2] and len({tuple(v) for v in crowd.values()}) > 1
+
+
+def test_counter_uniforms_are_reproducible_and_uniform():
+    seeds = torch.arange(4096, dtype=torch.long) * 7919 + (1 << 40)
+    u = counter_uniforms(seeds, torch.full_like(seeds, 5))
+    assert torch.equal(u, counter_uniforms(seeds, torch.full_like(seeds, 5)))
+    assert ((u > 0) & (u < 1)).all()
+    assert abs(float(u.mean()) - 0.5) < 0.02 and abs(float(u.var()) - 1 / 12) < 0.01
+    hist = torch.histc(u, bins=8, min=0, max=1)
+    assert hist.min() > 0.8 * 4096 / 8
+    other = counter_uniforms(seeds, torch.full_like(seeds, 6))
+    assert float((u - other).abs().mean()) > 0.2  # the next token's draw is a fresh number
+
+
+def test_a_cache_that_cannot_fit_is_refused_with_the_figure_and_the_flag():
+    policy = tiny_family_policy("llama")
+    with pytest.raises(CacheTooLarge, match="--max-batch-episodes") as e:
+        check_fits(policy.model, slots=1 << 24, width=1 << 20, dtype=torch.float32, device=torch.device("cpu"))
+    assert "GiB" in str(e.value)
+    assert check_fits(policy.model, slots=4, width=64, dtype=torch.float32, device=torch.device("cpu")) == \
+        2 * 2 * 5 * 2 * 64 * 16 * 4  # k and v, layers, slots + scratch, kv heads, width, head dim, bytes
+
+
+def test_batch_size_buckets_cover_every_batch():
+    assert buckets(256) == [8, 16, 32, 64, 128, 256]
+    assert buckets(3) == [8] and buckets(100)[-1] == 128
+
+
+def test_a_failed_capture_warns_once_and_decodes_eagerly(capsys):
+    """On CPU a capture always fails (no CUDA): the fallback path is what runs."""
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    dynamic, _ = run_rows(policy, params, "dynamic")
+    graphs = DecodeGraphs(max_rows=8)
+    slots, stats = run_rows(policy, params, "slots", on_batch=lambda b: setattr(b, "graphs", graphs))
+    assert_same(slots, dynamic)
+    assert graphs.failed and not graphs.graphs
+    assert capsys.readouterr().err.count("WARNING: CUDA graph capture failed") == 1
+    assert stats["graph_steps"] == 0 and stats["decode_steps"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graph_replay_matches_eager_before_and_after_a_reload():
+    policy = tiny_family_policy("llama")
+    policy.model.cuda()
+    policy.device = torch.device("cuda")
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    for scale in (1.0, 1.3):
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.mul_(scale)
+        policy.graphs_enabled = False
+        eager, _ = run_rows(policy, params, "slots")
+        policy.graphs_enabled = True
+        replayed, stats = run_rows(policy, params, "slots")
+        assert stats["graph_steps"] > 0
+        assert_same(replayed, eager, atol=1e-3)
