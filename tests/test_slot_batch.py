@@ -168,7 +168,7 @@ def test_a_failed_capture_warns_once_and_decodes_eagerly(capsys):
     policy = tiny_family_policy("llama")
     params = SamplingParams(max_new_tokens=6, temperature=0.7)
     dynamic, _ = run_rows(policy, params, "dynamic")
-    graphs = DecodeGraphs(max_rows=8)
+    graphs = DecodeGraphs()
     slots, stats = run_rows(policy, params, "slots", on_batch=lambda b: setattr(b, "graphs", graphs))
     assert_same(slots, dynamic)
     assert graphs.failed and not graphs.graphs

@@ -13,7 +13,7 @@ import time
 import torch
 
 ACTIVITIES = ["starting", "waiting for a job", "waiting for weights", "loading weights", "generating",
-              "waiting to hand a result to the learner", "stopping"]
+              "waiting to hand a result to the learner", "stopping", "capturing decode graphs"]
 BEATS, ACTIVITY, STEP, PART = range(4)
 
 

@@ -19,6 +19,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
+    ignore_eos: bool = False  # every response runs to max_new_tokens and counts as finished, not truncated (benchmarks)
 
 
 @dataclass

@@ -162,7 +162,7 @@ class DecodeBatch:
         for i, (row, t, p) in enumerate(zip(self.rows, tok.tolist(), lp.tolist())):
             row.tokens.append(t)
             row.logprobs.append(p)
-            if t in eos or len(row.tokens) >= params.max_new_tokens:
+            if (t in eos and not params.ignore_eos) or len(row.tokens) >= params.max_new_tokens:
                 done.append((row.key, self._generation(row), self._state(i, row) if self.keep_state else None))
             else:
                 keep.append(i)
@@ -183,7 +183,7 @@ class DecodeBatch:
         return logits
 
     def _generation(self, row: _Row) -> Generation:
-        truncated = row.tokens[-1] not in self.policy.eos_ids
+        truncated = row.tokens[-1] not in self.policy.eos_ids and not self.params.ignore_eos
         text = self.policy.tokenizer.decode(row.tokens, skip_special_tokens=True)
         return Generation(text=text, response_ids=row.tokens, logprobs=row.logprobs, truncated=truncated)
 

@@ -28,7 +28,7 @@ MIN_BUCKET = 8
 
 
 def buckets(max_rows: int) -> list[int]:
-    """8, 16, 32, ... and the first power of two >= max_rows."""
+    """8, 16, 32, ... up to the first power of two >= max_rows."""
     out = [MIN_BUCKET]
     while out[-1] < max_rows:
         out.append(out[-1] * 2)
@@ -49,8 +49,7 @@ class _Graph:
 class DecodeGraphs:
     """Captured decode steps keyed by (bucket, sampling params, cache layout)."""
 
-    def __init__(self, max_rows: int, on_progress=None):
-        self.sizes = buckets(max_rows)
+    def __init__(self, on_progress=None):
         self.graphs: dict[tuple, _Graph] = {}
         self.pool = None
         self.failed: str | None = None  # why capture failed; eager from then on
@@ -63,7 +62,7 @@ class DecodeGraphs:
     def run(self, batch, tok: torch.Tensor, pos: list[int]):
         """Replay the step for the batch's rows; (next tokens, logprobs) (n,), or None to run eager."""
         n = len(batch.rows)
-        size = next((s for s in self.sizes if s >= n), None)
+        size = next((s for s in buckets(batch.cache.slots) if s >= n), None)
         if self.failed or size is None or n == 0:
             return None
         key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
@@ -84,9 +83,10 @@ class DecodeGraphs:
         batch.stats["graph_steps"] += 1
         return g.out[0][:n].clone(), g.out[1][:n].clone()
 
-    def capture_all(self, batch) -> float:
-        """Capture every bucket for `batch`'s sampling params, largest first; seconds taken."""
-        for size in reversed(self.sizes):
+    def capture_all(self, batch, max_rows: int) -> float:
+        """Capture every bucket up to `max_rows` rows for `batch`'s sampling params, largest first
+        (a bucket needed later is captured on first use); seconds taken."""
+        for size in reversed(buckets(max_rows)):
             key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
             if key not in self.graphs and self._capture(batch, key) is None:
                 break

@@ -91,7 +91,7 @@ class HFCausalPolicy(Policy):
                   replica: bool = False):
         """`dtype` is the compute dtype. The parameters are fp32 unless `replica` (sampling only)."""
         compute = DTYPES[dtype]
-        model, tokenizer = load_model_and_tokenizer(name, dtype=compute if replica else torch.float32)
+        model, tokenizer = load_model_and_tokenizer(name, dtype=compute if replica else torch.float32, device=device)
         model.replica_dtype = compute  # what a sampling replica stores (SharedWeights' buffer dtype)
         return cls(model, tokenizer, device=device, seed=seed, compute_dtype=compute)
 
@@ -142,7 +142,7 @@ class HFCausalPolicy(Policy):
                 else:
                     cache = self.ensure_slot_cache(slots, width)
                     if self.device.type == "cuda" and self.graphs_enabled and self.decode_graphs is None:
-                        self.decode_graphs = DecodeGraphs(max_rows=cache.slots)
+                        self.decode_graphs = DecodeGraphs()
                     batch = SlotBatch(self, params, cache=cache, keep_state=keep_state, stats=stats,
                                       graphs=self.decode_graphs)
                 yield batch
@@ -169,14 +169,15 @@ class HFCausalPolicy(Policy):
                       f"{nbytes / 2**20:.0f} MiB ({str(dtype).removeprefix('torch.')}) on {self.device}", flush=True)
         return cache
 
-    def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, on_progress=None) -> float:
+    def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, max_rows: int,
+                              on_progress=None) -> float:
         """Capture every batch-size bucket's decode graph now (before a worker says it is ready), so
         no rollout pays for it; seconds taken (0.0 where there is nothing to capture: CPU, graphs off)."""
         if self.device.type != "cuda" or not self.graphs_enabled:
             return 0.0
         with self.decode_batch(params, slots=slots, width=width) as batch:
             self.decode_graphs.on_progress = on_progress or (lambda: None)
-            return self.decode_graphs.capture_all(batch)
+            return self.decode_graphs.capture_all(batch, max_rows)
 
     def slot_forward(self, input_ids: torch.Tensor, fwd: SlotForward, cache: SlotCache) -> torch.Tensor:
         """(B, V) logits after the last column of `input_ids` (B, T), the tokens written into `cache`

@@ -5,6 +5,8 @@
   it once and cache an fp32 safetensors copy (reloads in under a second).
 - `tiny-random`: a 2-layer random Llama and a byte-level tokenizer built in memory, no files at all.
   Tests and smoke runs use it; the same seed gives the same weights in every process.
+- `preset:smollm2-135m`, `preset:qwen2.5-0.5b`, `preset:qwen2.5-1.5b`: published shapes, random
+  weights, a generated tokenizer (policy/presets.py), for measuring speed offline.
 - anything else: `from_pretrained(name)`, a local directory or a hub id.
 """
 
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random"
@@ -69,12 +73,14 @@ def ensure_smollm2() -> Path:
     return target
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE with no merges (every byte is a token) plus ChatML special tokens."""
+def tiny_tokenizer(filler: int = 0) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with no merges (every byte is a token) plus ChatML special tokens; `filler` more
+    tokens no text encodes to (a preset's vocabulary size), before the special ones."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab.update((f"<|filler_{i}|>", len(alphabet) + i) for i in range(filler))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -97,8 +103,11 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaFor
     return model
 
 
-def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) on CPU for a built-in name, a local HF directory or a hub id."""
+def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32, device: str | None = None):
+    """(model, tokenizer) for a built-in name, a local HF directory or a hub id, on CPU (a preset is
+    made on `device` when given)."""
+    if is_preset(name):
+        return preset_model_and_tokenizer(name, dtype=dtype, device=device)
     if name == TINY:
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(dtype), tokenizer

@@ -159,7 +159,7 @@ class SlotBatch:
             toks.append(t)
             lps.append(lp)
         tok, lp = torch.cat(toks), torch.cat(lps)  # (B,)
-        end = torch.isin(tok, self.eos)
+        end = torch.isin(tok, self.eos) & (not self.params.ignore_eos)
         host = torch.stack([tok.double(), lp.double(), end.double()], 1).tolist()  # the step's one copy to the host
         done, keep = [], []
         for i, (row, (t, p, e)) in enumerate(zip(self.rows, host)):
@@ -218,7 +218,7 @@ class SlotBatch:
         return state
 
     def _generation(self, row: _Row) -> Generation:
-        truncated = row.tokens[-1] not in self.policy.eos_ids
+        truncated = row.tokens[-1] not in self.policy.eos_ids and not self.params.ignore_eos
         text = self.policy.tokenizer.decode(row.tokens, skip_special_tokens=True)
         return Generation(text=text, response_ids=row.tokens, logprobs=row.logprobs, truncated=truncated)
 

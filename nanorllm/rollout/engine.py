@@ -135,7 +135,8 @@ class RolloutEngine:
         agent.reset(example_task, MathEnv(max_turns=self.max_turns).reset(example_task))
         first = len(self.policy.first_prompt_ids(agent.messages)) + 64
         return self.policy.capture_decode_graphs(self.sampling, slots=self.max_batch_episodes + 1,
-                                                 width=self.slot_width(first), on_progress=on_progress)
+                                                 width=self.slot_width(first), max_rows=self.max_batch_episodes,
+                                                 on_progress=on_progress)
 
     def _run_turn_by_turn(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One `generate` call per turn for every live episode (chunked to max_batch_episodes)."""
