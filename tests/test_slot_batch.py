@@ -192,3 +192,15 @@ def test_graph_replay_matches_eager_before_and_after_a_reload():
         replayed, stats = run_rows(policy, params, "slots")
         assert stats["graph_steps"] > 0
         assert_same(replayed, eager, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_run_prints_its_cache_size_and_refuses_one_that_cannot_fit(tmp_path):
+    from tests.procs import run_train
+
+    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-new-tokens", "4", "--run-name", "ok"], tmp_path)
+    assert rc == 0, out
+    assert "[engine] slot KV cache: 257 slots x" in out  # --max-batch-episodes 256 + the shared prefix
+    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-batch-episodes", "100000000",
+                            "--run-name", "huge"], tmp_path)
+    assert rc != 0 and "--max-batch-episodes" in out and "GiB" in out and "step 1/1" not in out

@@ -171,8 +171,10 @@ class HFCausalPolicy(Policy):
 
     def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, max_rows: int,
                               on_progress=None) -> float:
-        """Capture every batch-size bucket's decode graph now (before a worker says it is ready), so
-        no rollout pays for it; seconds taken (0.0 where there is nothing to capture: CPU, graphs off)."""
+        """Allocate the slot cache (its size printed; refused if it cannot fit) and capture every
+        batch-size bucket's decode graph now (before a worker says it is ready), so no rollout pays for
+        it; seconds taken (0.0 where there is nothing to capture: CPU, graphs off)."""
+        self.ensure_slot_cache(slots, width)
         if self.device.type != "cuda" or not self.graphs_enabled:
             return 0.0
         with self.decode_batch(params, slots=slots, width=width) as batch:

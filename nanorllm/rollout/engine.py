@@ -128,9 +128,12 @@ class RolloutEngine:
         """Columns of the slot cache for episodes whose first prompt holds `first_prompt` tokens."""
         return -(-longest_episode(first_prompt, params or self.sampling, self.max_turns) // 64) * 64
 
-    def capture_graphs(self, example_task: dict, on_progress=None) -> float:
-        """On a GPU, capture the decode step's graphs for this engine's sampling before any rollout,
-        sized for prompts like `example_task`'s (+ 64 tokens); seconds taken (0.0 on CPU)."""
+    def prepare(self, example_task: dict, on_progress=None) -> float:
+        """Before any rollout: allocate the slot KV cache for prompts like `example_task`'s (+ 64
+        tokens), so its size is printed and a cache too large is refused at start, and on a GPU
+        capture the decode step's graphs for this engine's sampling; seconds of capture (0.0 on CPU)."""
+        if not hasattr(self.policy, "capture_decode_graphs"):  # an API model: nothing to prepare
+            return 0.0
         agent = MathAgent(**self.agent_kwargs)
         agent.reset(example_task, MathEnv(max_turns=self.max_turns).reset(example_task))
         first = len(self.policy.first_prompt_ids(agent.messages)) + 64

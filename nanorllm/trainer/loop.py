@@ -34,6 +34,7 @@ from nanorllm.datasets.tasks import load_tasks, remove_overlap
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
+from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import decode_metrics, rollout_metrics
@@ -71,6 +72,7 @@ class SerialSource:
         self.run = run
         cfg = run.cfg
         self.engine = training_engine(run.policy, cfg)
+        self.engine.prepare(EXAMPLE_TASK)  # the KV cache's size printed (or refused) and, on a GPU, graphs captured
         self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
 
     def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
