@@ -19,7 +19,8 @@ know, so the step pays for none.
 """
 
 import contextlib
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +37,15 @@ class SlotForward:
     write_slots: torch.Tensor  # (B, T) the slot each new token is written to (scratch for padding)
     positions: torch.Tensor  # (B, T) each token's position = its column (0 for padding)
     width: int  # columns attended: at least max(positions) + 1
+    masks: dict = field(default_factory=dict)  # window -> mask, built once per forward
 
     def mask(self, window: int | None) -> torch.Tensor:
         """(B, 1, T, width) True where a query may attend."""
+        if window not in self.masks:
+            self.masks[window] = self._mask(window)
+        return self.masks[window]
+
+    def _mask(self, window: int | None) -> torch.Tensor:
         cols = torch.arange(self.width, device=self.positions.device)  # (W,)
         q = self.positions[:, None, :, None]  # (B, 1, T, 1)
         allowed = cols <= q
@@ -57,7 +64,7 @@ class SlotCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self.version = 0  # moves whenever the buffers are reallocated (captured graphs are then stale)
+        self.version = next(_LAYOUTS)  # new whenever buffers are allocated: graphs captured on others are stale
         self.forward: SlotForward | None = None  # set around a forward over the cache
 
     @property
@@ -101,7 +108,7 @@ class SlotCache:
                 bufs[i] = new
         self.free = list(range(slots - 1, old_slots - 1, -1)) + self.free
         self.slots, self.width = slots, width
-        self.version += 1
+        self.version = next(_LAYOUTS)
 
     @contextlib.contextmanager
     def attending(self, model, forward: SlotForward):
@@ -117,6 +124,7 @@ class SlotCache:
             self.forward, _ACTIVE[0] = None, None
 
 
+_LAYOUTS = itertools.count()
 _ACTIVE: list[SlotCache | None] = [None]  # the cache a forward is running over (one per process)
 
 
@@ -135,6 +143,13 @@ def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots).to(query.dtype)
     mask = fwd.mask(sliding_window)  # (B, 1, T, W)
     groups = query.shape[1] // k.shape[1]
+    B, Hq, T, D = query.shape
+    if softcap is None and T == 1 and groups > 1:
+        # one query per row: a kv head's query heads become its query rows (no copy of the keys, and
+        # the masked SDPA kernels take it where they do not take enable_gqa)
+        out = F.scaled_dot_product_attention(query.view(B, k.shape[1], groups, D), k, v,
+                                             attn_mask=mask.expand(B, 1, groups, mask.shape[-1]), scale=scaling)
+        return out.view(B, Hq, 1, D).transpose(1, 2).contiguous(), None
     if softcap is None:
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
     else:  # transformers' eager formula: SDPA has no soft-capping
