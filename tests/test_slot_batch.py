@@ -199,9 +199,10 @@ def test_graph_replay_matches_eager_before_and_after_a_reload():
 def test_a_run_prints_its_cache_size_and_refuses_one_that_cannot_fit(tmp_path):
     from tests.procs import run_train
 
-    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-new-tokens", "4", "--run-name", "ok"], tmp_path)
+    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-new-tokens", "4", "--tasks-per-step", "64",
+                            "--num-samples-per-task", "2", "--max-batch-episodes", "100", "--run-name", "ok"], tmp_path)
     assert rc == 0, out
-    assert "[engine] slot KV cache: 257 slots x" in out  # --max-batch-episodes 256 + the shared prefix
-    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-batch-episodes", "100000000",
-                            "--run-name", "huge"], tmp_path)
+    assert "[engine] slot KV cache: 101 slots x" in out  # min(--max-batch-episodes, a step's 128) + the shared prefix
+    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-new-tokens", "1000000000", "--run-name", "huge"],
+                           tmp_path)
     assert rc != 0 and "--max-batch-episodes" in out and "GiB" in out and "step 1/1" not in out

@@ -95,7 +95,7 @@ def rollout_figures(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict],
     engine = training_engine(policy, cfg)
     engine.sampling = replace(engine.sampling, ignore_eos=True)  # fixed length: random weights never stop
     dev = policy.device.type
-    capture_s = engine.prepare(tasks[0])
+    capture_s = engine.prepare(tasks[0], len(tasks) * cfg.num_samples_per_task)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
     _sync(dev)
     t0 = time.perf_counter()

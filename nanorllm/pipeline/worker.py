@@ -108,7 +108,8 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
     engine = training_engine(policy, cfg)
     engine.on_step = lambda: hb.beat(wid)  # progress inside a long generation
     hb.doing(wid, "capturing decode graphs")
-    capture_s = engine.prepare(EXAMPLE_TASK, on_progress=lambda: hb.beat(wid))
+    capture_s = engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task,  # at most one step a job
+                               on_progress=lambda: hb.beat(wid))
     if capture_s:
         print(f"[worker {wid}] decode graphs captured in {capture_s:.1f} s", flush=True)
     sender.put(Ready(wid, policy.version, load_s), waiting=lambda: hb.beat(wid))

@@ -56,9 +56,6 @@ class DecodeGraphs:
         self.capture_s = 0.0
         self.on_progress = on_progress or (lambda: None)  # a heartbeat between captures
 
-    def usable(self) -> bool:
-        return self.failed is None
-
     def run(self, batch, tok: torch.Tensor, pos: list[int]):
         """Replay the step for the batch's rows; (next tokens, logprobs) (n,), or None to run eager."""
         n = len(batch.rows)

@@ -20,10 +20,11 @@ _M32 = 0xFFFFFFFF
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (lowbias32) in int64 arithmetic; products wrap, the low 32 bits are exact."""
+    """A 32-bit integer hash (lowbias32's shape) in int64 arithmetic: 31-bit multipliers keep every
+    product below 2**63, so nothing overflows on any device."""
     x = x & _M32
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
-    x = ((x ^ (x >> 15)) * 0x846CA68B) & _M32
+    x = ((x ^ (x >> 15)) * 0x5BD1E995) & _M32
     return x ^ (x >> 16)
 
 

@@ -105,8 +105,9 @@ class RolloutEngine:
         n_generated, stats = 0, new_stats()
         t0 = time.perf_counter()
         width = self.slot_width(max(len(ep.prompt_ids) for ep in episodes), params)
+        rows = min(self.max_batch_episodes, len(episodes))
         with self.policy.decode_batch(params, stats=stats, engine=self.decode_engine,
-                                      slots=self.max_batch_episodes + 1, width=width) as batch:  # + the shared prefix
+                                      slots=rows + 1, width=width) as batch:  # + the shared prefix
             shared = shared_prefix([ep.prompt_ids for ep in episodes])
             start = batch.cache_prefix(shared) if len(episodes) > 1 and len(shared) >= MIN_SHARED_PREFIX else None
             waiting = deque((ep, start) for ep in episodes)  # (episode, KV state its prompt extends)
@@ -128,18 +129,19 @@ class RolloutEngine:
         """Columns of the slot cache for episodes whose first prompt holds `first_prompt` tokens."""
         return -(-longest_episode(first_prompt, params or self.sampling, self.max_turns) // 64) * 64
 
-    def prepare(self, example_task: dict, on_progress=None) -> float:
-        """Before any rollout: allocate the slot KV cache for prompts like `example_task`'s (+ 64
-        tokens), so its size is printed and a cache too large is refused at start, and on a GPU
-        capture the decode step's graphs for this engine's sampling; seconds of capture (0.0 on CPU)."""
+    def prepare(self, example_task: dict, episodes: int, on_progress=None) -> float:
+        """Before any rollout: allocate the slot KV cache for `episodes` episodes a call (at most
+        max_batch_episodes at once) with prompts like `example_task`'s (+ 64 tokens), so its size is
+        printed and a cache too large is refused at start, and on a GPU capture the decode step's
+        graphs for this engine's sampling; seconds of capture (0.0 on CPU)."""
         if not hasattr(self.policy, "capture_decode_graphs"):  # an API model: nothing to prepare
             return 0.0
         agent = MathAgent(**self.agent_kwargs)
         agent.reset(example_task, MathEnv(max_turns=self.max_turns).reset(example_task))
         first = len(self.policy.first_prompt_ids(agent.messages)) + 64
-        return self.policy.capture_decode_graphs(self.sampling, slots=self.max_batch_episodes + 1,
-                                                 width=self.slot_width(first), max_rows=self.max_batch_episodes,
-                                                 on_progress=on_progress)
+        rows = min(self.max_batch_episodes, episodes)
+        return self.policy.capture_decode_graphs(self.sampling, slots=rows + 1, width=self.slot_width(first),
+                                                 max_rows=rows, on_progress=on_progress)
 
     def _run_turn_by_turn(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One `generate` call per turn for every live episode (chunked to max_batch_episodes)."""

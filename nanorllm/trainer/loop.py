@@ -72,7 +72,8 @@ class SerialSource:
         self.run = run
         cfg = run.cfg
         self.engine = training_engine(run.policy, cfg)
-        self.engine.prepare(EXAMPLE_TASK)  # the KV cache's size printed (or refused) and, on a GPU, graphs captured
+        # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
+        self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task)
         self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
 
     def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
