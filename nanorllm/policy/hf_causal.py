@@ -141,10 +141,11 @@ class HFCausalPolicy(Policy):
                     batch = DecodeBatch(self, params, keep_state=keep_state, stats=stats)
                 else:
                     cache = self.ensure_slot_cache(slots, width)
-                    if self.device.type == "cuda" and self.graphs_enabled and self.decode_graphs is None:
+                    graphs = self.device.type == "cuda" and self.graphs_enabled
+                    if graphs and self.decode_graphs is None:
                         self.decode_graphs = DecodeGraphs()
                     batch = SlotBatch(self, params, cache=cache, keep_state=keep_state, stats=stats,
-                                      graphs=self.decode_graphs)
+                                      graphs=self.decode_graphs if graphs else None)
                 yield batch
         finally:
             if isinstance(batch, SlotBatch):
@@ -159,7 +160,7 @@ class HFCausalPolicy(Policy):
             slots = max(slots, cache.slots if cache else 0)
             width = max(width, cache.width if cache else 0)
             dtype = self.compute_dtype or next(self.model.parameters()).dtype
-            self.slot_cache = None  # let the old buffers go before the new ones are counted
+            self.slot_cache = cache = None  # let the old buffers go before the new ones are counted
             nbytes = check_fits(self.model, slots=slots, width=width, dtype=dtype, device=self.device)
             layers, kv_heads, head_dim = model_shape(self.model)
             cache = SlotCache(layers, kv_heads, head_dim, slots=slots, width=width, dtype=dtype, device=self.device)
