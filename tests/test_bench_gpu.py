@@ -23,4 +23,5 @@ def test_gpu_bench_dry_run_writes_every_figure(tmp_path):
     for key in ("tokens_per_s", "upper_bound_tokens_per_s", "hf_generate_tokens_per_s"):
         assert roll[key] > 0, key
     assert roll["graph_steps_frac"] == 0.0 and roll["capture_s"] == 0.0  # no graphs on CPU
+    assert figures["eager_rollout_tokens_per_s"] > 0
     assert figures["greedy_same_of_32"] == 4  # of the dry run's 4: eager on both sides on CPU

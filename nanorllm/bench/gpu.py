@@ -4,6 +4,7 @@ Each figure is measured beside what bounds it, in this one run:
   decode_ms[engine][B]   one decode step (sample + forward + the host's bookkeeping) at B rows, for the
                          DecodeBatch ("eager", the engine before the slot cache) and the SlotBatch
                          ("graphs": its step replayed from a CUDA graph; on CPU it runs eagerly)
+  eager_rollout_tokens_per_s  the same rollout on the DecodeBatch, first model only
   rollout[model]         generated tokens/s of a 256-episode two-turn rollout (32 tasks x 8 samples, the
                          training engine) for the default model (when installed) and each preset, with
                          the transformers reference (static-cache `generate` on the same first prompts) and
@@ -87,6 +88,19 @@ def decode_ms(policy: HFCausalPolicy, engine: str, rows: int, prompt: list[int],
             if k >= 3:
                 times.append(time.perf_counter() - t0)
     return 1000 * sorted(times)[len(times) // 2]
+
+
+def rollout_tokens_per_s(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], decode_engine: str) -> float:
+    """tokens/s of one fixed-length rollout on `decode_engine`, after a warm-up one."""
+    engine = training_engine(policy, cfg)
+    engine.decode_engine = decode_engine
+    engine.sampling = replace(engine.sampling, ignore_eos=True)
+    engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)
+    _sync(policy.device.type)
+    t0 = time.perf_counter()
+    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    _sync(policy.device.type)
+    return sum(len(s.response_ids) for r in results for s in r.step_samples) / (time.perf_counter() - t0)
 
 
 def rollout_figures(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], *, dry: bool) -> dict:
@@ -240,6 +254,8 @@ def run(b: GpuBenchConfig) -> dict:
                 figures["decode_ms"][{"dynamic": "eager", "slots": "graphs"}[engine]] = {
                     rows: guarded(decode_ms, policy, engine, rows, prompt, steps=3 if dry else 10) for rows in sizes}
             figures["greedy_same_of_32"] = guarded(greedy_same, policy, cfg, tasks, n=4 if dry else 32)
+            figures["eager_rollout_tokens_per_s"] = guarded(rollout_tokens_per_s, policy, cfg,
+                                                            tasks[:cfg.tasks_per_step], "dynamic")
         policy.decode_graphs = None  # capture for the rollout's sizes
         figures["rollout"][model] = guarded(rollout_figures, policy, cfg, tasks[:cfg.tasks_per_step], dry=dry)
         print(f"[bench gpu] {model}: {json.dumps(figures['rollout'][model], default=float)}", flush=True)
