@@ -1,5 +1,6 @@
 """Faults, injected into real 2-worker tiny runs (launch/chaos.py), and the pieces that make them safe."""
 
+import json
 import os
 import pickle
 import signal
@@ -83,6 +84,28 @@ def test_learner_exception_is_not_a_finished_run(tmp_path):
     assert "[done]" not in o.output and "[eval] step 5" not in o.output
 
 
+@pytest.mark.slow
+def test_golds_no_parser_finishes_train_in_a_pipeline_run_with_counted_timeouts(tmp_path):
+    """A worker grading a nested power (and a 5,001-digit gold) goes on: each check is cut at the CPU
+    budget and counted, the first step with one names its task; nothing is reported hung."""
+    tasks, heldout = tmp_path / "tasks.jsonl", tmp_path / "heldout.jsonl"
+    rows = [{"task_id": f"plain-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    rows += [{"task_id": "nested-power", "question": "a?", "answer": "9^{9^{9^9}}"},
+             {"task_id": "long-gold", "question": "b?", "answer": "7" * 5001}]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # the hard ones are drawn early
+    heldout.write_text(json.dumps({"task_id": "held-nested", "question": "c?", "answer": "9^{9^{9^9}} + 1"}) + "\n")
+    args = ["--num-workers", "1", "--tasks", str(tasks), "--eval-tasks", str(heldout),
+            "--max-steps", "2", "--grader-timeout-s", "1", "--worker-timeout-s", "20", "--run-name", "graded"]
+    run = chaos.TrainProcess(args, tmp_path, fault="fixed_answer:\\boxed{1}")
+    assert run.wait() == 0, run.output()
+    text = run.output()
+    assert "[grader] step " in text and "hung" not in text
+    assert "[grader] held-out eval at step 0: " in text and "first: task held-nested" in text
+    scalars = read_scalars(tmp_path / "graded")
+    assert sum(v for _, v in scalars["reward/grader_timeouts"]) >= 2
+    assert scalars["eval/grader_timeouts"][0][1] >= 1
+
+
 # ---- the pieces ----------------------------------------------------------------------------------
 def _pipe():
     r, w = mp.get_context("spawn").Pipe(duplex=False)
@@ -132,6 +155,9 @@ def test_heartbeat_silence_grows_until_the_next_beat():
     hb.beat(1)
     assert hb.silence(1) == 0.0
     assert hb.describe(1) == "generating (job 3.1)"
+    hb.doing(1, "grading", "3.1", task=1)
+    assert hb.describe(1, {"3.1": ["a", "b"]}) == "grading (job 3.1, task b)"
+    assert hb.describe(1) == "grading (job 3.1)"
 
 
 @pytest.mark.slow

@@ -13,11 +13,13 @@ Two paths, chosen by the gold answer:
     `\\%` or `^\\circ`.
   Anything else scores 0: expressions (`3+4`, `0.7 \\times 10`), equations (`x = 7`), several values
   (`7, 7`), unreduced fractions (`14/2`), scientific notation, words with numbers.
-- **Any other gold** (`\\sqrt{2}`, `x + 1`, an interval): math-verify equivalence (LaTeX -> sympy).
-  Its own time limit is wall-clock (SIGALRM), which a busy CPU can hit on a correct answer, so we
-  run it without one and bound it by *CPU time* of this process instead (`ITIMER_VIRTUAL`): a
-  contended machine slows the clock, not the budget. Every timeout is reported (`Verdict.timed_out`,
-  counted as `reward/grader_timeouts`).
+- **Any other gold** (`\\sqrt{2}`, `x + 1`, an interval): math-verify equivalence (LaTeX -> sympy),
+  in a helper process killed at a hard *CPU-time* budget (envs/symbolic.py): no library can swallow
+  that limit, and a contended machine slows the clock, not the budget. Every timeout is reported
+  (`Verdict.timed_out`, counted as `reward/grader_timeouts`).
+
+Gold numbers may be longer than Python's int-string limit (4,300 digits): they are converted in
+chunks, so a 5,001-digit gold is compared exactly like a short one.
 
 We extract the box ourselves (brace matching, last box wins) so the rule is exact and testable.
 Over-long answers are rejected before parsing: a 10,000-character "answer" is not an answer.
@@ -25,16 +27,14 @@ Over-long answers are rejected before parsing: a 10,000-character "answer" is no
 
 import math
 import re
-import signal
-import threading
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
-from math_verify import parse, verify
-from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+from nanorllm.envs.symbolic import CHECKER
 
 MAX_ANSWER_CHARS = 200
-_EXTRACTION = [LatexExtractionConfig(), ExprExtractionConfig()]
+_INT_CHUNK = 4000  # digits per int() call: under Python's int-string limit
 
 
 @dataclass
@@ -95,7 +95,7 @@ def parse_number(text: str, *, lowest_terms: bool = True) -> Fraction | None:
         sign, s = (-1 if s[0] == "-" else 1), s[1:].lstrip()
     frac = _FRAC.fullmatch(s)
     if frac:
-        num, den = (int(g) for g in (frac.group(1, 2) if frac.group(1) else frac.group(3, 4)))
+        num, den = (_int(g) for g in (frac.group(1, 2) if frac.group(1) else frac.group(3, 4)))
         if den == 0 or (lowest_terms and (den == 1 or math.gcd(num, den) != 1)):
             return None
         return sign * Fraction(num, den)
@@ -103,40 +103,25 @@ def parse_number(text: str, *, lowest_terms: bool = True) -> Fraction | None:
     if not dec or not (dec.group(1) or dec.group(2)):
         return None
     whole, part = (dec.group(1) or "0").replace(",", ""), dec.group(2) or ""
-    return sign * Fraction(int(whole + part), 10 ** len(part))
+    return sign * Fraction(_int(whole + part), 10 ** len(part))
 
 
-# ---- symbolic answers -------------------------------------------------------------------------
-class _CpuTimeout(Exception):
-    pass
+def _int(digits: str) -> int:
+    """int() of a digit string of any length (Python refuses more than 4,300 digits at once)."""
+    if len(digits) <= _INT_CHUNK:
+        return int(digits)
+    value = 0
+    for i in range(0, len(digits), _INT_CHUNK):
+        chunk = digits[i:i + _INT_CHUNK]
+        value = value * 10 ** len(chunk) + int(chunk)
+    return value
 
 
-def _raise_timeout(*_):
-    raise _CpuTimeout
-
-
-def _symbolic_equal(predicted: str, gold: str, cpu_limit_s: float) -> tuple[bool, bool]:
-    """(equal, timed out) by math-verify, under a CPU-time limit where signals allow one (main thread)."""
-    limited = threading.current_thread() is threading.main_thread() and cpu_limit_s > 0
-    if limited:
-        old = signal.signal(signal.SIGVTALRM, _raise_timeout)
-        signal.setitimer(signal.ITIMER_VIRTUAL, cpu_limit_s)
-    try:
-        g = parse(f"${gold}$", extraction_config=_EXTRACTION, parsing_timeout=None)
-        p = parse(f"${predicted}$", extraction_config=_EXTRACTION, parsing_timeout=None)
-        return bool(g and p and verify(g, p, timeout_seconds=None)), False
-    except _CpuTimeout:
-        return False, True
-    except Exception:  # a parser failure means "not shown to be equal"
-        return False, False
-    finally:
-        if limited:
-            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
-            signal.signal(signal.SIGVTALRM, old)
-
-
-def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> tuple[bool, bool]:
-    """(correct, timed out) for one extracted answer against the gold answer."""
+def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0,
+                 progress: Callable[[], None] | None = None) -> tuple[bool, bool]:
+    """(correct, timed out) for one extracted answer against the gold answer; returns within the CPU
+    budget (plus the helper's start, once per process) whatever the gold. `progress()` is called
+    while a symbolic check runs (a worker beats its heartbeat with it)."""
     predicted, gold = predicted.strip(), gold.strip()
     if not predicted or len(predicted) > MAX_ANSWER_CHARS:
         return False, False
@@ -145,7 +130,7 @@ def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> tupl
         return parse_number(predicted) == gold_value, False
     if predicted == gold:
         return True, False
-    return _symbolic_equal(predicted, gold, cpu_limit_s)
+    return CHECKER.check(predicted, gold, cpu_limit_s, progress)
 
 
 def is_equivalent(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> bool:
@@ -153,12 +138,13 @@ def is_equivalent(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> boo
     return check_answer(predicted, gold, cpu_limit_s=cpu_limit_s)[0]
 
 
-def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0) -> Verdict:
+def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0,
+          progress: Callable[[], None] | None = None) -> Verdict:
     """Grade a whole response. A response without a closed \\boxed{} is wrong."""
     boxed = extract_boxed(response)
     if boxed is None:
         return Verdict(False, None)
-    correct, timed_out = check_answer(boxed, gold, cpu_limit_s=cpu_limit_s)
+    correct, timed_out = check_answer(boxed, gold, cpu_limit_s=cpu_limit_s, progress=progress)
     return Verdict(correct, boxed, timed_out)
 
 

@@ -7,7 +7,10 @@ Rules (from the design notes, exactly):
 The reward is terminal: only the last step's reward is the episode's reward.
 """
 
+from typing import Callable
+
 from nanorllm.envs.grader import judge
+from nanorllm.utils.faults import fault
 
 RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
                   "Put your final answer in \\boxed{}.")
@@ -16,11 +19,13 @@ NO_BOX_FEEDBACK = ("I could not find a final answer. Solve it again and put your
 
 
 class MathEnv:
-    def __init__(self, *, max_turns: int = 2, grader_timeout_s: float = 5.0):
+    def __init__(self, *, max_turns: int = 2, grader_timeout_s: float = 5.0,
+                 progress: Callable[[], None] | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.grader_timeout_s = grader_timeout_s
+        self.progress = progress  # called while a symbolic answer check runs (a heartbeat)
         self.task: dict | None = None
         self.turn = 0
 
@@ -32,7 +37,8 @@ class MathEnv:
         """Grade one response. Returns (feedback or None, reward, done, info)."""
         assert self.task is not None, "call reset(task) first"
         self.turn += 1
-        verdict = judge(response, self.task["answer"], cpu_limit_s=self.grader_timeout_s)
+        response = fault("fixed_answer") or response
+        verdict = judge(response, self.task["answer"], cpu_limit_s=self.grader_timeout_s, progress=self.progress)
         correct = verdict.correct
         info = {"extracted": verdict.extracted, "correct": correct, "turn": self.turn}
         if verdict.timed_out:

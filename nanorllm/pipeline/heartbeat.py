@@ -1,8 +1,9 @@
 """Heartbeat: each worker's progress, which the learner reads without a lock.
 
-One shared int64 row per worker: [beats, activity, step, part]. The worker bumps `beats` whenever
-it makes progress (each model forward pass, each poll for a job or for weights) and writes what it
-is doing. The learner notes, on its own clock, when each count last moved: a worker whose count
+One shared int64 row per worker: [beats, activity, step, part, task]. The worker bumps `beats`
+whenever it makes progress (each model forward pass, each poll for a job or for weights, each look
+at a running answer check) and writes what it is doing: generating and grading are told apart,
+and while grading, `task` is the index of the task in the job, so a hang report names the task. The learner notes, on its own clock, when each count last moved: a worker whose count
 stands still longer than the timeout is hung (SIGSTOP, a deadlock, a stuck device), whatever it
 claims to be doing. No clock is shared between processes, and a torn read of a row costs at most a
 stale activity in a report.
@@ -13,15 +14,15 @@ import time
 import torch
 
 ACTIVITIES = ["starting", "waiting for a job", "waiting for weights", "loading weights", "generating",
-              "waiting to hand a result to the learner", "stopping", "capturing decode graphs"]
-BEATS, ACTIVITY, STEP, PART = range(4)
+              "grading", "waiting to hand a result to the learner", "stopping", "capturing decode graphs"]
+BEATS, ACTIVITY, STEP, PART, TASK = range(5)
 
 
 class Heartbeat:
     """Made by the learner for `n` workers and pickled to them; worker `wid` writes row `wid`."""
 
     def __init__(self, n: int):
-        self.board = torch.zeros(n, 4, dtype=torch.int64).share_memory_()
+        self.board = torch.zeros(n, 5, dtype=torch.int64).share_memory_()
         self._seen: dict[int, tuple[int, float]] = {}  # learner side: wid -> (beats, when they last moved)
         self.__setstate__(self.__getstate__())
 
@@ -36,9 +37,9 @@ class Heartbeat:
     def beat(self, wid: int) -> None:
         self._rows[wid, BEATS] += 1
 
-    def doing(self, wid: int, activity: str, job_id: str | None = None) -> None:
+    def doing(self, wid: int, activity: str, job_id: str | None = None, task: int = -1) -> None:
         step, part = (int(x) for x in job_id.split(".")) if job_id else (-1, -1)
-        self._rows[wid, STEP], self._rows[wid, PART] = step, part
+        self._rows[wid, STEP], self._rows[wid, PART], self._rows[wid, TASK] = step, part, task
         self._rows[wid, ACTIVITY] = ACTIVITIES.index(activity)
         self.beat(wid)
 
@@ -57,7 +58,13 @@ class Heartbeat:
             return 0.0
         return now - since
 
-    def describe(self, wid: int) -> str:
+    def describe(self, wid: int, task_ids: dict[str, list[str]] | None = None) -> str:
+        """What worker `wid` last said it was doing; `task_ids` (job id -> its tasks' ids) names the task."""
         row = [int(x) for x in self._rows[wid]]
         what = ACTIVITIES[row[ACTIVITY]]
-        return what + (f" (job {row[STEP]}.{row[PART]})" if row[STEP] >= 0 else "")
+        if row[STEP] < 0:
+            return what
+        job = f"{row[STEP]}.{row[PART]}"
+        ids = (task_ids or {}).get(job, [])
+        task = f", task {ids[row[TASK]]}" if 0 <= row[TASK] < len(ids) else ""
+        return f"{what} (job {job}{task})"

@@ -9,7 +9,8 @@ them to the learner, so the next job can start while a large result is still bei
 Staying honest with the learner, which must be able to tell a slow worker from a dead or hung one:
 - it exits by itself when the learner dies (`lifeline`);
 - it beats a shared heartbeat on every decode step (from the engine's loop: replayed CUDA graphs run
-  no forward hooks), between graph captures and on every poll, with what it is doing;
+  no forward hooks), between graph captures and on every poll, with what it is doing (generating,
+  or grading which task);
 - the stop signal is a flag in shared memory, so there is no lock for a dying process to hold;
 - any exception outside an episode is sent to the learner as a message and printed here, so a
   worker that cannot start still says why. An exception inside a job fails only that job.
@@ -139,6 +140,7 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
             acc.load_s += s
             acc.loads += 1
         hb.doing(wid, "generating", job.job_id)
+        engine.watch = lambda activity, task, jid=job.job_id: hb.doing(wid, activity, jid, task)
         t_run = time.perf_counter()
         try:
             out = engine.run(job.tasks, num_samples=job.num_samples, group_ids=job.group_ids, seed=job.seed)

@@ -16,6 +16,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from nanorllm.agents.math_agent import MathAgent
 from nanorllm.core.types import RolloutResult, StepSample
@@ -35,6 +36,7 @@ class _Episode:
     samples: list[StepSample] = field(default_factory=list)
     result: RolloutResult | None = None
     rng: object = None  # its own sampling stream (in-flight batching)
+    task_index: int = 0  # position of its task in the run() call, for hang reports
 
 
 MIN_SHARED_PREFIX = 8  # tokens every first prompt must share before they are computed once
@@ -69,6 +71,9 @@ class RolloutEngine:
         self.grader_timeout_s = grader_timeout_s
         self.decode_engine = decode_engine  # "slots" (policy/slot_batch.py) or "dynamic" (the DecodeBatch it replaced)
         self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
+        # watch(activity, task_index): told when grading starts and ends (and beaten while a check runs),
+        # so a hang detector can say whether generation or the grader stands still, and on which task.
+        self.watch: Callable[[str, int], None] = lambda activity, task_index: None
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
             seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
@@ -79,10 +84,11 @@ class RolloutEngine:
         params = sampling or self.sampling
         group_ids = group_ids or [t["task_id"] for t in tasks]
         episodes = []
-        for task, gid in zip(tasks, group_ids):
+        for i, (task, gid) in enumerate(zip(tasks, group_ids)):
             for k in range(num_samples):
-                ep = _Episode(task=task, episode_id=f"{gid}#{k}", group_id=gid,
-                              env=MathEnv(max_turns=self.max_turns, grader_timeout_s=self.grader_timeout_s),
+                ep = _Episode(task=task, episode_id=f"{gid}#{k}", group_id=gid, task_index=i,
+                              env=MathEnv(max_turns=self.max_turns, grader_timeout_s=self.grader_timeout_s,
+                                          progress=lambda i=i: self.watch("grading", i)),
                               agent=MathAgent(**self.agent_kwargs))
                 ep.agent.reset(task, ep.env.reset(task))
                 ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
@@ -168,12 +174,15 @@ class RolloutEngine:
             task_id=ep.task["task_id"], episode_id=ep.episode_id, turn=len(ep.samples),
             prompt_ids=ep.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
             policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
+        self.watch("grading", ep.task_index)
         try:
             feedback, reward, done, info = env.step(gen.text)
         except Exception:  # one bad episode must not stop the batch: end it, keep the reason
             agent.trajectory.steps[-1].info["error"] = traceback.format_exc(limit=3)
             self._finish(ep, 0.0, terminated=False, reason="error")
             return False
+        finally:
+            self.watch("generating", -1)
         if done:
             agent.update_from_env(feedback, reward, done, info)
             self._finish(ep, reward, terminated=True, reason="correct" if reward > 0 else "max_turns")

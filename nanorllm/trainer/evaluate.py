@@ -1,21 +1,37 @@
-"""Held-out evaluation: the same self-refine loop, greedy, one episode per task."""
+"""Held-out evaluation: the same self-refine loop, greedy, one episode per task.
+
+It runs in the learner's own process, so it has its own hang detector (trainer/watchdog.py): a
+decode step or an answer check that stands still past `hang_timeout_s` is reported with what it
+was doing and which task, and stops the run instead of hanging it.
+"""
 
 from dataclasses import replace
 
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.metrics import grader_timeouts
+from nanorllm.trainer.watchdog import Watchdog
 
 
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, max_turns: int,
-             agent_kwargs: dict | None = None, max_batch_episodes: int = 64) -> dict:
-    """{"success_rate", "first_turn_success", "mean_turns", "n"} over `tasks`."""
+             agent_kwargs: dict | None = None, max_batch_episodes: int = 64, grader_timeout_s: float = 5.0,
+             hang_timeout_s: float = 600.0) -> dict:
+    """{"success_rate", "first_turn_success", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), max_turns=max_turns,
-                           max_batch_episodes=max_batch_episodes, agent_kwargs=agent_kwargs)
-    results = engine.run(tasks, num_samples=1)
+                           max_batch_episodes=max_batch_episodes, agent_kwargs=agent_kwargs,
+                           grader_timeout_s=grader_timeout_s)
+    with Watchdog("held-out evaluation", hang_timeout_s) as dog:
+        dog.beat("generating")
+        engine.on_step = dog.beat  # every decode step (replayed CUDA graphs run no forward hooks)
+        engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+        results = engine.run(tasks, num_samples=1)
     n = len(results)
+    timeouts, first_timeout = grader_timeouts(results)
     return {
         "success_rate": sum(r.reward > 0 for r in results) / n,
         "first_turn_success": sum(r.trajectory.steps[0].reward > 0 for r in results) / n,
         "mean_turns": sum(r.trajectory.num_turns for r in results) / n,
         "n": n,
+        "grader_timeouts": timeouts,
+        "first_timeout_task": first_timeout,
     }

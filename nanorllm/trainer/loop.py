@@ -37,7 +37,7 @@ from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engin
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.evaluate import evaluate
-from nanorllm.trainer.metrics import decode_metrics, rollout_metrics
+from nanorllm.trainer.metrics import decode_metrics, grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
 from nanorllm.utils.devices import configure_threads, resolve_devices
@@ -101,6 +101,7 @@ class SerialSource:
 
 class TrainingRun:
     HISTORY = 1000
+    EVAL_HANG_S = 600.0  # held-out eval without progress this long is hung, unless --worker-timeout-s says
 
     def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
                  quiet: bool = False):
@@ -199,9 +200,16 @@ class TrainingRun:
             return None
         t0 = time.perf_counter()
         res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns,
-                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes)
+                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes,
+                       grader_timeout_s=self.cfg.grader_timeout_s,
+                       hang_timeout_s=self.cfg.worker_timeout_s or self.EVAL_HANG_S)
         self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
-                             res["first_turn_success"], "eval/mean_turns": res["mean_turns"]}, step)
+                             res["first_turn_success"], "eval/mean_turns": res["mean_turns"],
+                             "eval/grader_timeouts": res["grader_timeouts"]}, step)
+        if res["grader_timeouts"]:
+            self.say(f"[grader] held-out eval at step {step}: {res['grader_timeouts']} answer check(s) ran out of "
+                     f"--grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
+                     f"{res['first_timeout_task']}")
         self.say(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
                  f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f} | n {res['n']} | "
                  f"{time.perf_counter() - t0:.1f} s")
@@ -240,6 +248,7 @@ class TrainingRun:
                     raise RuntimeError(f"injected fault: learner_step {step + 1}")
                 metrics = rollout_metrics(results)
                 metrics.update(extra)
+                self.report_grader_timeouts(results, step + 1)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
                                           ranks=self.ranks))
@@ -279,6 +288,14 @@ class TrainingRun:
             self.save_last()
         self.ranks.release()
         return {"step": self.final_step}
+
+    def report_grader_timeouts(self, results: list[RolloutResult], step: int) -> None:
+        """The first step with answer checks out of CPU time says so, with a task (then only the scalar)."""
+        n, first = grader_timeouts(results)
+        self.totals["grader_timeouts"] = self.totals.get("grader_timeouts", 0) + n
+        if n and self.totals["grader_timeouts"] == n:
+            self.say(f"[grader] step {step}: {n} answer check(s) ran out of --grader-timeout-s "
+                     f"{self.cfg.grader_timeout_s:g} (scored 0, counted as reward/grader_timeouts); first: task {first}")
 
     def attach_ranks(self) -> None:
         """Every learner rank gets this rank's weights and optimizer state (after the workers' shared

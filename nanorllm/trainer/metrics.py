@@ -8,6 +8,13 @@ from nanorllm.core.types import RolloutResult
 TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error")
 
 
+def grader_timeouts(results: list[RolloutResult]) -> tuple[int, str | None]:
+    """(answer checks that ran out of CPU time, the task id of the first one)."""
+    hit = [(r.trajectory.task_id, n) for r in results
+           if (n := sum(bool(st.info.get("grader_timeout")) for st in r.trajectory.steps))]
+    return sum(n for _, n in hit), (hit[0][0] if hit else None)
+
+
 def rollout_metrics(results: list[RolloutResult]) -> dict:
     if not results:
         return {}
@@ -26,8 +33,7 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
         "completions/mean_length": sum(lengths) / max(len(lengths), 1),
         "completions/clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1),
         # answer checks that ran out of CPU time (scored 0): should stay 0
-        "reward/grader_timeouts": sum(bool(st.info.get("grader_timeout")) for r in results
-                                      for st in r.trajectory.steps),
+        "reward/grader_timeouts": grader_timeouts(results)[0],
     }
     reasons = Counter(r.trajectory.termination_reason for r in results)
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps

@@ -1,0 +1,54 @@
+"""Held-out evaluation always ends: a gold no parser can finish is a counted timeout, and a hung
+model or grader is reported (generating or grading, which task) instead of hanging the learner."""
+
+import time
+
+import pytest
+
+import nanorllm.envs.math_env as math_env
+from nanorllm.policy.base import SamplingParams
+from nanorllm.trainer.evaluate import evaluate
+from nanorllm.trainer.watchdog import Hung, Watchdog
+from tests.helpers import ScriptedPolicy
+
+NESTED = {"task_id": "nested-power", "question": "q", "answer": "9^{9^{9^9}}"}
+LONG = {"task_id": "5001-digits", "question": "q", "answer": "7" * 5001}
+PLAIN = {"task_id": "plain", "question": "q", "answer": "1"}
+
+
+def _eval(policy, tasks, **kw):
+    return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=8), max_turns=2, **kw)
+
+
+def test_eval_with_golds_no_parser_finishes_returns_and_counts_the_timeouts():
+    policy = ScriptedPolicy(lambda call, row, messages: "\\boxed{1}")
+    t0 = time.perf_counter()
+    res = _eval(policy, [PLAIN, LONG, NESTED], grader_timeout_s=1)
+    assert time.perf_counter() - t0 < 60  # two checks of a 1 s CPU budget, a helper start, a 10x wall backstop
+    assert res["n"] == 3 and res["success_rate"] == pytest.approx(1 / 3)
+    assert res["grader_timeouts"] == 2  # both turns of the nested power (the second one from the cache)
+    assert res["first_timeout_task"] == "nested-power"
+
+
+def test_a_hung_model_in_eval_is_reported_as_generating():
+    def stuck(call, row, messages):
+        time.sleep(30)  # a generate that never returns
+
+    with pytest.raises(Hung, match="held-out evaluation hung: .* while generating"):
+        _eval(ScriptedPolicy(stuck), [PLAIN], hang_timeout_s=1)
+
+
+def test_a_hung_grader_in_eval_is_reported_with_its_task(monkeypatch):
+    monkeypatch.setattr(math_env, "judge", lambda *a, **k: time.sleep(30))
+    t0 = time.perf_counter()
+    with pytest.raises(Hung, match=r"while grading \(task plain\)"):
+        _eval(ScriptedPolicy(lambda *_: "\\boxed{1}"), [PLAIN], hang_timeout_s=1)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_a_watchdog_that_sees_beats_stays_quiet():
+    with Watchdog("work", 0.5, poll_s=0.05) as dog:
+        for _ in range(20):
+            dog.beat("generating")
+            time.sleep(0.05)
+    assert dog.report is None
