@@ -6,12 +6,15 @@ Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by c
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 
 DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
 DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
+# Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
+NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
 
 
 class ConfigError(ValueError):
@@ -124,7 +127,8 @@ class TrainConfig:
     learner_timeout_s: float = 1800.0
     """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than
     the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until the first
-    step's batch is shared (ranks and workers have started) the limit is --worker-start-timeout-s, if longer."""
+    step's batch is shared (ranks and workers have started) the limit is --worker-start-timeout-s, if longer.
+    inf: no limit."""
     threads: int | None = None
     """Torch threads per process on CPU; None splits the cores across processes."""
     queue_size: int = 4
@@ -154,9 +158,10 @@ class TrainConfig:
     save_every_minutes: float = 10.0
     """Also checkpoint when this many minutes passed since the last one (0: off): a hard kill loses at most that."""
     worker_timeout_s: float | None = None
-    """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the longest job)."""
+    """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the longest job);
+    also the limit for held-out eval without progress (None: 600 s). inf: no limit."""
     worker_start_timeout_s: float = 600.0
-    """Longest a worker (or a learner rank) may take to load its model and say it is ready."""
+    """Longest a worker (or a learner rank) may take to load its model and say it is ready. inf: no limit."""
     restart_backoff_s: float = 1.0
     """Wait before restarting a failed worker; doubles with each failure in a row (at most 60 s)."""
     max_restarts_per_worker: int = 5
@@ -169,6 +174,7 @@ class TrainConfig:
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
+        non_finite = self._non_finite()
         p = []
         positive = ["max_turns", "max_new_tokens", "max_steps", "tasks_per_step", "num_samples_per_task",
                     "micro_batch_tokens", "max_batch_episodes", "num_workers", "queue_size", "keep_checkpoints",
@@ -227,6 +233,17 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if not self.tasks:
             p.append("tasks: empty")
+        return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
+
+    def _non_finite(self) -> list[str]:
+        """nan anywhere, inf anywhere but in the fields where it means 'no limit'."""
+        p = []
+        for f in fields(self):
+            values = getattr(self, f.name)
+            for v in values if isinstance(values, tuple) else [values]:
+                if isinstance(v, float) and not math.isfinite(v) and not (f.name in NO_LIMIT_FIELDS and v == math.inf):
+                    hint = f" (inf means 'no limit' only for {', '.join(NO_LIMIT_FIELDS)})" if v == math.inf else ""
+                    p.append(f"{f.name}: must be a finite number, got {v}{hint}")
         return p
 
     def to_dict(self) -> dict:

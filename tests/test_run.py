@@ -135,3 +135,30 @@ def test_bad_flags_are_all_reported(capsys):
     assert main(["--max-steps", "0", "--lr", "-1", "--loss-agg", "mean"]) == 2
     err = capsys.readouterr().err
     assert "max_steps: must be >= 1" in err and "lr: must be > 0" in err and "loss_agg:" in err
+
+
+def test_non_finite_settings_are_refused_naming_the_field(capsys):
+    assert main(["--lr", "inf", "--restart-backoff-s", "nan", "--is-band", "0.5", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "lr: must be a finite number, got inf" in err and "restart_backoff_s: must be a finite number, got nan" in err
+    assert "is_band: must be a finite number" in err and "lr: must be > 0" not in err  # one line per field
+
+
+def test_inf_is_no_limit_only_where_documented():
+    from nanorllm.config import parse_config
+    from nanorllm.ranks.group import _timedelta
+
+    cfg = parse_config(["--learner-timeout-s", "inf", "--worker-timeout-s", "inf"])
+    assert _timedelta(cfg.learner_timeout_s).days == 365  # timedelta(seconds=inf) raises OverflowError
+
+
+def test_an_update_that_leaves_non_finite_weights_stops_the_run_and_keeps_the_last_finite_checkpoint(
+        tmp_path, length_rule_grader, capsys, monkeypatch):
+    monkeypatch.setenv("NANORLLM_FAULT", "nan_weights:2")
+    rc = main([*BASE, "--output-dir", str(tmp_path), "--run-name", "nan", "--max-steps", "3", "--save-every", "1"])
+    assert rc == 1
+    out = capsys.readouterr()
+    assert "step 2's update left non-finite weights" in out.err and "[done]" not in out.out
+    run = tmp_path / "nan"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
+    assert all(torch.isfinite(t).all() for t in weights(run / "checkpoints" / "step_1" / "model").values())

@@ -47,6 +47,13 @@ from nanorllm.utils.devices import DeviceError, DeviceMap
 from nanorllm.utils.procs import exit_reason, is_stopped
 
 
+NO_LIMIT_S = 365 * 24 * 3600.0  # what an `inf` timeout becomes: timedelta and the C++ side take no infinity
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=min(seconds, NO_LIMIT_S))
+
+
 class RankError(RuntimeError):
     """A learner rank died or stopped answering; the message names it."""
 
@@ -125,7 +132,7 @@ class LearnerRanks:
             torch.cuda.set_device(self.device)  # NCCL and object collectives use the current device
         dist.init_process_group("nccl" if self.device.startswith("cuda") else "gloo", init_method=address,
                                 rank=self.rank, world_size=self.world,
-                                timeout=datetime.timedelta(seconds=max(timeout_s, start_timeout_s)))
+                                timeout=_timedelta(max(timeout_s, start_timeout_s)))
 
     def close(self, grace_s: float = 5.0) -> None:
         """End the ranks this process spawned (after `release` they exit by themselves; otherwise they
@@ -286,7 +293,7 @@ class LearnerRanks:
         out = [None]
         dist.scatter_object_list(out, items, src=0)
         if not self.started:  # the first step's shares are out: every process has started, workers too
-            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout_s))
+            dist.distributed_c10d._set_pg_timeout(_timedelta(self.timeout_s))
             self.started = True
         return out[0]
 

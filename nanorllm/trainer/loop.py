@@ -65,6 +65,21 @@ def load_task_sets(cfg: TrainConfig) -> tuple[list[dict], list[dict], int]:
     return train, heldout, dropped
 
 
+class NonFiniteWeights(RuntimeError):
+    """An update left a weight inf or NaN: nothing after it can be trained or saved."""
+
+
+def check_finite_weights(model: torch.nn.Module, step: int) -> None:
+    """One fused norm per parameter and one sync per step; raises NonFiniteWeights naming the first bad tensor."""
+    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    norms = torch._foreach_norm([p.detach() for _, p in named])
+    finite = torch.isfinite(torch.stack([n.float() for n in norms]))
+    if not bool(finite.all()):
+        bad = named[int((~finite).nonzero()[0])][0]
+        raise NonFiniteWeights(f"step {step}'s update left non-finite weights (first: {bad}); the run stops and the "
+                               "last checkpoint, whose weights are finite, stands (try a smaller --lr)")
+
+
 class SerialSource:
     """Rollouts in the training process: generate, then train, one after the other."""
 
@@ -156,6 +171,8 @@ class TrainingRun:
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
         if state:
             checkpoint.restore_trainer_state(state, self)
+            for group in self.optimizer.param_groups:  # the saved optimizer state carries the old ones
+                group.update(lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.final_step = self.start_step
         self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
@@ -252,6 +269,10 @@ class TrainingRun:
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
                                           ranks=self.ranks))
+                if fault("nan_weights") == str(step + 1):
+                    with torch.no_grad():
+                        next(self.policy.model.parameters()).view(-1)[0] = float("nan")
+                check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
             self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
             self.final_step = step + 1
