@@ -5,6 +5,7 @@
                          the full, plain one on any number of ranks (gathered from FSDP's shards)
     rng.pt               torch and sampler RNG states, weights_only=True
     trainer_state.json   step, task-stream position, python RNG state, counters, config
+    manifest.json        every other file's size and sha256, written last
 
 The task-stream position is the exactly-once ledger: every group is named by the position it was
 drawn at (`<task_id>@<position>`), and steps train the stream in order, so "trained" is exactly
@@ -12,11 +13,14 @@ drawn at (`<task_id>@<position>`), and steps train the stream in order, so "trai
 a pipeline had later steps in flight or a stop interrupted a rollout: those groups are drawn again
 on resume and trained once.
 
-Written under a temporary name and renamed when complete, so a crash mid-write never leaves a
-directory that looks like a checkpoint; a checkpoint that fails to load is reported and the
+Written under a temporary name; the files, the manifest and the directory are fsynced, and only
+then is it renamed: a crash or a full disk mid-write never leaves a directory that looks like a
+checkpoint. On resume every file is checked against the manifest before anything is parsed, so a
+checkpoint damaged later (a file cut short, overwritten, emptied) is reported in one line and the
 previous one is used. Nothing here unpickles code.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -28,6 +32,7 @@ import torch
 
 PREFIX = "step_"
 FILES = ("model/config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
+MANIFEST = "manifest.json"
 
 
 class CheckpointError(RuntimeError):
@@ -65,12 +70,69 @@ def save(run, step: int) -> Path:
         "reference_model": run.cfg.model,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    write_manifest(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
+    fsync_dir(root)
     for old in list_complete(run.run_dir)[:-run.cfg.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# ---- manifest: what a complete checkpoint holds ---------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(ckpt_dir: Path) -> dict:
+    """Fsync every file under `ckpt_dir` and its folders, then write and fsync manifest.json listing each
+    file's size and sha256. Call it last, before the rename that publishes the checkpoint."""
+    ckpt_dir = Path(ckpt_dir)
+    files = {}
+    for path in sorted(p for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        files[path.relative_to(ckpt_dir).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"files": files}
+    with open(ckpt_dir / MANIFEST, "w") as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    for d in sorted({p.parent for p in ckpt_dir.rglob("*")} | {ckpt_dir}, key=lambda p: -len(p.parts)):
+        fsync_dir(d)
+    return manifest
+
+
+def verify_manifest(ckpt_dir: Path) -> None:
+    """Raise CheckpointError naming the first file that is missing, of another size, or of another hash."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        files = json.loads((ckpt_dir / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt_dir}: no {MANIFEST} (incomplete, or written before manifests)") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{ckpt_dir}: {MANIFEST} unreadable ({type(e).__name__}: {e})") from None
+    for name, want in files.items():
+        path = ckpt_dir / name
+        if not path.is_file():
+            raise CheckpointError(f"{ckpt_dir}: {name} missing (listed in {MANIFEST})")
+        if path.stat().st_size != want["size"]:
+            raise CheckpointError(f"{ckpt_dir}: {name} is {path.stat().st_size} bytes, {want['size']} were written")
+        if _sha256(path) != want["sha256"]:
+            raise CheckpointError(f"{ckpt_dir}: {name} changed since it was written (sha256 differs)")
 
 
 def _jsonable(x):
@@ -83,11 +145,15 @@ def _tupled(x):
 
 def read(ckpt: Path) -> dict:
     """Load and check one checkpoint's non-model state; raises CheckpointError naming what is wrong."""
+    verify_manifest(ckpt)
     for f in FILES:
         if not (ckpt / f).exists():
             raise CheckpointError(f"{ckpt}: missing {f}")
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
+        missing = [k for k in ("step", "stream_position", "python_rng") if k not in state]
+        if missing:
+            raise CheckpointError(f"{ckpt}: trainer_state.json lacks {', '.join(missing)}")
         state["optimizer"] = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
         state["rng"] = torch.load(ckpt / "rng.pt", weights_only=True, map_location="cpu")
         if not any((ckpt / "model").glob("*.safetensors")):
