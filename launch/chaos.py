@@ -285,6 +285,33 @@ def sigterm_then_kill(out: Path) -> list[Outcome]:
     return _stop_by_signals(out, "sigterm", "SIGTERM, SIGKILL after 10 s", signal.SIGTERM, signal.SIGKILL, 10.0, 143)
 
 
+def sighup(out: Path) -> list[Outcome]:
+    """The terminal closed (SIGHUP): a stop like SIGTERM, checkpoint first, exit 129."""
+    return _stop_by_signals(out, "sighup", "SIGHUP (terminal closed)", signal.SIGHUP, signal.SIGKILL, 10.0, 129)
+
+
+def second_owner(out: Path) -> list[Outcome]:
+    """`--resume` on a folder whose run is alive: refused at once naming the owner; the owner goes on."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "5000", "--run-name", "owned"], out)
+    run.wait_for("step 2/")
+    t = time.monotonic()
+    intruder = TrainProcess(["--resume", str(out / "owned")], out, token=run.token)
+    rc_intruder = intruder.wait()
+    took = time.monotonic() - t
+    going_on = run.proc.poll() is None
+    run.signal(signal.SIGTERM)
+    rc = run.wait()
+    last = groups_of(out / "owned")[2]
+    o = Outcome("resume while the run is alive", took, rc_intruder == 2 and going_on and rc == 143
+                and last in checkpoint_steps(out / "owned")
+                and f"in use by another run (pid {run.proc.pid})" in intruder.output())
+    o.notes.append(f"second process exit {rc_intruder} after {took:.1f} s; owner exit {rc}")
+    o = _finish(o, run, out / "owned", shm)
+    o.output = f"{o.output}\n--- the second process:\n{intruder.output()}"
+    return [o]
+
+
 def learner_exception(out: Path) -> list[Outcome]:
     """An exception in the learner: traceback, checkpoint of the last completed step, no final eval, exit 1."""
     shm = shm_entries()
@@ -337,7 +364,7 @@ def rank_hang(out: Path) -> list[Outcome]:
 FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start": worker_start_fails,
           "torn_result": torn_result, "learner_kill": learner_kill, "sigint_twice": sigint_twice,
           "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception, "rank_kill": rank_kill,
-          "rank_hang": rank_hang}
+          "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner}
 
 
 # ---- soak ----------------------------------------------------------------------------------------

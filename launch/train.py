@@ -6,14 +6,13 @@
     python launch/train.py --config my.yaml --max-steps 100
     python launch/train.py --resume runs/<run>      # continue the last complete checkpoint
 
-Ctrl-C / SIGTERM: the step in progress is abandoned (or, if its optimizer step has begun, seen
+Ctrl-C / SIGTERM / SIGHUP (the terminal closed): the step in progress is abandoned (or, if its optimizer step has begun, seen
 through), a checkpoint of the last completed step is written first, then the workers are stopped;
-exit code 130 / 143. Further signals while that happens are noted and ignored: they cannot skip
+exit code 130 / 143 / 129. Further signals while that happens are noted and ignored: they cannot skip
 the save. An error exits with 1 after the same save, printing the original traceback; a finished
 run is only one that trained every step (final eval, final_model/, exit 0).
 """
 
-import json
 import os
 import signal
 import sys
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nanorllm.config import ConfigError, TrainConfig, parse_config  # noqa: E402
 from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
 from nanorllm.ranks.group import under_torchrun  # noqa: E402
-from nanorllm.trainer.checkpoint import CheckpointError  # noqa: E402
+from nanorllm.trainer.checkpoint import CheckpointError, saved_config  # noqa: E402
 from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
 from nanorllm.utils.devices import DeviceError  # noqa: E402
 
@@ -39,21 +38,26 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
     if i + 1 >= len(argv):
         raise ConfigError(["resume: needs a run directory"], "command-line flags")
     resume_dir, rest = argv[i + 1], argv[:i] + argv[i + 2:]
-    saved_path = Path(resume_dir) / "config.json"
-    if not saved_path.exists():
-        raise ConfigError([f"resume: {saved_path} not found"], "command-line flags")
-    saved = TrainConfig(**json.loads(saved_path.read_text()))
+    if not Path(resume_dir).is_dir():
+        raise ConfigError([f"resume: {resume_dir} is not a run folder"], "command-line flags")
+    try:
+        fields, source = saved_config(Path(resume_dir))
+    except CheckpointError as e:
+        raise ConfigError([f"resume: {e}"], "command-line flags") from None
+    if source != str(Path(resume_dir) / "config.json"):
+        print(f"[resume] config from {source}", flush=True)
+    saved = TrainConfig(**fields)
     cfg = parse_config(rest, base=saved)
     overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
     return cfg, resume_dir, overrides
 
 
 class StopSignals:
-    """SIGINT / SIGTERM handling. The first signal raises KeyboardInterrupt where the run is, unless
+    """SIGINT / SIGTERM / SIGHUP handling. The first signal raises KeyboardInterrupt where the run is, unless
     it is committing a step (then the loop stops after it); every later one is only noted, so
     nothing can interrupt the save."""
 
-    EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+    EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
     def __init__(self, run: TrainingRun):
         self.run, self.signum, self.may_raise = run, None, True

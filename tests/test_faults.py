@@ -78,6 +78,21 @@ def test_sigterm_saves_and_exits_143_within_a_container_grace(tmp_path):
 
 
 @pytest.mark.slow
+def test_sighup_is_a_stop_that_saves_first_and_exits_129(tmp_path):
+    o, = chaos.sighup(tmp_path)
+    _assert_ok(o)
+    assert "[signal] SIGHUP: stopping" in o.output
+    assert not (tmp_path / "sighup" / "rollouts.jsonl.tmp").exists()
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_live_run_folder_is_refused_naming_the_owner(tmp_path):
+    o, = chaos.second_owner(tmp_path)
+    _assert_ok(o)
+    assert o.detected_s < 60  # before it loads anything but the launcher's imports
+
+
+@pytest.mark.slow
 def test_learner_exception_is_not_a_finished_run(tmp_path):
     o, = chaos.learner_exception(tmp_path)  # raises before step 6: checkpoint step_5, no final eval
     _assert_ok(o)

@@ -97,8 +97,14 @@ def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader,
     (run / "checkpoints" / ".tmp-step_3-999").mkdir()  # a crash mid-write
     st = run / "checkpoints" / "step_2" / "model" / "model.safetensors"
     st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])  # truncated
+    (run / "rollouts.jsonl.tmp").write_text('{"step": 9')  # and a dump cut short
+    (run / "config.json").write_text((run / "config.json").read_text()[:40])  # a full disk cut it
     assert main(["--resume", str(run), "--max-steps", "3"]) == 0
     out = capsys.readouterr().out
+    assert "[resume] config from" in out and "trainer_state.json" in out  # the checkpoint's copy
+    assert "removed .tmp-step_3-999" in out and "removed rollouts.jsonl.tmp" in out
+    assert not (run / "rollouts.jsonl.tmp").exists() and not list((run / "checkpoints").glob(".tmp-*"))
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 3  # rewritten whole
     assert "skipping" in out and "step_2" in out and "from " + str(run / "checkpoints" / "step_1") in out
     state = json.loads((run / "checkpoints" / "step_3" / "trainer_state.json").read_text())
     assert state["step"] == 3
@@ -162,3 +168,13 @@ def test_an_update_that_leaves_non_finite_weights_stops_the_run_and_keeps_the_la
     run = tmp_path / "nan"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
     assert all(torch.isfinite(t).all() for t in weights(run / "checkpoints" / "step_1" / "model").values())
+
+
+def test_a_full_disk_at_a_periodic_save_is_reported_and_retried_while_the_run_goes_on(
+        tmp_path, length_rule_grader, capsys, monkeypatch):
+    monkeypatch.setenv("NANORLLM_FAULT", "disk_full:2")
+    run = train(tmp_path, "full", "--max-steps", "3", "--save-every", "1", "--save-every-minutes", "0")
+    out = capsys.readouterr().out
+    assert "[checkpoint] step 2 not written (OSError: [Errno 28] No space left on device" in out
+    assert "the last one on disk is step_1" in out and "step 3/3" in out
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_3"]  # no .tmp-* left

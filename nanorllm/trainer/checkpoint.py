@@ -20,6 +20,7 @@ checkpoint damaged later (a file cut short, overwritten, emptied) is reported in
 previous one is used. Nothing here unpickles code.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -29,6 +30,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
+from nanorllm.utils.faults import fault
 
 PREFIX = "step_"
 FILES = ("model/config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
@@ -52,6 +55,19 @@ def list_complete(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
+def clean_stale(run_dir: Path) -> list[Path]:
+    """Remove what a process that died mid-write left in `run_dir`: `checkpoints/.tmp-*` folders and
+    `*.tmp` files. Only the holder of the run folder's lock may call it: nobody else writes there."""
+    run_dir = Path(run_dir)
+    stale = sorted(checkpoints_dir(run_dir).glob(".tmp-*")) + sorted(run_dir.glob("*.tmp"))
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return stale
+
+
 def save(run, step: int) -> Path:
     optimizer_state = run.ranks.optimizer_state(run.policy, run.optimizer)  # first: it may be refused
     root = checkpoints_dir(run.run_dir)
@@ -60,7 +76,24 @@ def save(run, step: int) -> Path:
     tmp = root / f".tmp-{PREFIX}{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _write(run, step, tmp, optimizer_state)
+    except BaseException:  # a full disk, a stop: no half-written folder stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    for old in list_complete(run.run_dir)[:-run.cfg.keep_checkpoints]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(run, step: int, tmp: Path, optimizer_state: dict) -> None:
     run.policy.save(str(tmp / "model"))
+    if fault("disk_full") == str(step):
+        raise OSError(errno.ENOSPC, f"No space left on device (injected fault: disk_full {step})")
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
     position = run.source.position_at(step) if run.source else run.stream.position
@@ -71,13 +104,6 @@ def save(run, step: int) -> Path:
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
     write_manifest(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    fsync_dir(root)
-    for old in list_complete(run.run_dir)[:-run.cfg.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 # ---- manifest: what a complete checkpoint holds ---------------------------------------------------
@@ -183,6 +209,26 @@ def load_latest(run_dir: Path) -> tuple[Path, dict]:
         except CheckpointError as e:
             print(f"[resume] skipping {e}", flush=True)
     raise CheckpointError(f"{run_dir}: none of {len(candidates)} checkpoints could be loaded")
+
+
+def saved_config(run_dir: Path) -> tuple[dict, str]:
+    """(the run's config fields, where they came from): `<run>/config.json`, or when that is unreadable
+    (emptied, cut short by a full disk) the config in the newest checkpoint whose trainer_state.json is
+    intact by its manifest."""
+    path = Path(run_dir) / "config.json"
+    try:
+        return json.loads(path.read_text()), str(path)
+    except (OSError, ValueError) as e:
+        problem = f"{path} unreadable ({type(e).__name__})"
+    for ckpt in reversed(list_complete(run_dir)):
+        try:
+            files = json.loads((ckpt / MANIFEST).read_text())["files"]
+            state_file = ckpt / "trainer_state.json"
+            if _sha256(state_file) == files["trainer_state.json"]["sha256"]:
+                return json.loads(state_file.read_text())["config"], f"{state_file} ({problem})"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    raise CheckpointError(f"{problem}, and no checkpoint holds an intact config")
 
 
 def restore_trainer_state(state: dict, run) -> None:

@@ -17,7 +17,6 @@ optimizer step a stop abandons the step and the weights are still those of the l
 """
 
 import json
-import os
 import random
 import time
 from dataclasses import asdict
@@ -39,9 +38,11 @@ from nanorllm.trainer import checkpoint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import decode_metrics, grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
+from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
 from nanorllm.utils.devices import configure_threads, resolve_devices
 from nanorllm.utils.faults import fault
+from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
 
 
@@ -145,18 +146,19 @@ class TrainingRun:
         torch.manual_seed(cfg.seed)
         self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"] = load_task_sets(cfg)
         state = None
+        self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.run_dir).acquire()  # before anything in the folder is read, cleaned or written
         if self.resume_dir:
-            self.run_dir = Path(self.resume_dir)
+            for p in checkpoint.clean_stale(self.run_dir):
+                self.say(f"[resume] removed {p.name}, left by a process that died while writing it")
             ckpt_dir, state = checkpoint.load_latest(self.run_dir)
             model_source = str(ckpt_dir / "model")
         else:
-            self.run_dir = Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg))
-            if self.run_dir.exists() and any(self.run_dir.iterdir()):
+            if any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
                 raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
                                       "to continue it or choose another --run-name")
             model_source = cfg.model
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
         self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
                                                seed=cfg.seed)
         self.policy.graphs_enabled = cfg.cuda_graphs
@@ -187,6 +189,7 @@ class TrainingRun:
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
+        write_atomic(self.run_dir / "config.json", json.dumps(asdict(cfg), indent=2) + "\n")  # setup succeeded
 
     def _updating(self, *_) -> None:
         self.committing = self.dirty = True
@@ -241,9 +244,7 @@ class TrainingRun:
             summary["after"] = after
         if "before" in summary and "after" in summary:
             summary["gain"] = summary["after"]["success_rate"] - summary["before"]["success_rate"]
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self, source) -> dict:
@@ -298,7 +299,7 @@ class TrainingRun:
             if ((cfg.save_every and (step + 1) % cfg.save_every == 0)
                     or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
                 with self.ranks.guarded():  # FSDP: the ranks gather the optimizer state
-                    self.save_checkpoint(step + 1)
+                    self.save_periodic(step + 1)
             self.committing = False  # the step is on record; an eval may be interrupted
             if self.stop_requested:
                 break
@@ -340,6 +341,18 @@ class TrainingRun:
         self.say(f"[checkpoint] {path}")
         return path
 
+    def save_periodic(self, step: int) -> Path | None:
+        """A periodic checkpoint; one the disk refuses (full, quota) is reported and tried again at the
+        next save point while the run goes on: its weights are still in memory."""
+        try:
+            return self.save_checkpoint(step)
+        except OSError as e:
+            self.last_save_t = time.monotonic()
+            saved = checkpoint.list_complete(self.run_dir)
+            print(f"[checkpoint] step {step} not written ({type(e).__name__}: {e}); the run goes on and tries again "
+                  f"at the next save point; the last one on disk is {saved[-1].name if saved else 'none'}", flush=True)
+            return None
+
     def save_last(self) -> Path | None:
         """Checkpoint the last completed step, unless it is on disk already. Refused only when an
         error struck inside an optimizer step: those weights belong to no step."""
@@ -369,3 +382,5 @@ class TrainingRun:
     def cleanup(self) -> None:
         if hasattr(self, "logger"):
             self.logger.close()
+        if hasattr(self, "lock"):
+            self.lock.release()  # last: the run's final writes happen under it

@@ -7,6 +7,7 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
     torn_result      worker 0's first process SIGKILLs itself halfway through writing its first
                      result, padded to 8 MB (a worker killed while it writes a large message)
     learner_step:N   the learner raises an exception when it is about to train step N
+    disk_full:N      writing step N's checkpoint fails with ENOSPC after the model files are written
     nan_weights:N    step N's update leaves one weight NaN (an update that diverged)
     fixed_answer:T   every response is graded as if it were T (a model that always answers T, e.g.
                      \\boxed{1}: the tiny random model never closes a box, so it never reaches the grader)
