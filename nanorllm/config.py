@@ -142,6 +142,9 @@ class TrainConfig:
     """Experiment name used in the run folder name."""
     seed: int = 0
     """Seed for task order, sampling and initialisation."""
+    resume_new_data: bool = False
+    """With --resume: accept a task order that differs from the checkpoint's (another task file, seed, limit or
+    held-out set); it starts at a new epoch. Never saved: each resume decides."""
     eval_every: int = 0
     """Evaluate held-out tasks every N steps (0: only before and after training)."""
     sample_every: int = 10
@@ -248,6 +251,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def saved(self) -> dict:
+        """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
+        return {**asdict(self), "resume_new_data": False}
 
 
 def read_config_file(path: str) -> dict:

@@ -178,3 +178,48 @@ def test_a_full_disk_at_a_periodic_save_is_reported_and_retried_while_the_run_go
     assert "[checkpoint] step 2 not written (OSError: [Errno 28] No space left on device" in out
     assert "the last one on disk is step_1" in out and "step 3/3" in out
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_3"]  # no .tmp-* left
+
+
+def _task_file(path, n):
+    path.write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"{i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_path, length_rule_grader, capsys):
+    tasks = _task_file(tmp_path / "tasks.jsonl", 10)
+    run = train(tmp_path, "order", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1")
+    config_before = (run / "config.json").read_text()
+    with open(tasks, "a") as f:  # one line appended
+        f.write(json.dumps({"task_id": "t10", "question": "10 + 1?", "answer": "11"}) + "\n")
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "training tasks (--tasks, --limit): 11 tasks" in err and "10 tasks" in err and "--resume-new-data" in err
+    _task_file(tasks, 10)  # back as it was: only the seed differs
+    assert main(["--resume", str(run), "--max-steps", "2", "--seed", "1"]) == 2
+    assert "task-order seed (--seed): 1 now, 0 in the checkpoint" in capsys.readouterr().err
+    assert main(["--resume", str(run), "--max-steps", "2", "--model", str(run / "checkpoints" / "step_1" / "model"),
+                 "--dtype", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "model: " in err and "dtype: 'bf16' given" in err and "cannot change on resume" in err
+    assert (run / "config.json").read_text() == config_before  # nothing half-applied
+    assert json.loads((run / "checkpoints" / "step_1" / "trainer_state.json").read_text())["step"] == 1
+
+
+def test_resume_new_data_starts_the_new_order_at_a_new_epoch(tmp_path, length_rule_grader, capsys):
+    tasks = _task_file(tmp_path / "tasks.jsonl", 6)
+    run = train(tmp_path, "grow", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1",
+                "--tasks-per-step", "4")
+    _task_file(tasks, 7)
+    assert main(["--resume", str(run), "--max-steps", "3", "--resume-new-data"]) == 0
+    assert "epoch 0 of it starts at task-stream position 4" in capsys.readouterr().out
+    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    after = [r for r in records if r["step"] > 1]
+    positions = sorted({int(r["group_id"].rsplit("@", 1)[1]) for r in after})
+    assert positions == list(range(4, 12))  # one new epoch of 7, then the next one begins: no position twice
+    first_epoch = {r["task_id"] for r in after if int(r["group_id"].rsplit("@", 1)[1]) < 11}
+    assert len(first_epoch) == 7  # every task of the new list once, none twice
+    state = json.loads((run / "checkpoints" / "step_3" / "trainer_state.json").read_text())
+    assert state["stream_origin"] == 4 and state["task_order"]["tasks"]["n"] == 7
+    assert json.loads((run / "config.json").read_text())["resume_new_data"] is False  # never saved

@@ -2,19 +2,22 @@
 
 Epoch e is the task list shuffled with seed (seed, e); position p is the p-th task drawn overall.
 Every draw gets a unique group_id `<task_id>@<p>`, so the same task drawn twice (a later epoch) forms
-two groups, and a checkpoint only needs `position` to continue without repeating a task.
+two groups, and a checkpoint only needs `position` to continue without repeating a task. `origin` is
+the position where this task list's epoch 0 began (not 0 after a resume accepted a new task list),
+so positions, and group ids, stay unique across the change.
 """
 
 import random
 
 
 class TaskStream:
-    def __init__(self, tasks: list[dict], *, seed: int = 0, position: int = 0):
+    def __init__(self, tasks: list[dict], *, seed: int = 0, position: int = 0, origin: int = 0):
         if not tasks:
             raise ValueError("no training tasks")
         self.tasks = tasks
         self.seed = seed
         self.position = position
+        self.origin = origin
         self._epoch, self._order = -1, []
 
     def _order_for(self, epoch: int) -> list[int]:
@@ -28,7 +31,7 @@ class TaskStream:
         """The next n (task, group_id) pairs."""
         out = []
         for _ in range(n):
-            epoch, i = divmod(self.position, len(self.tasks))
+            epoch, i = divmod(self.position - self.origin, len(self.tasks))
             task = self.tasks[self._order_for(epoch)[i]]
             out.append((task, f"{task['task_id']}@{self.position}"))
             self.position += 1

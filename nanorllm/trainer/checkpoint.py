@@ -4,7 +4,8 @@
     optimizer.pt         optimizer state_dict: tensors and numbers only, loaded with weights_only=True;
                          the full, plain one on any number of ranks (gathered from FSDP's shards)
     rng.pt               torch and sampler RNG states, weights_only=True
-    trainer_state.json   step, task-stream position, python RNG state, counters, config
+    trainer_state.json   step, task-stream position (and where the current task order's epoch 0 began),
+                         python RNG state, counters, config, the task order's fingerprint (trainer/fingerprint.py)
     manifest.json        every other file's size and sha256, written last
 
 The task-stream position is the exactly-once ledger: every group is named by the position it was
@@ -26,7 +27,6 @@ import json
 import os
 import random
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -99,8 +99,8 @@ def _write(run, step: int, tmp: Path, optimizer_state: dict) -> None:
     position = run.source.position_at(step) if run.source else run.stream.position
     state = {
         "step": step, "stream_position": position,
-        "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": asdict(run.cfg),
-        "reference_model": run.cfg.model,
+        "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": run.cfg.saved(),
+        "reference_model": run.cfg.model, "task_order": run.task_order, "stream_origin": run.stream.origin,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
     write_manifest(tmp)
@@ -237,6 +237,7 @@ def restore_trainer_state(state: dict, run) -> None:
     run.policy.generator.set_state(state["rng"]["sampler"])
     random.setstate(_tupled(state["python_rng"]))
     run.stream.position = state["stream_position"]
+    run.stream.origin = state.get("stream_origin", 0)
     run.start_step = state["step"]
     run.policy.version = state["step"]
     run.totals.update(state.get("totals", {}))

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanorllm.config import TrainConfig, format_config
+from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import load_tasks, remove_overlap
@@ -34,7 +34,7 @@ from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, lear
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
-from nanorllm.trainer import checkpoint
+from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import decode_metrics, grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
@@ -56,14 +56,16 @@ def default_run_name(cfg: TrainConfig) -> str:
     return f"{tasks}__{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def load_task_sets(cfg: TrainConfig) -> tuple[list[dict], list[dict], int]:
-    """(train, held-out, number of training tasks dropped because they are held out)."""
-    train = load_tasks(cfg.tasks, limit=cfg.limit)
+def load_task_sets(cfg: TrainConfig) -> tuple[list[dict], list[dict], int, dict]:
+    """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint)."""
+    loaded = load_tasks(cfg.tasks, limit=cfg.limit)
     heldout = load_tasks(cfg.eval_tasks, limit=cfg.eval_limit) if cfg.eval_tasks else []
-    train, dropped = remove_overlap(train, heldout)
+    train, dropped = remove_overlap(loaded, heldout)
     if not train:
         raise ValueError(f"no training tasks left after removing the {dropped} that are held out")
-    return train, heldout, dropped
+    kept = {id(t) for t in train}
+    order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
+    return train, heldout, dropped, order
 
 
 class NonFiniteWeights(RuntimeError):
@@ -144,7 +146,7 @@ class TrainingRun:
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"] = load_task_sets(cfg)
+        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = load_task_sets(cfg)
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +155,7 @@ class TrainingRun:
             for p in checkpoint.clean_stale(self.run_dir):
                 self.say(f"[resume] removed {p.name}, left by a process that died while writing it")
             ckpt_dir, state = checkpoint.load_latest(self.run_dir)
+            self.check_resumable(state)
             model_source = str(ckpt_dir / "model")
         else:
             if any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
@@ -175,6 +178,10 @@ class TrainingRun:
             checkpoint.restore_trainer_state(state, self)
             for group in self.optimizer.param_groups:  # the saved optimizer state carries the old ones
                 group.update(lr=cfg.lr, weight_decay=cfg.weight_decay)
+            if fingerprint.order_changes(state.get("task_order"), self.task_order):  # accepted: a new epoch
+                self.stream.origin = self.stream.position
+                self.say(f"[resume] new task order accepted (--resume-new-data): epoch 0 of it starts at task-stream "
+                         f"position {self.stream.position}")
         self.final_step = self.start_step
         self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
@@ -189,7 +196,17 @@ class TrainingRun:
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
-        write_atomic(self.run_dir / "config.json", json.dumps(asdict(cfg), indent=2) + "\n")  # setup succeeded
+        write_atomic(self.run_dir / "config.json", json.dumps(cfg.saved(), indent=2) + "\n")  # setup succeeded
+
+    def check_resumable(self, state: dict) -> None:
+        """Refuse (ConfigError, exit 2) a resume that would change the model or, unless accepted, the task order."""
+        problems = fingerprint.fixed_changes(state["config"], asdict(self.cfg))
+        changed = fingerprint.order_changes(state.get("task_order"), self.task_order)
+        if changed and not self.cfg.resume_new_data:
+            problems += [f"task order differs from the checkpoint's: {c}" for c in changed]
+            problems.append("pass --resume-new-data to train on the new order, from a new epoch")
+        if problems:
+            raise ConfigError(problems, f"--resume {self.run_dir}")
 
     def _updating(self, *_) -> None:
         self.committing = self.dirty = True

@@ -1,0 +1,52 @@
+"""What a checkpoint resumes: a fingerprint of its task order, and the options that fixed its model.
+
+The exactly-once ledger is a task-stream position (trainer/checkpoint.py), which means something
+only for the task order it counted: another task file (one line appended), another seed, limit or
+held-out set reshuffles every epoch, and a resume would train some groups twice and others never.
+So each checkpoint records the order's fingerprint, and a resume with another one is refused naming
+what changed, unless `--resume-new-data` accepts it: the new order then starts at a new epoch.
+
+The model's weights and tokenizer come from the checkpoint, so `--model` and `--dtype` cannot change
+on resume: given anyway, they are refused rather than half-applied (workers loading one model while
+the learner trains another).
+"""
+
+import hashlib
+import json
+
+FIXED_ON_RESUME = ("model", "dtype")
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_LABELS = {"tasks": "training tasks (--tasks, --limit)",
+           "held_out_removed": "training tasks removed as held out (--eval-tasks, --eval-limit)",
+           "seed": "task-order seed (--seed)"}
+
+
+def digest(tasks: list[dict]) -> dict:
+    """{"n", "sha256"} of the tasks' ids, questions and answers, in order."""
+    rows = json.dumps([[t["task_id"], t["question"], t["answer"]] for t in tasks], ensure_ascii=False)
+    return {"n": len(tasks), "sha256": hashlib.sha256(rows.encode()).hexdigest()}
+
+
+def task_order(loaded: list[dict], removed: list[dict], seed: int) -> dict:
+    """The fingerprint of the order a TaskStream over `loaded` minus `removed` hands tasks out in."""
+    return {"tasks": digest(loaded), "held_out_removed": digest(removed), "seed": seed}
+
+
+def _show(v) -> str:
+    return f"{v['n']} tasks, sha256 {v['sha256'][:12]}" if isinstance(v, dict) else str(v)
+
+
+def order_changes(saved: dict | None, now: dict) -> list[str]:
+    """One line per part of the task order that differs from the checkpoint's (none for a checkpoint
+    written before fingerprints)."""
+    if saved is None:
+        return []
+    return [f"{_LABELS[k]}: {_show(now[k])} now, {_show(saved.get(k))} in the checkpoint"
+            for k in _LABELS if saved.get(k) != now[k]]
+
+
+def fixed_changes(saved_cfg: dict, cfg: dict) -> list[str]:
+    """One line per option that cannot change on resume and was given another value."""
+    norm = lambda k, v: _DTYPES.get(v, v) if k == "dtype" else v  # noqa: E731
+    return [f"{k}: {cfg[k]!r} given, the checkpoint was trained with {saved_cfg[k]!r}; it cannot change on resume"
+            for k in FIXED_ON_RESUME if k in saved_cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]
