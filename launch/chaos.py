@@ -312,6 +312,65 @@ def second_owner(out: Path) -> list[Outcome]:
     return [o]
 
 
+def unbounded_golds(out: Path) -> list[Outcome]:
+    """Golds no parser finishes (9^(9^(9^9)), 5,001 digits) for a model that always answers \\boxed{1}: each
+    check is cut at the CPU budget and counted, the first one's task named; nothing hangs, the run finishes."""
+    shm = shm_entries()
+    tasks, heldout = out / "unbounded-tasks.jsonl", out / "unbounded-heldout.jsonl"
+    rows = [{"task_id": "nested-power", "question": "a?", "answer": "9^{9^{9^9}}"},
+            {"task_id": "long-gold", "question": "b?", "answer": "7" * 5001}]
+    rows += [{"task_id": f"plain-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    heldout.write_text(json.dumps({"task_id": "held-nested", "question": "c?", "answer": "9^{9^{9^9}} + 1"}) + "\n")
+    run = TrainProcess([*PIPELINE, "--tasks", str(tasks), "--eval-tasks", str(heldout), "--max-steps", "2",
+                        "--grader-timeout-s", "1", "--worker-timeout-s", "10", "--run-name", "unbounded"], out,
+                       fault="fixed_answer:\\boxed{1}")
+    rc = run.wait()
+    text = run.output()
+    t_seen = run.seen("[grader] held-out eval at step 0")
+    o = Outcome("golds no parser finishes", t_seen and t_seen - run.t0,
+                rc == 0 and "step 2/2" in text and "hung" not in text and "first: task held-nested" in text
+                and "[grader] step " in text)
+    return [_finish(o, run, out / "unbounded", shm)]
+
+
+def _hung_grader(out: Path, name: str, label: str, extra: list[str], report: str) -> list[Outcome]:
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "40", "--worker-timeout-s", "3", "--max-restarts-per-worker", "1",
+                        "--restart-backoff-s", "0.2", *extra, "--run-name", name], out, fault="grader_hang")
+    rc = run.wait()
+    t_seen = run.seen(report)
+    o = Outcome(label, t_seen and t_seen - run.t0, rc == 1 and t_seen is not None
+                and checkpoint_steps(out / name) == [0] and "[done]" not in run.output())
+    return [_finish(o, run, out / name, shm)]
+
+
+def worker_grader_hang(out: Path) -> list[Outcome]:
+    """A worker's grader never returns: reported as hung *while grading*, with the job and task; the run
+    stops past the restart cap (it would hang again) with step 0 saved."""
+    return _hung_grader(out, "worker_grader_hang", "worker hung in the grader", ["--eval-tasks", ""],
+                        "while grading (job 0.")
+
+
+def eval_grader_hang(out: Path) -> list[Outcome]:
+    """The grader never returns in the learner's held-out eval: the eval watchdog names the task and the
+    run stops (exit 1, step 0 saved) instead of hanging forever."""
+    return _hung_grader(out, "eval_grader_hang", "held-out eval hung in the grader", [],
+                        "held-out evaluation hung: no progress")
+
+
+def disk_full(out: Path) -> list[Outcome]:
+    """The disk refuses step 2's periodic checkpoint: reported, retried at the next save point, the run finishes."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "6", "--save-every", "2", "--run-name", "disk_full"], out,
+                       fault="disk_full:2")
+    rc = run.wait()
+    d = out / "disk_full" / "checkpoints"
+    o = Outcome("disk full at a periodic save", None, rc == 0 and "step 2 not written" in run.output()
+                and checkpoint_steps(out / "disk_full") == [4, 6] and not list(d.glob(".tmp-*")))
+    return [_finish(o, run, out / "disk_full", shm)]
+
+
 def learner_exception(out: Path) -> list[Outcome]:
     """An exception in the learner: traceback, checkpoint of the last completed step, no final eval, exit 1."""
     shm = shm_entries()
@@ -364,7 +423,9 @@ def rank_hang(out: Path) -> list[Outcome]:
 FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start": worker_start_fails,
           "torn_result": torn_result, "learner_kill": learner_kill, "sigint_twice": sigint_twice,
           "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception, "rank_kill": rank_kill,
-          "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner}
+          "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner,
+          "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
+          "eval_grader_hang": eval_grader_hang, "disk_full": disk_full}
 
 
 # ---- soak ----------------------------------------------------------------------------------------

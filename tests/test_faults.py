@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -103,22 +104,32 @@ def test_learner_exception_is_not_a_finished_run(tmp_path):
 def test_golds_no_parser_finishes_train_in_a_pipeline_run_with_counted_timeouts(tmp_path):
     """A worker grading a nested power (and a 5,001-digit gold) goes on: each check is cut at the CPU
     budget and counted, the first step with one names its task; nothing is reported hung."""
-    tasks, heldout = tmp_path / "tasks.jsonl", tmp_path / "heldout.jsonl"
-    rows = [{"task_id": f"plain-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
-    rows += [{"task_id": "nested-power", "question": "a?", "answer": "9^{9^{9^9}}"},
-             {"task_id": "long-gold", "question": "b?", "answer": "7" * 5001}]
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # the hard ones are drawn early
-    heldout.write_text(json.dumps({"task_id": "held-nested", "question": "c?", "answer": "9^{9^{9^9}} + 1"}) + "\n")
-    args = ["--num-workers", "1", "--tasks", str(tasks), "--eval-tasks", str(heldout),
-            "--max-steps", "2", "--grader-timeout-s", "1", "--worker-timeout-s", "20", "--run-name", "graded"]
-    run = chaos.TrainProcess(args, tmp_path, fault="fixed_answer:\\boxed{1}")
-    assert run.wait() == 0, run.output()
-    text = run.output()
-    assert "[grader] step " in text and "hung" not in text
-    assert "[grader] held-out eval at step 0: " in text and "first: task held-nested" in text
-    scalars = read_scalars(tmp_path / "graded")
+    o, = chaos.unbounded_golds(tmp_path)
+    _assert_ok(o)
+    scalars = read_scalars(tmp_path / "unbounded")
     assert sum(v for _, v in scalars["reward/grader_timeouts"]) >= 2
     assert scalars["eval/grader_timeouts"][0][1] >= 1
+
+
+@pytest.mark.slow
+def test_a_worker_hung_in_the_grader_is_reported_as_grading_with_its_task(tmp_path):
+    o, = chaos.worker_grader_hang(tmp_path)
+    _assert_ok(o)
+    report = next(line for line in o.output.splitlines() if "hung (no progress" in line)
+    assert re.search(r"while grading \(job 0\.\d+, task arith-\S+\)", report), report
+
+
+@pytest.mark.slow
+def test_a_grader_hung_in_held_out_eval_stops_the_run_naming_the_task(tmp_path):
+    o, = chaos.eval_grader_hang(tmp_path)
+    _assert_ok(o)
+    assert re.search(r"held-out evaluation hung: .* while grading \(task \S+\)", o.output), o.output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_periodic_save_in_a_pipeline_run(tmp_path):
+    o, = chaos.disk_full(tmp_path)
+    _assert_ok(o)
 
 
 # ---- the pieces ----------------------------------------------------------------------------------

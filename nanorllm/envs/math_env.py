@@ -7,6 +7,7 @@ Rules (from the design notes, exactly):
 The reward is terminal: only the last step's reward is the episode's reward.
 """
 
+import time
 from typing import Callable
 
 from nanorllm.envs.grader import judge
@@ -38,6 +39,8 @@ class MathEnv:
         assert self.task is not None, "call reset(task) first"
         self.turn += 1
         response = fault("fixed_answer") or response
+        if fault("grader_hang") is not None:
+            time.sleep(3600)  # a grader stuck in a call that never returns
         verdict = judge(response, self.task["answer"], cpu_limit_s=self.grader_timeout_s, progress=self.progress)
         correct = verdict.correct
         info = {"extracted": verdict.extracted, "correct": correct, "turn": self.turn}

@@ -9,6 +9,7 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
     learner_step:N   the learner raises an exception when it is about to train step N
     disk_full:N      writing step N's checkpoint fails with ENOSPC after the model files are written
     nan_weights:N    step N's update leaves one weight NaN (an update that diverged)
+    grader_hang      every answer check sleeps for an hour (a grader stuck where no timeout reaches)
     fixed_answer:T   every response is graded as if it were T (a model that always answers T, e.g.
                      \\boxed{1}: the tiny random model never closes a box, so it never reaches the grader)
 """
