@@ -6,11 +6,12 @@
     python launch/train.py --config my.yaml --max-steps 100
     python launch/train.py --resume runs/<run>      # continue the last complete checkpoint
 
-Ctrl-C / SIGTERM / SIGHUP (the terminal closed): the step in progress is abandoned (or, if its optimizer step has begun, seen
-through), a checkpoint of the last completed step is written first, then the workers are stopped;
-exit code 130 / 143 / 129. Further signals while that happens are noted and ignored: they cannot skip
-the save. An error exits with 1 after the same save, printing the original traceback; a finished
-run is only one that trained every step (final eval, final_model/, exit 0).
+Ctrl-C / SIGTERM / SIGHUP (the terminal closed): the step in progress is abandoned (or, if its
+optimizer step has begun, seen through), a checkpoint of the last completed step is written first,
+then the workers are stopped; exit code 130 / 143 / 129. Further signals while that happens are
+noted and ignored: they cannot skip the save. An error exits with 1 after the same save, printing
+the original traceback; a finished run is only one that trained every step (final eval,
+final_model/, exit 0). One process per run folder: a second one is refused (exit 2) naming the first.
 """
 
 import os

@@ -334,7 +334,8 @@ class TrainingRun:
         self.totals["grader_timeouts"] = self.totals.get("grader_timeouts", 0) + n
         if n and self.totals["grader_timeouts"] == n:
             self.say(f"[grader] step {step}: {n} answer check(s) ran out of --grader-timeout-s "
-                     f"{self.cfg.grader_timeout_s:g} (scored 0, counted as reward/grader_timeouts); first: task {first}")
+                     f"{self.cfg.grader_timeout_s:g} (scored 0, counted as reward/grader_timeouts); "
+                     f"first: task {first}")
 
     def attach_ranks(self) -> None:
         """Every learner rank gets this rank's weights and optimizer state (after the workers' shared
