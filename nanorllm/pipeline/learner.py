@@ -200,7 +200,7 @@ class PipelineSource:
 
     def _lose(self, wid: int, reason: str) -> None:
         """Remove a dead or hung worker, keep what it finished, restart it later, re-issue the rest."""
-        doing = self.pool.heartbeat.describe(wid, {jid: [t["task_id"] for t in job["tasks"]]
+        doing = self.pool.heartbeat.describe(wid, {jid: [t["task_id"] for t in job.tasks]
                                                     for jid, job in self.specs.items()})
         for msg in self.pool.remove(wid):  # whole messages it sent before it went
             self._handle(msg)
