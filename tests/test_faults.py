@@ -82,7 +82,7 @@ def test_sigterm_saves_and_exits_143_within_a_container_grace(tmp_path):
 def test_sighup_is_a_stop_that_saves_first_and_exits_129(tmp_path):
     o, = chaos.sighup(tmp_path)
     _assert_ok(o)
-    assert "[signal] SIGHUP: stopping" in o.output
+    assert "[signal] SIGHUP: " in o.output  # "stopping", or "noted" when it lands inside a committing step
     assert not (tmp_path / "sighup" / "rollouts.jsonl.tmp").exists()
 
 
