@@ -5,8 +5,15 @@ dtype. An episode owns a slot from its first turn to its end; column c of its sl
 at position c, so a slot needs no mask of its own: a query at position p attends to columns <= p
 (and, for a sliding-window layer, > p - window). Nothing is ever repacked: a finished episode's slot
 is handed to the next one, whose writes overwrite the columns it will read. The last slot is
-scratch: padding tokens and the unused rows of a fixed-size batch write there, never into a slot
-someone owns.
+scratch: padding tokens and idle rows write there, never into a slot someone owns.
+
+A decode step reads the cache in place: its row i IS slot i (`SlotForward.read_slots` None), so
+attention reads the view `keys[:B, :, :width]`, never a copy. Slots are handed out lowest first, so
+live rows sit in the lowest slots and B stays near the live count; a slot in [0, B) with no live
+row (free, a shared prompt prefix, an episode between turns) is an idle row: it writes only to the
+scratch slot and its output is dropped. `width` is a context bucket (`context_bucket`: a power of
+two >= 128 covering the longest live row), not the cache's width, so short episodes read few columns.
+A prefill (rows at arbitrary slots, many tokens) gathers its rows' slots (`read_slots`).
 
 The model code stays transformers' own. For a forward over the cache the model's
 `config._attn_implementation` is switched to SLOT_ATTENTION, a function registered with
@@ -17,7 +24,6 @@ itself does. The model's own `scaling`, `softcap` and `sliding_window` come in a
 family's quirks stay its own. transformers builds no mask for a name its mask registry does not
 know, so the step pays for none.
 """
-
 import contextlib
 import itertools
 from dataclasses import dataclass, field
@@ -33,7 +39,7 @@ SLOT_ATTENTION = "nanorllm_slots"
 class SlotForward:
     """Where one forward's tokens go and which slots they read. Tensors on the cache's device."""
 
-    read_slots: torch.Tensor  # (B,) the slot each row attends over
+    read_slots: torch.Tensor | None  # (B,) the slot each row attends over; None: row i reads slot i in place
     write_slots: torch.Tensor  # (B, T) the slot each new token is written to (scratch for padding)
     positions: torch.Tensor  # (B, T) each token's position = its column (0 for padding)
     width: int  # columns attended: at least max(positions) + 1
@@ -83,6 +89,7 @@ class SlotCache:
     def give_back(self, slot: int) -> None:
         assert slot not in self.free and 0 <= slot < self.slots, slot
         self.free.append(slot)
+        self.free.sort(reverse=True)  # take() hands out the lowest: live rows stay in the lowest slots
 
     def ensure_width(self, columns: int) -> None:
         """Room for `columns` tokens in every slot: a longer episode doubles the width (a copy of
@@ -124,6 +131,26 @@ class SlotCache:
             self.forward, _ACTIVE[0] = None, None
 
 
+MIN_CONTEXT = 128  # the smallest context bucket
+
+
+def context_bucket(columns: int, width: int, minimum: int = MIN_CONTEXT) -> int:
+    """Columns a decode step attends over: the first power of two >= `columns` (at least `minimum`),
+    at most the cache's `width`. Few values, so a CUDA graph per bucket stays cheap to capture."""
+    bucket = minimum
+    while bucket < columns:
+        bucket *= 2
+    return min(bucket, width)
+
+
+def context_buckets(width: int, minimum: int = MIN_CONTEXT) -> list[int]:
+    """Every context bucket of a cache `width` columns wide, smallest first."""
+    out = [min(minimum, width)]
+    while out[-1] < width:
+        out.append(min(out[-1] * 2, width))
+    return out
+
+
 _LAYOUTS = itertools.count()
 _ACTIVE: list[SlotCache | None] = [None]  # the cache a forward is running over (one per process)
 
@@ -139,26 +166,30 @@ def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     cols = fwd.positions
     k_buf[fwd.write_slots, :, cols] = key.transpose(1, 2).to(k_buf.dtype)  # (B, T, Hkv, D) into their columns
     v_buf[fwd.write_slots, :, cols] = value.transpose(1, 2).to(v_buf.dtype)
-    k = k_buf[:, :, :fwd.width].index_select(0, fwd.read_slots).to(query.dtype)  # (B, Hkv, W, D)
-    v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots).to(query.dtype)
-    mask = fwd.mask(sliding_window)  # (B, 1, T, W)
-    groups = query.shape[1] // k.shape[1]
     B, Hq, T, D = query.shape
-    if softcap is None and T == 1 and groups > 1:
+    if fwd.read_slots is None:  # a decode step: row i is slot i, read in place (a view, no copy)
+        k, v = k_buf[:B, :, :fwd.width], v_buf[:B, :, :fwd.width]  # (B, Hkv, W, D)
+    else:  # a prefill: its rows' slots gathered
+        k = k_buf[:, :, :fwd.width].index_select(0, fwd.read_slots)
+        v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots)
+    k, v = k.to(query.dtype), v.to(query.dtype)  # no copy when the cache is in the compute dtype
+    mask = fwd.mask(sliding_window)  # (B, 1, T, W)
+    groups = Hq // k.shape[1]
+    if T == 1 and groups > 1:
         # one query per row: a kv head's query heads become its query rows (no copy of the keys, and
         # the masked SDPA kernels take it where they do not take enable_gqa)
-        out = F.scaled_dot_product_attention(query.view(B, k.shape[1], groups, D), k, v,
-                                             attn_mask=mask.expand(B, 1, groups, mask.shape[-1]), scale=scaling)
-        return out.view(B, Hq, 1, D).transpose(1, 2).contiguous(), None
+        query, mask = query.view(B, k.shape[1], groups, D), mask.expand(B, 1, groups, mask.shape[-1])
+    elif groups > 1 and softcap is not None:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # a prefill only
     if softcap is None:
-        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
+                                             enable_gqa=k.shape[1] != query.shape[1])
     else:  # transformers' eager formula: SDPA has no soft-capping
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        scores = torch.matmul(query, k.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        scores = torch.matmul(query, k.transpose(2, 3)) * (scaling if scaling is not None else D ** -0.5)
         scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), v)
-    return out.transpose(1, 2).contiguous(), None
+    return out.reshape(B, Hq, -1, D).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
