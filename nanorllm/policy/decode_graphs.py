@@ -1,12 +1,16 @@
-"""DecodeGraphs: the SlotBatch's decode step replayed from CUDA graphs, one per batch-size bucket.
+"""DecodeGraphs: the SlotBatch's decode step replayed from CUDA graphs, one per (slot-range, context) bucket.
 
 An eager decode step of a small model is ~1,000 kernel launches whose sum of work is far below what
 the launches cost. A CUDA graph records them once and replays them in one call. A graph is fixed:
 the same tensors, shapes and sampling parameters every replay. So:
-- every bucket (8, 16, 32, ... up to the slot count) has its own static inputs (last tokens,
-  positions, slots, row seeds) and outputs (next tokens, logprobs); live rows fill the first n entries,
-  the rest point at the cache's scratch slot;
-- attention reads the cache's full width, the mask hiding columns past each row's position;
+- a step's row i is slot i (policy/slot_cache.py): the graph of slot-range bucket n (8, 16, 32, ...,
+  capped at the slot count) runs slots [0, n) and reads their keys and values in place. Its static
+  inputs (last tokens, positions, write slots, row seeds) and outputs (next tokens, logprobs) have n
+  entries; a live row fills its slot's entry, an idle slot (free, a shared prefix, an episode
+  between turns) sits at position 0 and writes to the scratch slot, so replay never touches it;
+- attention reads columns [0, context bucket): powers of two from 128 to the cache's width
+  (`context_buckets`), the first that covers the longest live row; a row that outgrows its bucket
+  moves the step to the next bucket's graph, a row past the width grows the cache (below);
 - weights are read where they are: a reload copies into the parameters (pipeline/weights.py), it never
   rebinds them, so the graphs see new weights with no recapture;
 - a cache that grows (more slots or columns: policy/slot_cache.py) makes the graphs stale; the next step
@@ -14,7 +18,9 @@ the same tensors, shapes and sampling parameters every replay. So:
 - sampling parameters are part of the key: greedy evaluation and the training temperature each get
   their own graphs, captured on first use;
 - if a capture fails, the engine says so in one line and runs eager from then on (`perf/graphs` 0).
-All graphs share one memory pool and are captured largest first (as nano-vllm does).
+All graphs share one memory pool and are captured largest first (as nano-vllm does): slot-range
+buckets x context buckets per sampling setting: 4 x 3 = 12 for the default run (33 slots x 384
+columns), 7 x 3 = 21 at 256 episodes a step; greedy evaluation's are captured on first use.
 """
 
 import sys
@@ -23,6 +29,7 @@ import time
 import torch
 
 from nanorllm.policy.sampler import counter_uniforms
+from nanorllm.policy.slot_cache import context_buckets
 
 MIN_BUCKET = 8
 
@@ -35,12 +42,17 @@ def buckets(max_rows: int) -> list[int]:
     return out
 
 
+def slot_ranges(slots: int) -> list[int]:
+    """The slot-range buckets of a cache of `slots` slots: `buckets(slots)`, the last one capped at `slots`."""
+    return [min(b, slots) for b in buckets(slots)]
+
+
 class _Graph:
     def __init__(self, n: int, device: torch.device):
         self.n = n
         self.tok = torch.zeros(n, dtype=torch.long, device=device)
         self.pos = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.zeros(n, dtype=torch.long, device=device)
+        self.write = torch.zeros(n, dtype=torch.long, device=device)
         self.seeds = torch.zeros(n, dtype=torch.long, device=device)
         self.graph = torch.cuda.CUDAGraph()
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -56,52 +68,52 @@ class DecodeGraphs:
         self.capture_s = 0.0
         self.on_progress = on_progress or (lambda: None)  # a heartbeat between captures
 
-    def run(self, batch, tok: torch.Tensor, pos: list[int]):
-        """Replay the step for the batch's rows; (next tokens, logprobs) (n,), or None to run eager."""
-        n = len(batch.rows)
-        size = next((s for s in buckets(batch.cache.slots) if s >= n), None)
-        if self.failed or size is None or n == 0:
+    def run(self, batch, tok: torch.Tensor, pos: list[int], slots: list[int], width: int):
+        """Replay the step for the batch's rows (tokens, positions, slots) over columns [0, width);
+        (next tokens, logprobs) of the rows, or None to run eager."""
+        if self.failed or not slots:
             return None
-        key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
+        size = next(s for s in slot_ranges(batch.cache.slots) if s > max(slots))
+        key = (size, width, _params_key(batch.params), batch.cache.version)
         g = self.graphs.get(key)
         if g is None:
             self._drop_stale(batch.cache.version)
             g = self._capture(batch, key)
             if g is None:
                 return None
-        scratch = batch.cache.scratch
-        g.tok[:n].copy_(tok)
+        at = torch.tensor(slots, device=batch.device)
         g.pos.zero_()
-        g.pos[:n].copy_(torch.tensor(pos), non_blocking=True)
-        g.slots.fill_(scratch)
-        g.slots[:n].copy_(torch.tensor([r.slot for r in batch.rows]), non_blocking=True)
-        g.seeds[:n].copy_(torch.tensor([_seed(r) for r in batch.rows]), non_blocking=True)
+        g.write.fill_(batch.cache.scratch)
+        g.tok.index_copy_(0, at, tok)
+        g.pos.index_copy_(0, at, torch.tensor(pos).to(batch.device, non_blocking=True))
+        g.write.index_copy_(0, at, at)
+        g.seeds.index_copy_(0, at, torch.tensor([_seed(r) for r in batch.rows]).to(batch.device, non_blocking=True))
         g.graph.replay()
         batch.stats["graph_steps"] += 1
-        return g.out[0][:n].clone(), g.out[1][:n].clone()
+        return g.out[0][at], g.out[1][at]
 
-    def capture_all(self, batch, max_rows: int) -> float:
-        """Capture every bucket up to `max_rows` rows for `batch`'s sampling params, largest first
-        (a bucket needed later is captured on first use); seconds taken."""
-        for size in reversed(buckets(max_rows)):
-            key = (size, _params_key(batch.params), batch.cache.version, batch.cache.width)
-            if key not in self.graphs and self._capture(batch, key) is None:
-                break
-            self.on_progress()
+    def capture_all(self, batch) -> float:
+        """Capture every (slot-range, context) bucket of the batch's cache for its sampling params,
+        largest first (a graph needed later is captured on first use); seconds taken."""
+        for size in reversed(slot_ranges(batch.cache.slots)):
+            for width in reversed(context_buckets(batch.cache.width, batch.min_context)):
+                key = (size, width, _params_key(batch.params), batch.cache.version)
+                if key not in self.graphs and self._capture(batch, key) is None:
+                    return self.capture_s
+                self.on_progress()
         return self.capture_s
 
     def _capture(self, batch, key: tuple) -> _Graph | None:
-        size = key[0]
+        size, width = key[0], key[1]
         t0 = time.perf_counter()
         try:
             g = _Graph(size, batch.device)
-            g.slots.fill_(batch.cache.scratch)
-            width = batch.cache.width
+            g.write.fill_(batch.cache.scratch)  # warm-up and capture write to scratch only
             greedy = batch.params.greedy
 
             def step():
                 u = None if greedy else counter_uniforms(g.seeds, g.pos + 1)
-                return batch.decode_step(g.tok, g.pos, g.slots, width, lambda: u)
+                return batch.decode_step(g.tok, g.pos, g.write, width, lambda: u)
 
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -125,7 +137,7 @@ class DecodeGraphs:
         return g
 
     def _drop_stale(self, version: int) -> None:
-        stale = [k for k in self.graphs if k[2] != version]
+        stale = [k for k in self.graphs if k[3] != version]
         if stale:
             print(f"[engine] the slot cache grew: recapturing {len(stale)} decode graph(s)", flush=True)
         for k in stale:

@@ -170,17 +170,16 @@ class HFCausalPolicy(Policy):
                       f"{nbytes / 2**20:.0f} MiB ({str(dtype).removeprefix('torch.')}) on {self.device}", flush=True)
         return cache
 
-    def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, max_rows: int,
-                              on_progress=None) -> float:
+    def capture_decode_graphs(self, params: SamplingParams, *, slots: int, width: int, on_progress=None) -> float:
         """Allocate the slot cache (its size printed; refused if it cannot fit) and capture every
-        batch-size bucket's decode graph now (before a worker says it is ready), so no rollout pays for
+        (slot-range, context) bucket's decode graph now (before a worker says it is ready), so no rollout pays for
         it; seconds taken (0.0 where there is nothing to capture: CPU, graphs off)."""
         self.ensure_slot_cache(slots, width)
         if self.device.type != "cuda" or not self.graphs_enabled:
             return 0.0
         with self.decode_batch(params, slots=slots, width=width) as batch:
             self.decode_graphs.on_progress = on_progress or (lambda: None)
-            return self.decode_graphs.capture_all(batch, max_rows)
+            return self.decode_graphs.capture_all(batch)
 
     def slot_forward(self, input_ids: torch.Tensor, fwd: SlotForward, cache: SlotCache) -> torch.Tensor:
         """(B, V) logits after the last column of `input_ids` (B, T), the tokens written into `cache`

@@ -11,9 +11,11 @@ turn, the same counters) but nothing moves in memory once a row has joined:
 - joiners prefill eagerly in one batched forward (left-padded; padding writes to the scratch slot);
 - each decode step is one function: forward the rows' last tokens, sample the next ones on the
   device (policy/sampler.py), and the host reads tokens, logprobs and end-of-turn flags in one copy.
-  On CUDA that function is replayed from a CUDA graph per batch-size bucket (policy/decode_graphs.py);
-  on CPU it runs as is, with each row's own torch.Generator, so a fixed seed samples what the
-  DecodeBatch samples.
+  The step's row i is slot i: it runs over the slots [0, n) and reads their columns [0, context
+  bucket) in place (policy/slot_cache.py); a slot in that range with no live row writes only to
+  scratch. On CUDA that function is replayed from a CUDA graph per (slot-range bucket, context
+  bucket) (policy/decode_graphs.py); on CPU it runs as is over n = the highest live slot + 1, with
+  each row's own torch.Generator, so a fixed seed samples what the DecodeBatch samples.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ import torch
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.decode_batch import new_stats
 from nanorllm.policy.sampler import counter_uniforms, sample_with_uniforms, uniforms_from_generators
-from nanorllm.policy.slot_cache import SlotCache, SlotForward
+from nanorllm.policy.slot_cache import MIN_CONTEXT, SlotCache, SlotForward, context_bucket
 
 
 @dataclass
@@ -60,6 +62,7 @@ class SlotBatch:
         self.policy, self.params, self.cache, self.keep_state = policy, params, cache, keep_state
         self.stats = stats if stats is not None else new_stats()
         self.graphs = graphs
+        self.min_context = MIN_CONTEXT  # the smallest context bucket a decode step reads
         self.device = cache.device
         self.counter_rng = self.device.type == "cuda"  # see policy/sampler.py
         self.eos = torch.tensor(policy.eos_ids, device=self.device)
@@ -184,20 +187,35 @@ class SlotBatch:
         """Feed each row its last token (B,); (B,) next tokens and logprobs."""
         pos = [r.pos for r in self.rows]
         self.cache.ensure_width(max(pos) + 2)
+        slots = [r.slot for r in self.rows]
+        width = context_bucket(max(pos) + 1, self.cache.width, self.min_context)
         if self.graphs is not None:
-            out = self.graphs.run(self, tok, pos)
+            out = self.graphs.run(self, tok, pos, slots, width)
             if out is not None:
                 return out
-        slots = torch.tensor([r.slot for r in self.rows], device=self.device)
-        positions = torch.tensor(pos, device=self.device)
-        return self.decode_step(tok, positions, slots, max(pos) + 1, lambda: self._uniforms(self.rows, [p + 1 for p in pos]))
+        n, at = max(slots) + 1, torch.tensor(slots, device=self.device)
+        tok_n, pos_n, write = self.slot_inputs(n, at, tok, torch.tensor(pos, device=self.device))
+        u = self._uniforms(self.rows, [p + 1 for p in pos])
+        if u is not None:
+            u = torch.full((n,), 0.5, device=self.device).index_copy_(0, at, u)
+        t, lp = self.decode_step(tok_n, pos_n, write, width, lambda: u)
+        return t[at], lp[at]
 
-    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, width: int,
+    def slot_inputs(self, n: int, at: torch.Tensor, tok: torch.Tensor,
+                    pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step over slots [0, n) from the live rows' tokens and positions at slots `at`: (n,) tokens,
+        positions (0 for idle slots) and write slots (the scratch slot for idle ones)."""
+        write = torch.full((n,), self.cache.scratch, dtype=torch.long, device=self.device).index_copy_(0, at, at)
+        return (torch.zeros(n, dtype=torch.long, device=self.device).index_copy_(0, at, tok),
+                torch.zeros(n, dtype=torch.long, device=self.device).index_copy_(0, at, pos), write)
+
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, width: int,
                     uniforms) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step a CUDA graph captures: forward tok (B,) at pos (B,) over `slots` (B,), then sample
-        with `uniforms()` (B,). Fixed shapes in, fixed shapes out."""
-        fwd = SlotForward(read_slots=slots, write_slots=slots[:, None], positions=pos[:, None], width=width)
-        logits = self.policy.slot_forward(tok[:, None], fwd, self.cache).float()  # (B, V)
+        """The step a CUDA graph captures: row i is slot i; forward tok (n,) at pos (n,), writing each
+        row's keys/values into slot write[i] (i, or scratch for an idle slot), attending over columns
+        [0, width) of slots [0, n) in place, then sample with `uniforms()` (n,). Fixed shapes in and out."""
+        fwd = SlotForward(read_slots=None, write_slots=write[:, None], positions=pos[:, None], width=width)
+        logits = self.policy.slot_forward(tok[:, None], fwd, self.cache).float()  # (n, V)
         return sample_with_uniforms(logits, self.params, uniforms())
 
     def _uniforms(self, rows: list[_Row], positions: list[int]) -> torch.Tensor | None:

@@ -147,7 +147,7 @@ class RolloutEngine:
         first = len(self.policy.first_prompt_ids(agent.messages)) + 64
         rows = min(self.max_batch_episodes, episodes)
         return self.policy.capture_decode_graphs(self.sampling, slots=rows + 1, width=self.slot_width(first),
-                                                 max_rows=rows, on_progress=on_progress)
+                                                 on_progress=on_progress)
 
     def _run_turn_by_turn(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One `generate` call per turn for every live episode (chunked to max_batch_episodes)."""
