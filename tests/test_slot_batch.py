@@ -8,9 +8,9 @@ import torch
 
 from families import FAMILIES, tiny_family_policy
 from nanorllm.policy.base import SamplingParams
-from nanorllm.policy.decode_graphs import DecodeGraphs, buckets
+from nanorllm.policy.decode_graphs import DecodeGraphs, buckets, slot_ranges
 from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import CacheTooLarge, check_fits
+from nanorllm.policy.slot_cache import CacheTooLarge, check_fits, context_bucket, context_buckets
 from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.metrics import decode_metrics
 
@@ -75,6 +75,57 @@ def test_an_episode_longer_than_the_cache_grows_it_and_corrupts_no_other_slot():
     slots, _ = run_rows(policy, params, "slots", slots=2, width=16)  # fewer slots than rows, columns than any prompt
     assert_same(slots, dynamic)
     assert policy.slot_cache.slots >= 4 and policy.slot_cache.width >= 32 and policy.slot_cache.version >= 2 + first
+
+
+def test_a_row_crossing_a_context_bucket_moves_to_the_next_and_samples_the_same_tokens():
+    """Small context buckets on CPU: steps read 8, 16, 32, ... columns, never the whole cache, and rows
+    that outgrow a bucket mid-turn (and the cache's width) sample what the DecodeBatch samples."""
+    policy = tiny_family_policy("gemma2")  # sliding window and soft-capping over a bucketed width
+    params = SamplingParams(max_new_tokens=12, temperature=0.7)
+    dynamic, _ = run_rows(policy, params, "dynamic")
+    widths = []
+
+    def small_buckets(batch):
+        batch.min_context = 8
+        step = batch.decode_step
+        batch.decode_step = lambda tok, pos, *a: (widths.append((a[1], int(pos.max()), batch.cache.width)),
+                                                  step(tok, pos, *a))[1]
+
+    slots, _ = run_rows(policy, params, "slots", on_batch=small_buckets, width=16)
+    assert_same(slots, dynamic)
+    assert all(w == context_bucket(p + 1, cache_w, 8) for w, p, cache_w in widths)  # the smallest that covers
+    assert len({w for w, _, _ in widths}) >= 2 and any(w < cache_w for w, _, cache_w in widths)
+    assert widths[-1][2] > 16  # the cache grew past its first width on the way
+
+
+def test_a_decode_step_never_writes_the_slot_of_an_episode_between_turns():
+    """Row i of a step is slot i: the held slot 0 lies inside the steps of the rows above it, idle."""
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+    with policy.decode_batch(params) as batch:
+        batch.join([(0, p[0], torch.Generator().manual_seed(0), None)])
+        done = []
+        while len(batch):
+            done += batch.step()
+        (_, _, held), = done
+        assert held.slot == 0 and held.held
+        before = [buf[0].clone() for buf in (*batch.cache.keys, *batch.cache.values)]
+        batch.join([(k, p[k], torch.Generator().manual_seed(k), None) for k in (1, 2, 3)])
+        steps = 0
+        while len(batch):
+            assert all(r.slot in (1, 2, 3) for r in batch.rows)
+            batch.step()
+            steps += 1
+        assert steps >= 6 and batch.stats["decode_steps"] >= 6
+        for old, buf in zip(before, (*batch.cache.keys, *batch.cache.values)):
+            assert torch.equal(old, buf[0])
+
+
+def test_context_buckets_are_powers_of_two_up_to_the_width():
+    assert context_buckets(448) == [128, 256, 448] and context_buckets(100) == [100]
+    assert context_bucket(129, 448) == 256 and context_bucket(5, 448) == 128 and context_bucket(300, 448) == 448
+    assert context_bucket(9, 64, 8) == 16
 
 
 def test_new_weights_copied_in_place_are_what_the_next_step_reads():
@@ -162,6 +213,8 @@ def test_a_cache_that_cannot_fit_is_refused_with_the_figure_and_the_flag():
 def test_batch_size_buckets_cover_every_batch():
     assert buckets(256) == [8, 16, 32, 64, 128, 256]
     assert buckets(3) == [8] and buckets(100)[-1] == 128
+    assert slot_ranges(257) == [8, 16, 32, 64, 128, 256, 257] and slot_ranges(33) == [8, 16, 32, 33]
+    assert slot_ranges(5) == [5]  # a step never runs past the cache's slots
 
 
 def test_a_failed_capture_warns_once_and_decodes_eagerly(capsys):
