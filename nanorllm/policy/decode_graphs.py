@@ -59,7 +59,7 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Captured decode steps keyed by (bucket, sampling params, cache layout)."""
+    """Captured decode steps keyed by (slot range, context, sampling params, cache layout)."""
 
     def __init__(self, on_progress=None):
         self.graphs: dict[tuple, _Graph] = {}
