@@ -29,7 +29,7 @@ import time
 import torch
 
 from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import context_buckets
+from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets
 
 MIN_BUCKET = 8
 
@@ -96,7 +96,7 @@ class DecodeGraphs:
         """Capture every (slot-range, context) bucket of the batch's cache for its sampling params,
         largest first (a graph needed later is captured on first use); seconds taken."""
         for size in reversed(slot_ranges(batch.cache.slots)):
-            for width in reversed(context_buckets(batch.cache.width, batch.min_context)):
+            for width in reversed(context_buckets(batch.cache.width, batch.min_context or MIN_CONTEXT)):
                 key = (size, width, _params_key(batch.params), batch.cache.version)
                 if key not in self.graphs and self._capture(batch, key) is None:
                     return self.capture_s

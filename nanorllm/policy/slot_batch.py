@@ -14,8 +14,9 @@ turn, the same counters) but nothing moves in memory once a row has joined:
   The step's row i is slot i: it runs over the slots [0, n) and reads their columns [0, context
   bucket) in place (policy/slot_cache.py); a slot in that range with no live row writes only to
   scratch. On CUDA that function is replayed from a CUDA graph per (slot-range bucket, context
-  bucket) (policy/decode_graphs.py); on CPU it runs as is over n = the highest live slot + 1, with
-  each row's own torch.Generator, so a fixed seed samples what the DecodeBatch samples.
+  bucket) (policy/decode_graphs.py); on CPU it runs as is over n = the highest live slot + 1 and
+  exactly the columns used, with each row's own torch.Generator, so a fixed seed samples what the
+  DecodeBatch samples.
 """
 
 from dataclasses import dataclass, field
@@ -62,7 +63,9 @@ class SlotBatch:
         self.policy, self.params, self.cache, self.keep_state = policy, params, cache, keep_state
         self.stats = stats if stats is not None else new_stats()
         self.graphs = graphs
-        self.min_context = MIN_CONTEXT  # the smallest context bucket a decode step reads
+        # the smallest context bucket a step reads; None: buckets of MIN_CONTEXT under graphs (a graph
+        # per bucket), the exact columns used when eager (on CPU a padded column is compute)
+        self.min_context: int | None = None
         self.device = cache.device
         self.counter_rng = self.device.type == "cuda"  # see policy/sampler.py
         self.eos = torch.tensor(policy.eos_ids, device=self.device)
@@ -188,7 +191,7 @@ class SlotBatch:
         pos = [r.pos for r in self.rows]
         self.cache.ensure_width(max(pos) + 2)
         slots = [r.slot for r in self.rows]
-        width = context_bucket(max(pos) + 1, self.cache.width, self.min_context)
+        width = self.context_width(max(pos) + 1)
         if self.graphs is not None:
             out = self.graphs.run(self, tok, pos, slots, width)
             if out is not None:
@@ -200,6 +203,11 @@ class SlotBatch:
             u = torch.full((n,), 0.5, device=self.device).index_copy_(0, at, u)
         t, lp = self.decode_step(tok_n, pos_n, write, width, lambda: u)
         return t[at], lp[at]
+
+    def context_width(self, columns: int) -> int:
+        """Columns a decode step attends over when the longest live row needs `columns`."""
+        minimum = self.min_context or (MIN_CONTEXT if self.graphs is not None else None)
+        return columns if minimum is None else context_bucket(columns, self.cache.width, minimum)
 
     def slot_inputs(self, n: int, at: torch.Tensor, tok: torch.Tensor,
                     pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
