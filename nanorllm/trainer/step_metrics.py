@@ -43,7 +43,7 @@ class StepSums:
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: the global norm
             parts.append(norm.detach().double().reshape(1))
         values = torch.cat(parts).tolist()
-        keys = [*SUMMED, "loss", "nonfinite", *self.host, "is_weight_max"] + (["grad_norm"] if grad_norm is not None else [])
+        keys = [*SUMMED, "loss", "nonfinite", *self.host, "is_weight_max", "grad_norm"]  # zip drops an absent norm
         return dict(zip(keys, values))
 
 
@@ -71,5 +71,6 @@ def step_metrics(n: dict[str, float], *, correct: bool, kl: bool) -> dict:
             m[f"mismatch/kl_{part}"] = n[f"kl_{part}"] / n[f"tokens_{part}"]
     if correct:
         m.update({"is_weight/mean": n["is_weight_sum"] / tokens, "is_weight/max": n["is_weight_max"],
-                  "is_weight/truncated_frac": n["is_truncated"] / tokens, "is_weight/masked_frac": n["is_masked"] / tokens})
+                  "is_weight/truncated_frac": n["is_truncated"] / tokens,
+                  "is_weight/masked_frac": n["is_masked"] / tokens})
     return m

@@ -84,7 +84,7 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
     """One micro-batch's forward(s) and loss, with its metrics as tensors."""
     batch["lag"] = policy.version - batch["policy_version"]  # (N,)
     prox_lp = None
-    if cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # the grad forward has dropout: pi_prox needs its own
+    if cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # dropout in the grad forward: pi_prox apart
         prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
     ref_lp = None
     if cfg.kl_coef > 0:
