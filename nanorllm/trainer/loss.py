@@ -98,8 +98,8 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         seg_sum = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, per_token)
         seg_len = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, torch.ones_like(per_token))
         seq_mean = torch.where(seg_len > 0, seg_sum / seg_len.clamp(min=1), 0.0)  # a sample with no tokens adds 0
-        norm = normalizer if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
-        loss = seq_mean.sum() / (max(norm, 1) if normalizer is not None else norm)
+        norm = max(normalizer, 1) if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
+        loss = seq_mean.sum() / norm
     else:
         raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
     return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
