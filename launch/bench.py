@@ -50,7 +50,8 @@ from nanorllm.policy.hf_causal import HFCausalPolicy  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
 from nanorllm.trainer.metrics import decode_useful_frac  # noqa: E402
-from nanorllm.trainer.trainer import make_optimizer, train_step  # noqa: E402
+from nanorllm.trainer.step import train_step  # noqa: E402
+from nanorllm.trainer.update import make_optimizer  # noqa: E402
 from launch.trial import run_trial  # noqa: E402
 
 TARGETS = {  # (comparison, target)

@@ -39,7 +39,8 @@ from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine
-from nanorllm.trainer.trainer import make_optimizer, train_step
+from nanorllm.trainer.step import train_step
+from nanorllm.trainer.update import make_optimizer
 
 
 def _median(xs: list[float]) -> float:

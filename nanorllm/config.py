@@ -93,8 +93,12 @@ class TrainConfig:
     """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
     dual_clip: float = 0.0
     """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
-    micro_batch_tokens: int = 4096
-    """Padded tokens per forward/backward micro-batch (bounds memory)."""
+    micro_batch_tokens: int | None = None
+    """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
+    the free memory by the model's size (trainer/micro_batches.py)."""
+    max_pad_frac: float | None = None
+    """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
+    micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
     max_batch_episodes: int = 256
     """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
     cuda_graphs: bool = True
@@ -102,6 +106,9 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
     """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
     optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
+    tf32: bool = True
+    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
+    Means nothing on CPU."""
     # --- sampler / learner agreement ---
     disable_dropout: bool = True
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
@@ -183,7 +190,7 @@ class TrainConfig:
                     "micro_batch_tokens", "max_batch_episodes", "num_workers", "queue_size", "keep_checkpoints",
                     "grader_timeout_s", "rollout_dump_size"]
         for name in positive:
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:  # micro_batch_tokens None: sized at run time
                 p.append(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay",
                      "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker", "max_restarts_per_run"]:
@@ -195,6 +202,8 @@ class TrainConfig:
         for name in ["worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s"]:
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 p.append(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_pad_frac is not None and not 0 <= self.max_pad_frac <= 1:
+            p.append(f"max_pad_frac: must be in [0, 1] or unset, got {self.max_pad_frac}")
         if not self.lr > 0:
             p.append(f"lr: must be > 0, got {self.lr}")
         if not self.temperature > 0:

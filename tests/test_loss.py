@@ -311,7 +311,17 @@ def test_mismatch_split_by_lag():
     assert (m["tokens_same_weights"], m["tokens_lagged"]) == (2.0, 2.0)
     assert m["kl_same_weights"] == pytest.approx(k3(1.5), rel=1e-4)
     assert m["kl_lagged"] == pytest.approx(k3(0.5) + k3(2.0), rel=1e-4)
-    assert m["approx_kl"] == pytest.approx(m["kl_same_weights"] + m["kl_lagged"], rel=1e-6)
+    assert m["approx_kl"] == pytest.approx(float(m["kl_same_weights"] + m["kl_lagged"]), rel=1e-6)
+
+
+def test_loss_metrics_stay_detached_tensors_so_micro_batches_add_them_without_a_sync():
+    logits, batch = make_case([-1.0, -2.0], [1.0, -1.0], [1.0, 1.0])
+    batch["lag"] = torch.tensor([0, 1])
+    _, m = compute_policy_loss(logits.requires_grad_(), batch, kl_coef=0.1, ref_logprobs=torch.tensor([-1.0, -2.0]))
+    assert set(m) >= {"tokens", "clip_low", "approx_kl", "entropy", "kl", "is_weight_max", "kl_lagged"}
+    for k, v in m.items():
+        assert torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad, k
+    assert float(m["tokens"]) == 2.0 and float(m["tokens_same_weights"]) == 1.0
 
 
 def test_unknown_correction_raises():

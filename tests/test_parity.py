@@ -16,7 +16,8 @@ from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
 from nanorllm.trainer.parity import LogitParityError, check_logit_parity, startup_parity_line
-from nanorllm.trainer.trainer import make_optimizer, train_step
+from nanorllm.trainer.step import train_step
+from nanorllm.trainer.update import make_optimizer
 
 
 def sampled_batch(policy, *, temperature=1.0, system=None):

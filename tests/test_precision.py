@@ -1,5 +1,6 @@
 """--dtype bfloat16: fp32 master weights and optimizer state, bf16 compute, bf16 replicas and broadcast."""
 
+import pytest
 import torch
 
 from nanorllm.config import TrainConfig
@@ -7,7 +8,9 @@ from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import compute_policy_loss
-from nanorllm.trainer.trainer import make_optimizer, train_step
+from nanorllm.trainer.precision import matmul_precision
+from nanorllm.trainer.step import train_step
+from nanorllm.trainer.update import make_optimizer
 from test_train_step import build_results
 
 
@@ -73,3 +76,23 @@ def test_the_broadcast_moves_bf16_and_replicas_get_the_rounded_masters():
 def test_dtype_names():
     assert not TrainConfig(dtype="bf16").validate() and not TrainConfig(dtype="fp32").validate()
     assert any(p.startswith("dtype:") for p in TrainConfig(dtype="half").validate())
+
+
+def test_tf32_is_the_updates_on_cuda_only_and_nothing_on_cpu():
+    matmul = torch.backends.cuda.matmul
+    assert TrainConfig().tf32 and matmul.fp32_precision != "tf32"
+    with matmul_precision("cpu", tf32=True):
+        assert matmul.fp32_precision != "tf32"
+    with matmul_precision("cuda:0", tf32=False):
+        assert matmul.fp32_precision != "tf32"
+    with pytest.raises(RuntimeError), matmul_precision("cuda:0", tf32=True):
+        assert matmul.fp32_precision == "tf32" and torch.backends.cudnn.fp32_precision == "tf32"
+        raise RuntimeError("the update failed")
+    assert matmul.fp32_precision != "tf32"  # restored: sampling in this process stays full fp32
+
+
+def test_adamw_is_fused_only_where_every_parameter_is_on_cuda(tiny_policy):
+    assert not make_optimizer(tiny_policy, TrainConfig()).param_groups[0]["fused"]
+    if torch.cuda.is_available():
+        gpu = HFCausalPolicy.from_name("tiny-random", device="cuda")
+        assert make_optimizer(gpu, TrainConfig()).param_groups[0]["fused"]

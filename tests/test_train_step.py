@@ -8,7 +8,9 @@ from nanorllm.core.types import RolloutResult, StepSample, Trajectory
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
-from nanorllm.trainer.trainer import make_optimizer, micro_batches, proximal_logprobs, train_step
+from nanorllm.trainer.micro_batches import micro_batches
+from nanorllm.trainer.step import train_step
+from nanorllm.trainer.update import make_optimizer, proximal_logprobs
 
 REWARDS = {"g0": [1.0, 0.0, 0.0, 1.0], "g1": [0.0, 1.0, 0.0, 0.0]}
 TWO_TURNS = {("g0", 1), ("g0", 2), ("g1", 0), ("g1", 2), ("g1", 3)}  # wrong first answers that retried
@@ -289,10 +291,10 @@ def test_proximal_logprobs_equal_the_grad_forwards_values(tiny_policy):
 
 
 def test_correction_with_dropout_on_recomputes_the_proximal_logprobs(fresh_tiny_policy, monkeypatch):
-    import nanorllm.trainer.trainer as trainer_mod
+    import nanorllm.trainer.update as update_mod
     calls = []
-    real = trainer_mod.proximal_logprobs
-    monkeypatch.setattr(trainer_mod, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
+    real = update_mod.proximal_logprobs
+    monkeypatch.setattr(update_mod, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
     policy = fresh_tiny_policy
     results = build_results(policy)
     cfg = config(off_policy_correction="tis", disable_dropout=False)
@@ -312,3 +314,38 @@ def test_turn_credit_reaches_the_update(fresh_tiny_policy):
     assert max_change(policy, before) > 1e-3
     first = [r.step_samples[0].advantage for r in results]
     assert first[0] == first[3] > 0 > first[1] == first[2]
+
+
+SYNCS = ("item", "__float__", "tolist", "__bool__")  # what makes a GPU's host wait for a value
+
+
+def count_host_syncs(monkeypatch, fn) -> int:
+    """Calls of SYNCS on any tensor while `fn` runs (torch, transformers and ours alike)."""
+    calls = []
+    for name in SYNCS:
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **k: calls.append(1) or _real(self, *a, **k))
+    try:
+        fn()
+    finally:
+        monkeypatch.undo()
+    return len(calls)
+
+
+@pytest.mark.parametrize("off_policy_correction", ["none", "tis"])
+def test_the_micro_batch_loop_asks_the_device_for_no_number(tiny_policy_factory, monkeypatch, off_policy_correction):
+    """More micro-batches, not more host synchronisations: metrics stay tensors until the step's end."""
+    counts = {}
+    for tokens in (4096, 256):
+        policy = tiny_policy_factory()
+        results = build_results(policy)
+        cfg = config(micro_batch_tokens=tokens, off_policy_correction=off_policy_correction, kl_coef=0.1)
+        chunks = micro_batches([s for r in results for s in r.step_samples], tokens)
+        assert all(len({s.episode_id for s in c}) > 1 for c in chunks)  # every forward shares its prompt prefix
+        opt, ref = make_optimizer(policy, cfg), tiny_policy_factory()
+        ref.model.requires_grad_(False).eval()  # as the run holds its reference
+        out = {}
+        counts[len(chunks)] = count_host_syncs(monkeypatch, lambda: out.update(
+            train_step(policy, opt, results, cfg, ref_policy=ref)))
+        assert out["train/skipped_nan"] == 0 and out["perf/micro_batches"] == len(chunks)
+    assert sorted(counts) == [1, 3] and counts[1] == counts[3], counts

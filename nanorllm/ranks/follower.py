@@ -16,7 +16,8 @@ from types import SimpleNamespace
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.pipeline.lifeline import die_with_parent
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.trainer import make_optimizer, train_step
+from nanorllm.trainer.step import train_step
+from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 
 

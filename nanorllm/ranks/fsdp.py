@@ -17,7 +17,7 @@ What stays as with DDP:
 - checkpoints hold the full, plain optimizer state_dict (`full_optimizer_state`, keyed by position
   as `optimizer.state_dict()` is), so a checkpoint resumes on any number of ranks, ddp or fsdp.
 
-Every FSDP forward is a collective: ranks run the same number of micro-batches (trainer/trainer.py) and
+Every FSDP forward is a collective: ranks run the same number of micro-batches (trainer/update.py) and
 never the shared-prompt-prefix forward, whose shapes depend on the data.
 """
 

@@ -243,6 +243,15 @@ class LearnerRanks:
         dist.all_reduce(t)
         return dict(zip(values, t.tolist()))
 
+    def reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Every rank's `t` summed (or, op="max", the largest), as a tensor where `t` is: no host
+        synchronisation on the way (the caller makes numbers once, when it needs them)."""
+        if self.world == 1:
+            return t
+        t = t.to(self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t
+
     def all_max(self, value: float) -> float:
         if self.world == 1:
             return value

@@ -75,5 +75,8 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
         "sample_index": torch.tensor(sample_index, dtype=torch.long),
         "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each token
         "num_samples": len(samples),
+        "num_tokens": sum(len(seq.ids) for seq in seqs),  # real (unpadded) tokens of the rows
     }
+    if torch.device(device).type == "cuda":  # pinned and asynchronous: the copy does not wait for the device
+        return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

@@ -39,7 +39,8 @@ from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import decode_metrics, grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
-from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
+from nanorllm.trainer.step import collect_rollouts, train_step
+from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import configure_threads, resolve_devices
 from nanorllm.utils.faults import fault
 from nanorllm.utils.files import write_atomic

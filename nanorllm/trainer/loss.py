@@ -56,8 +56,9 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
                         correction: str = "none", is_cap: float = 2.0, is_band: tuple[float, float] = (0.5, 2.0),
                         dual_clip: float = 0.0, prox_logprobs: torch.Tensor | None = None):
-    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; metrics are detached sums
-    and counts over this micro-batch so callers can aggregate them across micro-batches. With
+    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; metrics (`loss_metrics`) are
+    detached 0-d tensors, sums and counts over this micro-batch, so callers add them up across
+    micro-batches without a host synchronisation. With
     batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
     summed apart for lag-0 and lagged tokens."""
     if correction not in CORRECTIONS:
@@ -93,32 +94,41 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         loss = per_token.sum() / max(norm, 1)
     elif loss_agg == "seq-mean":
         idx = batch["sample_index"]
-        n_seg = int(idx.max()) + 1 if idx.numel() else 0
+        n_seg = batch["num_samples"] if "num_samples" in batch else (int(idx.max()) + 1 if idx.numel() else 0)
         seg_sum = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, per_token)
         seg_len = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, torch.ones_like(per_token))
-        present = seg_len > 0
-        norm = normalizer if normalizer is not None else int(present.sum())
-        loss = (seg_sum[present] / seg_len[present]).sum() / max(norm, 1)
+        seq_mean = torch.where(seg_len > 0, seg_sum / seg_len.clamp(min=1), 0.0)  # a sample with no tokens adds 0
+        norm = max(normalizer, 1) if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
+        loss = seq_mean.sum() / norm
     else:
         raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
+    return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
+                              is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
+                              is_cap=is_cap if correction in ("tis", "decoupled") else None)
 
-    with torch.no_grad():
-        d = prox_lp - old_lp
-        k3 = torch.exp(d) - 1 - d  # k3 of rollout vs the learner before the update, per token
-        metrics = {
-            "tokens": float(per_token.numel()),
-            "clip_low": float(((ratio < 1.0 - clip_low) & (adv < 0)).sum()),
-            "clip_high": float(((ratio > 1.0 + clip_high) & (adv > 0)).sum()),
-            "approx_kl": float(k3.sum()),
-            "entropy": float(entropy.sum()),
-            "kl": float(kl.sum()),
-            "is_weight_sum": float(is_w.sum()),
-            "is_weight_max": float(is_w.max()) if is_w.numel() else 0.0,
-            "is_truncated": float((is_w > is_cap).sum()) if correction in ("tis", "decoupled") else 0.0,
-            "is_masked": float((keep == 0).sum()),
-        }
-        if "lag" in batch:
-            same = batch["lag"] == 0
-            metrics.update({"kl_same_weights": float(k3[same].sum()), "tokens_same_weights": float(same.sum()),
-                            "kl_lagged": float(k3[~same].sum()), "tokens_lagged": float((~same).sum())})
-    return loss, metrics
+
+@torch.no_grad()
+def loss_metrics(batch: dict, *, ratio, adv, prox_lp, old_lp, entropy, kl, is_w, keep, clip_low: float,
+                 clip_high: float, is_cap: float | None) -> dict[str, torch.Tensor]:
+    """The loss's sums and counts over one micro-batch, as 0-d tensors on the loss's device: adding
+    them up across micro-batches costs no host synchronisation (the step makes them numbers once)."""
+    d = prox_lp - old_lp
+    k3 = torch.exp(d) - 1 - d  # k3 of rollout vs the learner before the update, per token
+    zero = k3.new_zeros(())
+    metrics = {
+        "tokens": k3.new_full((), float(k3.numel())),
+        "clip_low": ((ratio < 1.0 - clip_low) & (adv < 0)).sum().float(),
+        "clip_high": ((ratio > 1.0 + clip_high) & (adv > 0)).sum().float(),
+        "approx_kl": k3.sum(),
+        "entropy": entropy.sum(),
+        "kl": kl.sum(),
+        "is_weight_sum": is_w.sum(),
+        "is_weight_max": is_w.max() if is_w.numel() else zero,
+        "is_truncated": (is_w > is_cap).sum().float() if is_cap is not None else zero,
+        "is_masked": (keep == 0).sum().float(),
+    }
+    if "lag" in batch:
+        same = (batch["lag"] == 0).float()
+        metrics.update({"kl_same_weights": (k3 * same).sum(), "tokens_same_weights": same.sum(),
+                        "kl_lagged": (k3 * (1 - same)).sum(), "tokens_lagged": (1 - same).sum()})
+    return metrics

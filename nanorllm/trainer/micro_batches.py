@@ -1,0 +1,122 @@
+"""Micro-batches: a step's episodes cut into forward/backward passes sized for the device.
+
+Episodes stay whole (their turns are one merged row, trainer/collate.py) and are sorted by length,
+so rows of similar length share a pass and padding stays small. The padded size of a pass (rows x
+longest row) is bounded by `micro_batch_tokens`: 4096 on CPU, and on CUDA what fits in the memory
+free at the step (`fitting_micro_batch_tokens`).
+
+Padding waste is measured (`pad_frac`: pad tokens / all tokens of the passes, logged as
+perf/pad_frac). When a step's passes exceed `max_pad_frac` (on CUDA 0.2: a large budget puts long
+and short rows in one pass) they are cut again at the length boundaries, so no pass is more than
+that share padding. Regrouping moves which rows share a pass, not what is computed: the loss and the
+gradient are the same up to float summation order (the normaliser is the whole step's). On CPU it is
+off by default, so a seed gives the run it gave before.
+"""
+
+import torch
+
+from nanorllm.core.types import StepSample
+
+CPU_MICRO_BATCH_TOKENS = 4096
+GPU_PAD_FRAC = 0.2
+# Bytes a token keeps alive through forward and backward, an estimate on the high side. Per layer
+# ~10 x hidden + 4 x intermediate values are saved for the backward (norm inputs and outputs, q/k/v,
+# the attention output, o_proj's input, the residual; the MLP's gate, up, activation and product),
+# and the backward's gradients at most double that: 20 x hidden + 8 x intermediate, in the compute
+# dtype. At a scored position the head adds the logits and, in fp32, their log-softmax, its exp, the
+# entropy's product and the gradient: ~20 bytes x vocab. Counted for every token, scored or not.
+LAYER_VALUES_PER_HIDDEN, LAYER_VALUES_PER_INTERMEDIATE, HEAD_BYTES_PER_VOCAB = 20, 8, 20
+MEMORY_SHARE = 0.5  # of the free memory, for one pass: the allocator's fragmentation and a worker's KV cache
+GPU_MICRO_BATCH_TOKENS_MAX = 65536  # past this a pass is compute-bound: bigger ones only hold more memory
+
+
+def episode_length(ep: list[StepSample]) -> int:
+    """Tokens of an episode's merged row: its last turn's prompt + response."""
+    return len(ep[-1].prompt_ids) + len(ep[-1].response_ids)
+
+
+def micro_batches(samples: list[StepSample], max_tokens: int, *, max_pad_frac: float | None = None
+                  ) -> list[list[StepSample]]:
+    """Split into chunks of whole episodes whose padded size (rows x longest row) stays under
+    max_tokens; an episode longer than max_tokens gets a chunk of its own. With `max_pad_frac`, if
+    the chunks' padding exceeds it, rows are also cut where a chunk would exceed that share."""
+    episodes: list[list[StepSample]] = []
+    for s in samples:
+        if episodes and episodes[-1][0].episode_id == s.episode_id:
+            episodes[-1].append(s)
+        else:
+            episodes.append([s])
+    episodes.sort(key=episode_length)  # similar lengths together: less padding
+    chunks = _cut(episodes, max_tokens, None)
+    if max_pad_frac is not None and pad_frac(chunks) > max_pad_frac:
+        chunks = _cut(episodes, max_tokens, max_pad_frac)
+    return [[s for ep in chunk for s in ep] for chunk in chunks]
+
+
+def _cut(episodes: list[list[StepSample]], max_tokens: int, max_pad_frac: float | None) -> list[list[list[StepSample]]]:
+    """Greedy over episodes sorted by length: a new chunk when the next would break a bound."""
+    chunks, cur, longest, total = [], [], 0, 0
+    for ep in episodes:
+        n = length = episode_length(ep)
+        wide = max(longest, n) * (len(cur) + 1)
+        padded = max_pad_frac is not None and 1 - (total + length) / wide > max_pad_frac
+        if cur and (wide > max_tokens or padded):
+            chunks.append(cur)
+            cur, longest, total = [], 0, 0
+        cur.append(ep)
+        longest, total = max(longest, n), total + length
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def pad_frac(chunks: list[list]) -> float:
+    """Pad tokens / all tokens of the chunks' padded (rows x longest row) passes; chunks hold whole
+    episodes (lists of StepSamples) or samples of whole episodes."""
+    real = padded = 0
+    for chunk in chunks:
+        lengths = [episode_length(ep) for ep in _episodes(chunk)]
+        real, padded = real + sum(lengths), padded + max(lengths) * len(lengths)
+    return 1 - real / padded if padded else 0.0
+
+
+def _episodes(chunk: list) -> list[list[StepSample]]:
+    if chunk and isinstance(chunk[0], list):
+        return chunk
+    eps: dict[str, list[StepSample]] = {}
+    for s in chunk:
+        eps.setdefault(s.episode_id, []).append(s)
+    return list(eps.values())
+
+
+def fitting_micro_batch_tokens(free_bytes: int, *, layers: int, hidden: int, intermediate: int, vocab: int,
+                               dtype_bytes: int) -> int:
+    """Padded tokens of one pass that fit in MEMORY_SHARE of `free_bytes` (see the estimate above),
+    rounded down to a multiple of 1024, between 4096 and GPU_MICRO_BATCH_TOKENS_MAX."""
+    per_token = (layers * (LAYER_VALUES_PER_HIDDEN * hidden + LAYER_VALUES_PER_INTERMEDIATE * intermediate)
+                 * dtype_bytes + HEAD_BYTES_PER_VOCAB * vocab)
+    tokens = int(MEMORY_SHARE * free_bytes / per_token) // 1024 * 1024
+    return max(CPU_MICRO_BATCH_TOKENS, min(tokens, GPU_MICRO_BATCH_TOKENS_MAX))
+
+
+def step_micro_batch_tokens(policy, configured: int | None) -> int:
+    """`micro_batch_tokens` as configured, or (None) 4096 on CPU and what fits on CUDA now: the
+    device's free memory plus what torch's allocator holds unused."""
+    if configured is not None:
+        return configured
+    if policy.device.type != "cuda":
+        return CPU_MICRO_BATCH_TOKENS
+    free, _ = torch.cuda.mem_get_info(policy.device)
+    free += torch.cuda.memory_reserved(policy.device) - torch.cuda.memory_allocated(policy.device)
+    c = policy.model.config
+    dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+    return fitting_micro_batch_tokens(free, layers=c.num_hidden_layers, hidden=c.hidden_size,
+                                      intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
+                                      vocab=c.vocab_size, dtype_bytes=torch.finfo(dtype).bits // 8)
+
+
+def step_max_pad_frac(policy, configured: float | None) -> float | None:
+    """`max_pad_frac` as configured, or (None) GPU_PAD_FRAC on CUDA and off on CPU."""
+    if configured is not None:
+        return configured if configured < 1 else None
+    return GPU_PAD_FRAC if policy.device.type == "cuda" else None

@@ -1,0 +1,109 @@
+"""The update: a step's samples -> micro-batches -> (collate -> forward -> loss -> backward) each -> clip
+-> optimizer step, or no step when the loss or the gradient is not finite.
+
+Gradients accumulate against the whole step's normaliser (token or sample count over every learner
+rank), so the update equals one big batch whatever the micro-batching. The forward runs in eval mode
+unless `disable_dropout` is off, so learner and sampler compute the same function; each token's policy
+lag (policy.version - the version that sampled it) rides in the batch, so the sampler-vs-learner
+mismatch is logged apart for lag 0 (numerics alone) and lag >= 1 (numerics plus drift). An off-policy
+correction needs the learner's logprobs before the update (pi_prox): with one step per batch and a
+deterministic forward that is the grad forward's own value, so no extra forward runs; with dropout on,
+one no-grad forward in eval mode per micro-batch computes it.
+
+Nothing in the micro-batch loop asks the device for a number: the metrics add up as tensors
+(trainer/step_metrics.py), and the skip decision reads them with the gradient norm in the step's one
+host synchronisation, after the backward passes. On CUDA the optimizer is the fused AdamW (one kernel
+for all parameters) and fp32 matmuls run on TF32 tensor cores (`cfg.tf32`, trainer/precision.py).
+"""
+
+import math
+
+import torch
+
+from nanorllm.core.types import StepSample
+from nanorllm.ranks.group import LearnerRanks
+from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
+from nanorllm.trainer.micro_batches import micro_batches, step_max_pad_frac, step_micro_batch_tokens
+from nanorllm.trainer.step_metrics import StepSums
+
+
+def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
+    """AdamW over the fp32 master weights; fused (one kernel per step) when they all live on CUDA."""
+    params = list(policy.model.parameters())
+    fused = all(p.is_cuda and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
+
+
+def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
+           ref_policy=None, host: dict[str, float]) -> dict[str, float]:
+    """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
+    `host`'s counts), the gradient norm and `skipped_nan`, as numbers."""
+    correct = cfg.off_policy_correction != "none"
+    optimizer.zero_grad(set_to_none=True)
+    # The whole step's counts, over every rank's share: N ranks normalise as one would.
+    step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
+    chunks = []
+    if step["samples"]:
+        chunks = micro_batches(samples, step_micro_batch_tokens(policy, cfg.micro_batch_tokens),
+                               max_pad_frac=step_max_pad_frac(policy, cfg.max_pad_frac))
+    sums = StepSums(policy.device, {**host, "samples": len(samples), "padded_tokens": 0, "real_tokens": 0})
+    if step["samples"]:
+        policy.train_module.train(not cfg.disable_dropout)
+        normalizer = step["tokens"] if cfg.loss_agg == "token-mean" else step["samples"]
+        runs = ranks.micro_batch_count(len(chunks))  # with idle ones, so every rank runs the same collectives
+        for i in range(runs):
+            with ranks.accumulating(policy, last=i == runs - 1):
+                if i >= len(chunks):
+                    ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout)
+                    continue
+                batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device)
+                sums.host["padded_tokens"] += batch["input_ids"].numel()
+                sums.host["real_tokens"] += batch["num_tokens"]
+                loss, metrics = micro_batch_loss(policy, batch, cfg, ref_policy=ref_policy, normalizer=normalizer)
+                # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
+                (loss * ranks.world).backward()
+                sums.add(loss, metrics)
+    norm = None
+    if step["samples"]:
+        norm = torch.nn.utils.clip_grad_norm_(policy.train_module.parameters(), cfg.max_grad_norm)
+    n = sums.numbers(ranks, norm)  # the one host synchronisation of the step
+    n["skipped_nan"] = float(n["nonfinite"] > 0 or not math.isfinite(n.get("grad_norm", 0.0)))
+    if step["samples"]:
+        if n["skipped_nan"]:
+            optimizer.zero_grad(set_to_none=True)  # a non-finite loss or gradient skips the update, on every rank
+        else:
+            optimizer.step()
+            n.update(ranks.updated(policy))  # FSDP: the new weights gathered into rank 0's full model
+        optimizer.zero_grad(set_to_none=True)
+    n["micro_batches"] = len(chunks)
+    return n
+
+
+def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: float) -> tuple[torch.Tensor, dict]:
+    """One micro-batch's forward(s) and loss, with its metrics as tensors."""
+    batch["lag"] = policy.version - batch["policy_version"]  # (N,)
+    prox_lp = None
+    if cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # dropout in the grad forward: pi_prox apart
+        prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
+    ref_lp = None
+    if cfg.kl_coef > 0:
+        with torch.no_grad():
+            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+            ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
+    out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+    return compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                               temperature=cfg.temperature, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
+                               ref_logprobs=ref_lp, normalizer=normalizer, correction=cfg.off_policy_correction,
+                               is_cap=cfg.is_cap, is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
+
+
+def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
+    """(N,) the learner's logprobs at its current weights, no grad, no dropout: one extra forward."""
+    training = policy.train_module.training
+    policy.train_module.eval()
+    with torch.no_grad():
+        out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
+        lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
+    policy.train_module.train(training)
+    return lp
