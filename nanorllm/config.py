@@ -9,7 +9,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, get_args, get_origin, get_type_hints
+
+import tyro
 
 DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
 DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
@@ -28,10 +30,17 @@ class TrainConfig:
     # --- what to train on ---
     model: str = "smollm2-135m-instruct"
     """Built-in name (smollm2-135m-instruct, tiny-random), a local HF model directory or a hub id."""
+    env: str = "math"
+    """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
+    module.path:Name or path/to/file.py:Name."""
+    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
     tasks: str = DEFAULT_TASKS
-    """Training tasks: a JSONL file (seed schema or GSM8K format) or an arith:... generator spec."""
+    """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
+    spec. Left at this default, another env uses its own default tasks."""
     eval_tasks: str = DEFAULT_EVAL_TASKS
-    """Held-out tasks, same formats; any task that also appears in --tasks is removed from training."""
+    """Held-out tasks, same formats (the env's own default when left at this one); any task that also appears
+    in --tasks is removed from training."""
     limit: int | None = None
     """Use only the first N training tasks."""
     eval_limit: int | None = None
@@ -181,6 +190,9 @@ class TrainConfig:
 
     def __post_init__(self):
         self.is_band = tuple(self.is_band)  # a JSON/YAML file or a saved config gives a list
+        if isinstance(self.env_arg, dict):  # a config file's mapping
+            self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
+        self.env_arg = tuple(self.env_arg)
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
@@ -245,6 +257,12 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if not self.tasks:
             p.append("tasks: empty")
+        from nanorllm.envs.registry import EnvSpecError, env_from_config
+
+        try:
+            env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
+        except EnvSpecError as e:
+            p.append(f"env: {e}")
         return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
 
     def _non_finite(self) -> list[str]:
@@ -286,8 +304,6 @@ def read_config_file(path: str) -> dict:
 def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = None) -> TrainConfig:
     """--config FILE first, then flags on top; validated before returning."""
     import argparse
-
-    import tyro
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")

@@ -189,3 +189,18 @@ def test_drop_zero_std_keeps_a_solved_group_whose_turns_differ():
     assert len(flatten_step_samples(groups, drop_zero_std=True)) == 3
     groups = compute_advantage(group_by_task_id(results))
     assert flatten_step_samples(groups, drop_zero_std=True) == []
+
+
+def test_env_error_episodes_leave_their_group_which_trains_short_or_is_dropped():
+    from nanorllm.algos.grpo import drop_env_errors
+
+    def ep(gid, reward, reason):
+        return RolloutResult(trajectory=Trajectory(task_id=gid, final_reward=reward, termination_reason=reason),
+                             step_samples=[], group_id=gid)
+
+    whole = [ep("a", 1.0, "correct"), ep("a", 0.0, "max_turns")]
+    short = [ep("b", 1.0, "correct"), ep("b", 0.0, "error"), ep("b", 0.0, "max_turns"), ep("b", 1.0, "correct")]
+    lost = [ep("c", 0.0, "error"), ep("c", 1.0, "correct")]
+    kept, n_short, n_dropped = drop_env_errors(whole + short + lost)
+    assert (n_short, n_dropped) == (1, 1)
+    assert kept == whole + [short[0], short[2], short[3]]

@@ -73,6 +73,23 @@ def _normalise(items: list[tuple[float, list[StepSample]]], normalize_std: bool,
             s.advantage = adv
 
 
+def drop_env_errors(results: list[RolloutResult]) -> tuple[list[RolloutResult], int, int]:
+    """(episodes to train on, groups trained short, groups dropped): an episode the env raised in
+    (reason "error") says nothing about the policy, so it leaves its group; a group left with fewer
+    than 2 episodes has nothing to compare and is dropped whole."""
+    kept, short, dropped = [], 0, 0
+    for group in group_by_task_id(results).values():
+        clean = [r for r in group if r.trajectory.termination_reason != "error"]
+        if len(clean) == len(group):
+            kept += group
+        elif len(clean) >= 2:
+            kept += clean
+            short += 1
+        else:
+            dropped += 1
+    return kept, short, dropped
+
+
 def is_zero_std(results: list[RolloutResult]) -> bool:
     return len({r.reward for r in results}) <= 1
 

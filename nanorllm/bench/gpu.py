@@ -180,13 +180,10 @@ def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, repla
 def hf_reference(policy: HFCausalPolicy, engine, tasks: list[dict], cfg: TrainConfig, *, dry: bool) -> float:
     """tokens/s of transformers' own `generate` (static cache, sampling, fixed length) on the same
     first-turn prompts, in chunks of max_batch_episodes."""
-    from nanorllm.agents.math_agent import MathAgent
-    from nanorllm.envs.math_env import MathEnv
-
     prompts = []
     for task in tasks:
-        agent = MathAgent(**engine.agent_kwargs)
-        agent.reset(task, MathEnv().reset(task))
+        agent = engine.env.make_agent()
+        agent.reset(task, engine.env.make_env().reset(task))
         prompts += [policy.first_prompt_ids(agent.messages)] * cfg.num_samples_per_task
     n_new, model, pad = cfg.max_new_tokens, policy.model, policy.pad_id
     tokens, t0 = 0, time.perf_counter()

@@ -192,8 +192,28 @@ def load_tasks(spec: str, *, limit: int | None = None) -> list[dict]:
     return tasks if limit is None else tasks[:limit]
 
 
-def _normalize_question(text: str) -> str:
-    return " ".join(text.lower().split())
+def check_task_rows(rows: list[dict], source: str) -> list[dict]:
+    """Any env's task rows: dicts with a unique, non-empty string task_id (all problems at once)."""
+    problems, seen = [], {}
+    for i, row in enumerate(rows):
+        task_id = row.get("task_id") if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            problems.append(f"{source}: row {i}: expected a dict, got {_type_name(row)}")
+        elif not isinstance(task_id, str) or not task_id:
+            problems.append(f"{source}: row {i}: 'task_id' must be a non-empty string, got {task_id!r}")
+        elif task_id in seen:
+            problems.append(f"{source}: row {i}: 'task_id' duplicates row {seen[task_id]} ({task_id!r})")
+        else:
+            seen[task_id] = i
+    if not rows:
+        problems.append(f"{source}: no tasks")
+    if problems:
+        raise TaskFileError(source, problems)
+    return rows
+
+
+def _normalize_question(text) -> str | None:
+    return " ".join(text.lower().split()) if isinstance(text, str) else None
 
 
 def remove_overlap(train: list[dict], heldout: list[dict]) -> tuple[list[dict], int]:
@@ -201,12 +221,13 @@ def remove_overlap(train: list[dict], heldout: list[dict]) -> tuple[list[dict], 
 
     Questions are compared lowercased with whitespace collapsed, so a held-out problem copied
     with different spacing or capitals is still dropped. Returns (kept tasks, number dropped).
+    Rows without a question compare by task_id alone.
     """
-    held_questions = {_normalize_question(t["question"]) for t in heldout}
+    held_questions = {_normalize_question(t.get("question")) for t in heldout} - {None}
     held_ids = {t["task_id"] for t in heldout}
     kept = [
         t
         for t in train
-        if t["task_id"] not in held_ids and _normalize_question(t["question"]) not in held_questions
+        if t["task_id"] not in held_ids and _normalize_question(t.get("question")) not in held_questions
     ]
     return kept, len(train) - len(kept)

@@ -5,11 +5,15 @@ Rules (from the design notes, exactly):
 - wrong, turns left            -> not done, reward 0.0, retry feedback
 - wrong on the last turn       -> done, reward 0.0
 The reward is terminal: only the last step's reward is the episode's reward.
+`MathSelfRefine` is the bundle `--env math` names (the default).
 """
 
 import time
 from typing import Callable
 
+from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT, MathAgent
+from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
+from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.grader import judge
 from nanorllm.utils.faults import fault
 
@@ -51,3 +55,16 @@ class MathEnv:
         if self.turn >= self.max_turns:
             return None, 0.0, True, info
         return (RETRY_FEEDBACK if verdict.extracted is not None else NO_BOX_FEEDBACK), 0.0, False, info
+
+
+class MathSelfRefine(EnvBundle):
+    """Math questions, answered in \\boxed{}, with retry feedback until max_turns."""
+
+    name = "math"
+    agent_class = MathAgent
+    system_prompt = DEFAULT_SYSTEM_PROMPT
+    example = DEFAULT_EXAMPLE
+    default_tasks, default_eval_tasks = DEFAULT_TASKS, DEFAULT_EVAL_TASKS
+
+    def make_env(self) -> MathEnv:
+        return MathEnv(max_turns=self.settings.max_turns, grader_timeout_s=self.settings.grader_timeout_s)

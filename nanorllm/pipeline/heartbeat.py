@@ -21,13 +21,14 @@ BEATS, ACTIVITY, STEP, PART, TASK = range(5)
 class Heartbeat:
     """Made by the learner for `n` workers and pickled to them; worker `wid` writes row `wid`."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, env_name: str = ""):
+        self.env_name = env_name  # named in a report of a worker stuck in the env's reset or step
         self.board = torch.zeros(n, 5, dtype=torch.int64).share_memory_()
         self._seen: dict[int, tuple[int, float]] = {}  # learner side: wid -> (beats, when they last moved)
         self.__setstate__(self.__getstate__())
 
     def __getstate__(self) -> dict:
-        return {"board": self.board, "_seen": {}}
+        return {"board": self.board, "_seen": {}, "env_name": self.env_name}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -62,6 +63,8 @@ class Heartbeat:
         """What worker `wid` last said it was doing; `task_ids` (job id -> its tasks' ids) names the task."""
         row = [int(x) for x in self._rows[wid]]
         what = ACTIVITIES[row[ACTIVITY]]
+        if what == "grading" and self.env_name:
+            what = f"grading: in the env {self.env_name}"
         if row[STEP] < 0:
             return what
         job = f"{row[STEP]}.{row[PART]}"

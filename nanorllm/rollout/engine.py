@@ -10,17 +10,24 @@ the run's seed), so its tokens do not depend on what shares its batch.
 A policy that only has `generate` (an API model) runs turn by turn: every live episode of every
 group goes into one `generate` call per turn (chunked to `max_batch_episodes`), and the survivors
 get the env's feedback and go again.
+
+The env and the agent of each episode come from an `EnvBundle` (envs/base.py; `--env`), the math
+self-refine bundle by default. An episode's reward is the sum of its steps' rewards. An exception in
+`env.reset` or `env.step` ends only that episode (reason "error", its traceback printed once per
+distinct error); the trainer leaves such episodes out of their groups. `watch` hears "grading" around
+each env call (reset and step) and "generating" after it: a worker's heartbeat.
 """
 
+import sys
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanorllm.agents.math_agent import MathAgent
-from nanorllm.core.types import RolloutResult, StepSample
-from nanorllm.envs.math_env import MathEnv
+from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+from nanorllm.envs.base import Agent, Env, EnvBundle, EpisodeSettings
+from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.decode_batch import new_stats
 
@@ -30,8 +37,8 @@ class _Episode:
     task: dict
     episode_id: str
     group_id: str
-    env: MathEnv
-    agent: MathAgent
+    env: Env
+    agent: Agent
     prompt_ids: list[int] = field(default_factory=list)
     samples: list[StepSample] = field(default_factory=list)
     result: RolloutResult | None = None
@@ -59,20 +66,36 @@ def shared_prefix(prompts: list[list[int]]) -> list[int]:
     return first[:max(n, 0)]
 
 
+_reported_errors: set[tuple] = set()  # (exception type, file, line): printed once per process
+
+
+def report_env_error(spec: str, task_id: str, where: str) -> str:
+    """The current exception's traceback; printed to stderr the first time this error is seen."""
+    exc_type, exc, tb = sys.exc_info()
+    frames = traceback.extract_tb(tb)
+    key = (exc_type.__name__, frames[-1].filename, frames[-1].lineno) if frames else (exc_type.__name__,)
+    text = traceback.format_exc(limit=-8)
+    if key not in _reported_errors:
+        _reported_errors.add(key)
+        print(f"[env] {spec}: env.{where} raised on task {task_id}; the episode is dropped (counted in "
+              f"rollout/env_errors; this error is printed once):\n{text}", file=sys.stderr, flush=True)
+    return text
+
+
 class RolloutEngine:
-    def __init__(self, policy: Policy, *, sampling: SamplingParams, max_turns: int = 2,
-                 max_batch_episodes: int = 64, agent_kwargs: dict | None = None, grader_timeout_s: float = 5.0,
-                 decode_engine: str = "slots"):
+    def __init__(self, policy: Policy, *, sampling: SamplingParams, env: EnvBundle | None = None,
+                 max_turns: int = 2, max_batch_episodes: int = 64, decode_engine: str = "slots"):
+        """`env`: the episodes' bundle; without one, the default bundle with `max_turns`."""
         self.policy = policy
         self.sampling = sampling
-        self.max_turns = max_turns
+        self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
+        self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
         self.max_batch_episodes = max_batch_episodes
-        self.agent_kwargs = agent_kwargs or {}
-        self.grader_timeout_s = grader_timeout_s
         self.decode_engine = decode_engine  # "slots" (policy/slot_batch.py) or "dynamic" (the DecodeBatch it replaced)
         self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
-        # watch(activity, task_index): told when grading starts and ends (and beaten while a check runs),
-        # so a hang detector can say whether generation or the grader stands still, and on which task.
+        # watch(activity, task_index): told when the env's reset or step ("grading") starts and ends (and
+        # beaten while a check runs), so a hang detector can say whether generation or the env stands still,
+        # and on which task.
         self.watch: Callable[[str, int], None] = lambda activity, task_index: None
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
@@ -87,16 +110,19 @@ class RolloutEngine:
         for i, (task, gid) in enumerate(zip(tasks, group_ids)):
             for k in range(num_samples):
                 ep = _Episode(task=task, episode_id=f"{gid}#{k}", group_id=gid, task_index=i,
-                              env=MathEnv(max_turns=self.max_turns, grader_timeout_s=self.grader_timeout_s,
-                                          progress=lambda i=i: self.watch("grading", i)),
-                              agent=MathAgent(**self.agent_kwargs))
-                ep.agent.reset(task, ep.env.reset(task))
-                ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
+                              env=self.env.make_env(), agent=self.env.make_agent())
+                if hasattr(ep.env, "progress"):  # an env that can report progress inside a long step
+                    ep.env.progress = lambda i=i: self.watch("grading", i)
                 episodes.append(ep)
-        if hasattr(self.policy, "decode_batch"):
-            n_generated, gen_s, stats = self._run_in_flight(episodes, params)
+                if self._reset(ep):
+                    ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
+        live = [ep for ep in episodes if ep.result is None]
+        if not live:
+            n_generated, gen_s, stats = 0, 0.0, {}
+        elif hasattr(self.policy, "decode_batch"):
+            n_generated, gen_s, stats = self._run_in_flight(live, params)
         else:
-            n_generated, gen_s, stats = self._run_turn_by_turn(episodes, params)
+            n_generated, gen_s, stats = self._run_turn_by_turn(live, params)
         elapsed = time.perf_counter() - t0
         version = getattr(self.policy, "version", 0)
         for ep in episodes:
@@ -142,8 +168,8 @@ class RolloutEngine:
         graphs for this engine's sampling; seconds of capture (0.0 on CPU)."""
         if not hasattr(self.policy, "capture_decode_graphs"):  # an API model: nothing to prepare
             return 0.0
-        agent = MathAgent(**self.agent_kwargs)
-        agent.reset(example_task, MathEnv(max_turns=self.max_turns).reset(example_task))
+        agent = self.env.make_agent()  # the env's prompt around a typical question; the env itself is not run
+        agent.reset(example_task, example_task["question"])
         first = len(self.policy.first_prompt_ids(agent.messages)) + 64
         rows = min(self.max_batch_episodes, episodes)
         return self.policy.capture_decode_graphs(self.sampling, slots=rows + 1, width=self.slot_width(first),
@@ -166,6 +192,20 @@ class RolloutEngine:
             live = still_live
         return n_generated, gen_s, {}
 
+    def _reset(self, ep: _Episode) -> bool:
+        """Open the episode. False (and the episode ended as an error) if the env raised."""
+        try:
+            self.watch("grading", ep.task_index)
+            ep.agent.reset(ep.task, ep.env.reset(ep.task))
+            return True
+        except Exception:
+            report_env_error(self.env.spec, ep.task["task_id"], "reset")
+            traj = Trajectory(task_id=ep.task["task_id"], task=dict(ep.task), termination_reason="error")
+            ep.result = RolloutResult(trajectory=traj, step_samples=[], group_id=ep.group_id)
+            return False
+        finally:
+            self.watch("generating", -1)
+
     def _advance(self, ep: _Episode, gen) -> bool:
         """Apply one response to its episode. True if the episode goes on to another turn."""
         agent, env = ep.agent, ep.env
@@ -178,25 +218,28 @@ class RolloutEngine:
         try:
             feedback, reward, done, info = env.step(gen.text)
         except Exception:  # one bad episode must not stop the batch: end it, keep the reason
-            agent.trajectory.steps[-1].info["error"] = traceback.format_exc(limit=3)
-            self._finish(ep, 0.0, terminated=False, reason="error")
+            agent.trajectory.steps[-1].info["error"] = report_env_error(self.env.spec, ep.task["task_id"], "step")
+            self._finish(ep, terminated=False, reason="error")
             return False
         finally:
             self.watch("generating", -1)
         if done:
             agent.update_from_env(feedback, reward, done, info)
-            self._finish(ep, reward, terminated=True, reason="correct" if reward > 0 else "max_turns")
+            self._finish(ep, terminated=True, reason=info.get("reason") or ("correct" if reward > 0 else "max_turns"))
             return False
-        if gen.truncated:  # a cut-off response ends the episode: no retry after it
+        if gen.truncated or feedback is None or len(ep.samples) >= self.max_turns:
+            # a cut-off response ends the episode (no retry after it), as does an env with nothing to
+            # say or one that would go past the turn limit
             agent.update_from_env(None, reward, True, info)
-            self._finish(ep, 0.0, terminated=False, reason="truncated")
+            self._finish(ep, terminated=False, reason="truncated" if gen.truncated else "max_turns")
             return False
         agent.update_from_env(feedback, reward, done, info)
-        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids,
-                                                    {"role": "user", "content": feedback})
+        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids, agent.messages[-1])
         return True
 
-    def _finish(self, ep: _Episode, reward: float, *, terminated: bool, reason: str) -> None:
+    def _finish(self, ep: _Episode, *, terminated: bool, reason: str) -> None:
+        """End the episode; its reward is the sum of its steps' rewards."""
+        reward = sum(s.reward for s in ep.agent.trajectory.steps)
         traj = ep.agent.finish(reward, terminated=terminated, reason=reason)
         for s in ep.samples:
             s.reward = reward

@@ -26,13 +26,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanorllm.config import ConfigError, TrainConfig, format_config
+from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS, ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
-from nanorllm.datasets.tasks import load_tasks, remove_overlap
+from nanorllm.datasets.tasks import check_task_rows, remove_overlap
+from nanorllm.envs.base import EnvBundle
+from nanorllm.envs.registry import describe, env_from_config
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.build import agent_kwargs, sampling_params, training_engine
+from nanorllm.rollout.build import sampling_params, training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
@@ -57,10 +59,14 @@ def default_run_name(cfg: TrainConfig) -> str:
     return f"{tasks}__{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def load_task_sets(cfg: TrainConfig) -> tuple[list[dict], list[dict], int, dict]:
-    """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint)."""
-    loaded = load_tasks(cfg.tasks, limit=cfg.limit)
-    heldout = load_tasks(cfg.eval_tasks, limit=cfg.eval_limit) if cfg.eval_tasks else []
+def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[dict], int, dict]:
+    """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint),
+    loaded by the env; the task fields left at their defaults give the env's own default tasks."""
+    spec = env.default_tasks if cfg.tasks == DEFAULT_TASKS and env.default_tasks else cfg.tasks
+    eval_spec = env.default_eval_tasks if cfg.eval_tasks == DEFAULT_EVAL_TASKS and env.default_eval_tasks \
+        else cfg.eval_tasks
+    loaded = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
+    heldout = check_task_rows(env.load_tasks(eval_spec, limit=cfg.eval_limit), eval_spec) if eval_spec else []
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
         raise ValueError(f"no training tasks left after removing the {dropped} that are held out")
@@ -147,7 +153,9 @@ class TrainingRun:
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = load_task_sets(cfg)
+        self.env = env_from_config(cfg)
+        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = \
+            load_task_sets(cfg, self.env)
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +197,7 @@ class TrainingRun:
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
                                 purge_step=self.start_step + 1 if state else None)
         self.say(format_config(cfg).replace("|-|-|\n", ""))
+        self.say(describe(self.env))
         if self.overrides:
             self.say(f"[resume] overriding the saved config with: {self.overrides}")
         self.say(f"[run] {self.run_dir} | train tasks {len(self.train_tasks)} (held-out removed: "
@@ -237,13 +246,10 @@ class TrainingRun:
         if not self.eval_tasks:
             return None
         t0 = time.perf_counter()
-        res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns,
-                       agent_kwargs=agent_kwargs(self.cfg), max_batch_episodes=self.cfg.max_batch_episodes,
-                       grader_timeout_s=self.cfg.grader_timeout_s,
+        res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), env=self.env,
+                       max_batch_episodes=self.cfg.max_batch_episodes,
                        hang_timeout_s=self.cfg.worker_timeout_s or self.EVAL_HANG_S)
-        self.logger.scalars({"eval/success_rate": res["success_rate"], "eval/first_turn_success":
-                             res["first_turn_success"], "eval/mean_turns": res["mean_turns"],
-                             "eval/grader_timeouts": res["grader_timeouts"]}, step)
+        self.logger.scalars({f"eval/{k}": v for k, v in res.items() if k != "n"}, step)
         if res["grader_timeouts"]:
             self.say(f"[grader] held-out eval at step {step}: {res['grader_timeouts']} answer check(s) ran out of "
                      f"--grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
@@ -282,7 +288,7 @@ class TrainingRun:
                     break
                 if fault("learner_step") == str(step + 1):
                     raise RuntimeError(f"injected fault: learner_step {step + 1}")
-                metrics = rollout_metrics(results)
+                metrics = rollout_metrics(results, env=self.env)
                 metrics.update(extra)
                 self.report_grader_timeouts(results, step + 1)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank

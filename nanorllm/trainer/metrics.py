@@ -15,7 +15,8 @@ def grader_timeouts(results: list[RolloutResult]) -> tuple[int, str | None]:
     return sum(n for _, n in hit), (hit[0][0] if hit else None)
 
 
-def rollout_metrics(results: list[RolloutResult]) -> dict:
+def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
+    """Outcome scalars of a step's episodes, with the env bundle's own (`env.metrics`) when given."""
     if not results:
         return {}
     n = len(results)
@@ -36,6 +37,7 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
         "reward/grader_timeouts": grader_timeouts(results)[0],
     }
     reasons = Counter(r.trajectory.termination_reason for r in results)
+    m["rollout/env_errors"] = reasons["error"]  # episodes the env raised in: left out of training
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
         m[f"episode/termination/{reason}"] = reasons[reason] / n
     groups = group_by_task_id(results).values()
@@ -43,6 +45,8 @@ def rollout_metrics(results: list[RolloutResult]) -> dict:
     m["groups/solve_none"] = sum(s == 0 for s in solved) / len(solved)
     m["groups/solve_all"] = sum(s == 1 for s in solved) / len(solved)
     m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
+    if env is not None:
+        m.update(env.metrics(results))
     return m
 
 

@@ -17,7 +17,8 @@ contribute no gradient (DAPO's overlong filtering).
 
 import time
 
-from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std
+from nanorllm.algos.grpo import (compute_advantage, drop_env_errors, flatten_step_samples, group_by_task_id,
+                                 is_zero_std)
 from nanorllm.core.types import RolloutResult
 from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
@@ -39,6 +40,7 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     the normaliser and every metric are the whole step's, over all ranks."""
     t0 = time.perf_counter()
     ranks = ranks or ONE_RANK
+    results, short, dropped = drop_env_errors(results)
     groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps,
                                turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
@@ -46,7 +48,8 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     samples = [s for s in samples if s.episode_id not in truncated]
     advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
     host = {"zero_std": sum(is_zero_std(rs) for rs in groups.values()), "groups": len(groups), "adv_n": len(advs),
-            "adv_sum": sum(advs), "adv_sq": sum(a * a for a in advs), "masked_truncated": len(truncated)}
+            "adv_sum": sum(advs), "adv_sq": sum(a * a for a in advs), "masked_truncated": len(truncated),
+            "groups_short": short, "groups_dropped": dropped}
     with matmul_precision(policy.device, tf32=cfg.tf32):
         n = update(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, host=host)
     m = step_metrics(n, correct=cfg.off_policy_correction != "none", kl=cfg.kl_coef > 0)

@@ -1,0 +1,109 @@
+"""The environment protocol: all the engine, the workers, evaluation and the trajectory dump know of an env.
+
+An episode is an `Env` and an `Agent` on one task:
+
+    observation = env.reset(task)                      # text, or {"question": text}
+    agent.reset(task, observation)                     # chat messages; a Trajectory is opened
+    loop: response = policy(agent.messages)
+          agent.update_from_model(response)
+          observation, reward, done, info = env.step(response)
+          agent.update_from_env(observation, reward, done, info)   # next user message, unless done
+    trajectory = agent.finish(episode_reward, terminated=..., reason=...)
+
+A reward may come at any step: each step's reward is kept on its `Step` (turn credit reads it) and
+the episode's reward is the sum of its steps' rewards (for an env that rewards only the last step,
+that step's reward). An observation after a step is any text (retry feedback, a tool's result).
+
+An `EnvBundle` is what `--env module.path:Name` names: how to make one episode's env and agent, the
+env's own options (`--env-arg key=value`, typed by their defaults), and where its tasks come from
+(rows with a unique string `task_id`; the rest of a row is the env's business).
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from nanorllm.agents.chat_agent import ChatAgent
+from nanorllm.core.types import RolloutResult, Trajectory
+
+Observation = str | dict  # text, or {"question": text}
+ENV_METHODS = ("reset", "step")
+AGENT_METHODS = ("reset", "update_from_model", "update_from_env", "finish")
+
+
+@runtime_checkable
+class Env(Protocol):
+    def reset(self, task: dict) -> Observation: ...
+
+    def step(self, response: str) -> tuple[str | None, float, bool, dict]:
+        """(next observation or None, this step's reward, done, info). info may carry "action" (what
+        was graded), "reason" (why the episode ended) and numbers the bundle's `metrics` reads."""
+        ...
+
+
+@runtime_checkable
+class Agent(Protocol):
+    messages: list[dict]  # the conversation so far; a turn adds one assistant and at most one user message
+    trajectory: Trajectory | None
+
+    def reset(self, task: dict, observation: Observation) -> None: ...
+
+    def update_from_model(self, response: str) -> None: ...
+
+    def update_from_env(self, observation: str | None, reward: float, done: bool, info: dict) -> None: ...
+
+    def finish(self, reward: float, *, terminated: bool, reason: str) -> Trajectory: ...
+
+
+@dataclass
+class EpisodeSettings:
+    """The run's settings every bundle may read (TrainConfig's episode fields)."""
+
+    max_turns: int = 2  # the engine ends any episode after this many turns
+    system_prompt: str | None = None  # None: the bundle's own
+    worked_example: bool = True
+    grader_timeout_s: float = 5.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "EpisodeSettings":
+        return cls(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt, worked_example=cfg.worked_example,
+                   grader_timeout_s=cfg.grader_timeout_s)
+
+
+class EnvBundle:
+    """Subclass and set `env_class` (built as env_class(max_turns=..., **options)) or override
+    `make_env`; the agent is `agent_class` with the bundle's prompt and worked example."""
+
+    name: ClassVar[str] = "env"
+    env_class: ClassVar[type]
+    agent_class: ClassVar[type] = ChatAgent
+    system_prompt: ClassVar[str | None] = None
+    example: ClassVar[tuple[str, str] | list[dict] | None] = None  # one worked exchange before the question
+    args: ClassVar[dict[str, object]] = {}  # the env's own options and their defaults (--env-arg key=value)
+    default_tasks: ClassVar[str | None] = None  # used when --tasks / --eval-tasks are left at their defaults
+    default_eval_tasks: ClassVar[str | None] = None
+
+    def __init__(self, settings: EpisodeSettings | None = None, **options):
+        unknown = sorted(set(options) - set(self.args))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}")
+        self.settings = settings or EpisodeSettings()
+        self.options = {**self.args, **options}
+        self.spec = self.name  # how --env named it (set by the registry)
+
+    def make_env(self) -> Env:
+        return self.env_class(max_turns=self.settings.max_turns, **self.options)
+
+    def make_agent(self) -> Agent:
+        s = self.settings
+        return self.agent_class(system_prompt=self.system_prompt if s.system_prompt is None else s.system_prompt,
+                                example=self.example if s.worked_example else None)
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        """Rows with a task_id; by default the math formats (arith:... specs, JSONL files)."""
+        from nanorllm.datasets.tasks import load_tasks
+
+        return load_tasks(spec, limit=limit)
+
+    def metrics(self, results: list[RolloutResult]) -> dict:
+        """The env's own scalars for a batch of episodes (logged beside the rollout metrics)."""
+        return {}

@@ -1,0 +1,129 @@
+"""Finding the bundle `--env` names: a built-in name, `module.path:Name`, or `path/to/file.py:Name`.
+
+The spec string, never the class, is what travels: a spawned worker imports the same module again
+from it. `--env-arg key=value` values are typed by the bundle's defaults (int, float, bool, str).
+Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason and the valid options,
+raised at start before any model loads.
+"""
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
+
+BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
+                "calc": "nanorllm.envs.calc_env:CalculatorTool"}
+DEFAULT_ENV = "math"
+
+
+class EnvSpecError(ValueError):
+    pass
+
+
+def _import_module(where: str, spec: str):
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise EnvSpecError(f"{spec!r}: file {path} not found")
+        # One module name per file, so a second load (another engine, a worker) reuses it.
+        name = f"nanorllm_user_env_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    return importlib.import_module(where)
+
+
+def bundle_class(spec: str) -> type[EnvBundle]:
+    """The bundle class a spec names, checked for the methods the engine calls."""
+    target = BUILTIN_ENVS.get(spec, spec)
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        raise EnvSpecError(f"{spec!r}: expected module.path:Name or path/to/file.py:Name "
+                           f"(or one of {', '.join(BUILTIN_ENVS)})")
+    try:
+        module = _import_module(where, spec)
+    except EnvSpecError:
+        raise
+    except Exception as e:  # a module that does not import, or raises while importing
+        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise EnvSpecError(f"{spec!r}: {where!r} has no {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, EnvBundle)):
+        raise EnvSpecError(f"{spec!r}: {name} is not an EnvBundle subclass (nanorllm.envs.base.EnvBundle)")
+    missing = []
+    if cls.make_env is EnvBundle.make_env:  # the default builds env_class: it must be a whole Env
+        env_class = getattr(cls, "env_class", None)
+        if env_class is None:
+            missing.append("env_class (or a make_env method)")
+        else:
+            missing += [f"{env_class.__name__}.{m}" for m in ENV_METHODS if not callable(getattr(env_class, m, None))]
+    if cls.make_agent is EnvBundle.make_agent:
+        missing += [f"{cls.agent_class.__name__}.{m}" for m in AGENT_METHODS
+                    if not callable(getattr(cls.agent_class, m, None))]
+    if missing:
+        raise EnvSpecError(f"{spec!r}: {name} is missing {', '.join(missing)}")
+    return cls
+
+
+def _typed(value: str, default, key: str, spec: str):
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        return type(default)(value) if default is not None else value
+    except ValueError:
+        raise EnvSpecError(f"{spec!r}: --env-arg {key}={value}: expected a {type(default).__name__}") from None
+
+
+def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | list[str]) -> dict:
+    """{"key": typed value} from "key=value" strings, each key one the bundle declares."""
+    valid = ", ".join(f"{k}={v!r}" for k, v in cls.args.items()) or "none"
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise EnvSpecError(f"{spec!r}: --env-arg {pair!r} is not key=value (valid: {valid})")
+        if key not in cls.args:
+            raise EnvSpecError(f"{spec!r}: unknown --env-arg {key!r} (valid: {valid})")
+        if key in out:
+            raise EnvSpecError(f"{spec!r}: --env-arg {key!r} is given twice")
+        out[key] = _typed(value.strip(), cls.args[key], key, spec)
+    return out
+
+
+def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
+             env_args: tuple[str, ...] | list[str] = ()) -> EnvBundle:
+    """The configured bundle; a bundle's own refusal of its options is an EnvSpecError too."""
+    cls = bundle_class(spec)
+    options = parse_env_args(spec, cls, env_args)
+    try:
+        bundle = cls(settings, **options)
+    except (TypeError, ValueError) as e:
+        valid = ", ".join(f"{k}={v!r}" for k, v in cls.args.items()) or "none"
+        raise EnvSpecError(f"{spec!r}: {e} (valid --env-arg: {valid})") from e
+    bundle.spec = spec
+    return bundle
+
+
+def env_from_config(cfg) -> EnvBundle:
+    return load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
+
+
+def describe(bundle: EnvBundle) -> str:
+    """One line for the start of a run: the env and every option with its value."""
+    opts = ", ".join(f"{k}={v!r}" for k, v in bundle.options.items()) or "no options"
+    return f"[env] {bundle.name} ({bundle.spec}) | {opts}"
