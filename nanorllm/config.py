@@ -313,7 +313,8 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
         base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest,
-                   description="Train a causal LM with GRPO on multi-turn math self-refine episodes. "
+                   description="Train a causal LM with GRPO on multi-turn episodes of an environment (--env; math self-refine "
+                               "by default). "
                                "Also: --config FILE (JSON/YAML defaults), --resume RUN_DIR (continue a run).")
     cfg = replace(cfg, **off_choice)
     problems = cfg.validate()

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from helpers import ScriptedPolicy
+from launch.chaos import SAMPLES, TASKS_PER_STEP
 from launch.train import main
 from nanorllm.algos.grpo import drop_env_errors, turn_returns
 from nanorllm.config import parse_config
@@ -179,7 +180,7 @@ def test_the_doc_example_trains_two_steps_from_a_file(tmp_path, rhyme_file, mode
     assert rc == 0, out
     assert "[env] rhymes" in out and "min_length=2" in out and "step 2/2" in out
     episodes = read_rollouts(tmp_path / "runs" / "r")
-    assert len(episodes) == 2 * 2 * 2 and all(e["task_id"].startswith("rhyme-") for e in episodes)
+    assert len(episodes) == 2 * TASKS_PER_STEP * SAMPLES and all(e["task_id"].startswith("rhyme-") for e in episodes)
     assert [v for _, v in read_scalars(tmp_path / "runs" / "r")["rollout/env_errors"]] == [0, 0]
 
 
