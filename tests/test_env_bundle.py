@@ -166,8 +166,8 @@ def test_the_engine_ends_an_env_that_never_says_done_at_the_turn_limit():
 
 def test_a_worker_stuck_in_the_env_is_described_with_the_env_name():
     hb = Heartbeat(1, env_name="./slow.py:Slow")
-    hb.doing(0, "in the env", "3.0")
-    assert hb.describe(0) == "in the env ./slow.py:Slow (reset or step) (job 3.0)"
+    hb.doing(0, "grading", "3.0", 1)
+    assert hb.describe(0, {"3.0": ["t0", "t1"]}) == "grading (job 3.0, task t1) in the env ./slow.py:Slow"
 
 
 # ---- training on an env from a file outside the package ------------------------------------------

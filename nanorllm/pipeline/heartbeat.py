@@ -63,11 +63,10 @@ class Heartbeat:
         """What worker `wid` last said it was doing; `task_ids` (job id -> its tasks' ids) names the task."""
         row = [int(x) for x in self._rows[wid]]
         what = ACTIVITIES[row[ACTIVITY]]
-        if what == "grading" and self.env_name:
-            what = f"grading: in the env {self.env_name}"
+        where = f" in the env {self.env_name}" if what == "grading" and self.env_name else ""  # its reset or step
         if row[STEP] < 0:
-            return what
+            return what + where
         job = f"{row[STEP]}.{row[PART]}"
         ids = (task_ids or {}).get(job, [])
         task = f", task {ids[row[TASK]]}" if 0 <= row[TASK] < len(ids) else ""
-        return f"{what} (job {job}{task})"
+        return f"{what} (job {job}{task}){where}"
