@@ -22,8 +22,11 @@ _LABELS = {"tasks": "training tasks (--tasks, --limit)",
 
 
 def digest(tasks: list[dict]) -> dict:
-    """{"n", "sha256"} of the tasks' ids, questions and answers, in order."""
-    rows = json.dumps([[t["task_id"], t["question"], t["answer"]] for t in tasks], ensure_ascii=False)
+    """{"n", "sha256"} of the tasks' ids, questions and answers, in order (and, for another env's rows, their
+    other fields, sorted by name)."""
+    rows = json.dumps([[t["task_id"], t.get("question"), t.get("answer"),
+                        *sorted((k, v) for k, v in t.items() if k not in ("task_id", "question", "answer"))]
+                       for t in tasks], ensure_ascii=False, default=str)
     return {"n": len(tasks), "sha256": hashlib.sha256(rows.encode()).hexdigest()}
 
 
