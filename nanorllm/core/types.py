@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 class Step:
     """One turn: observation -> model response -> env feedback."""
 
-    observation: str  # what the agent was shown this turn (question or retry feedback)
+    observation: str  # what the agent was shown this turn (the question, retry feedback, a tool's result...)
     model_response: str = ""  # the policy's text
-    action: str | None = None  # the extracted answer the env graded (None if no \boxed{})
-    reward: float = 0.0
+    action: str | None = None  # what the env graded (info["action"], or the math env's extracted \boxed{} answer)
+    reward: float = 0.0  # this step's reward; the episode's is the sum of its steps'
     done: bool = False
-    feedback: str | None = None  # env text for the next turn, None when done
+    feedback: str | None = None  # the env's observation for the next turn, None when done
     info: dict = field(default_factory=dict)
 
 
