@@ -21,14 +21,12 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from nanorllm.config import ConfigError, TrainConfig, parse_config  # noqa: E402
-from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
-from nanorllm.ranks.group import under_torchrun  # noqa: E402
-from nanorllm.trainer.checkpoint import CheckpointError  # noqa: E402
-from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
-from nanorllm.utils.devices import DeviceError  # noqa: E402
+from nanorllm.config import ConfigError, TrainConfig, parse_config
+from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.ranks.group import under_torchrun
+from nanorllm.trainer.checkpoint import CheckpointError
+from nanorllm.trainer.loop import SerialSource, TrainingRun
+from nanorllm.utils.devices import DeviceError
 
 
 def parse_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:

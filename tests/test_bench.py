@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from launch.bench import bench_broadcast, bench_rollout_batching
+from nanorllm.bench.decode import bench_rollout_batching
+from nanorllm.bench.pipeline import bench_broadcast
 from nanorllm.datasets.tasks import load_tasks
 
 
@@ -28,7 +29,7 @@ def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
 def test_compiled_decode_figure_compares_the_same_step(fresh_tiny_policy):
     from dataclasses import replace
 
-    from launch.bench import bench_compiled_decode
+    from nanorllm.bench.decode import bench_compiled_decode
     from nanorllm.config import TrainConfig
 
     fresh_tiny_policy._compiled_model = fresh_tiny_policy.model  # the static batch without compile's cost

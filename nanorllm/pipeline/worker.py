@@ -32,7 +32,7 @@ from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes,
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 from nanorllm.utils.devices import configure_threads
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
 
 
 class _Sender:

@@ -40,7 +40,7 @@ from nanorllm.trainer.metrics import decode_metrics, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.trainer import collect_rollouts, make_optimizer, train_step
 from nanorllm.utils.devices import configure_threads, resolve_devices
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
 from nanorllm.utils.logger import RunLogger
 
 

@@ -35,13 +35,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-import tyro  # noqa: E402
-
-from nanorllm.config import TrainConfig  # noqa: E402
-from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
+from nanorllm.config import TrainConfig
+from nanorllm.trainer.loop import SerialSource, TrainingRun
 
 TARGET_POINTS = 0.10  # "time to +10 points" of held-out success
 
@@ -271,8 +268,8 @@ def finished_runs(b: LearningConfig) -> dict[str, list[dict]]:
     return {name: s["runs"] for name, s in old["configurations"].items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    b = tyro.cli(LearningConfig, args=argv)
+def run_learning(b: LearningConfig) -> int:
+    """Every configuration x seed not yet in b.out (with b.resume), the record after each, then the table."""
     if b.quick:
         b = replace(b, updates=min(b.updates, 4), eval_every=min(b.eval_every, 2), eval_limit=min(b.eval_limit, 8))
     torch.set_flush_denormal(True)
@@ -304,6 +301,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[learning] {Path(b.out) / 'learning.json'}, {Path(b.out) / 'learning.png'} | {record['total_s']:.0f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
