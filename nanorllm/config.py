@@ -301,6 +301,24 @@ def _set_aside_off_choice(base: TrainConfig, argv: list[str]) -> tuple[TrainConf
     return base, kept, off
 
 
+def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
+    """launch/train.py's flags: (config, run dir to resume or None, fields overridden on resume). On
+    resume the run's saved config.json is the base the flags change."""
+    if "--resume" not in argv:
+        return parse_config(argv), None, {}
+    i = argv.index("--resume")
+    if i + 1 >= len(argv):
+        raise ConfigError(["resume: needs a run directory"], "command-line flags")
+    resume_dir, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+    saved_path = Path(resume_dir) / "config.json"
+    if not saved_path.exists():
+        raise ConfigError([f"resume: {saved_path} not found"], "command-line flags")
+    saved = TrainConfig(**json.loads(saved_path.read_text()))
+    cfg = parse_config(rest, base=saved)
+    overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
+    return cfg, resume_dir, overrides
+
+
 def format_config(cfg: TrainConfig) -> str:
     """A two-column table, for the console and TensorBoard's text tab."""
     rows = [f"|{k}|{v}|" for k, v in asdict(cfg).items()]

@@ -15,7 +15,7 @@ from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
 from nanorllm.chaos.process import PIPELINE, TrainProcess
 from nanorllm.chaos.procs import shm_entries
 from nanorllm.config import TrainConfig
-from nanorllm.ranks.group import LearnerRanks
+from nanorllm.ranks.start import start_ranks
 from nanorllm.utils.devices import DeviceError, resolve_devices
 from tests.procs import read_scalars
 from tests.test_train_step import build_results, config
@@ -52,8 +52,8 @@ def test_fsdp_with_one_learner_rank_is_refused_by_name():
     cfg = TrainConfig(serial=True, learner_parallel="fsdp")
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=True, learner_spec=None)
     with pytest.raises(DeviceError, match="learner_parallel: fsdp shards the learner over several ranks"):
-        LearnerRanks.start(devices, 60.0, parallel=cfg.learner_parallel)
-    assert LearnerRanks.start(devices, 60.0, parallel="ddp").world == 1
+        start_ranks(devices, 60.0, parallel=cfg.learner_parallel)
+    assert start_ranks(devices, 60.0, parallel="ddp").world == 1
     assert "learner_parallel: must be 'ddp' or 'fsdp', got 'zero'" in TrainConfig(learner_parallel="zero").validate()
 
 

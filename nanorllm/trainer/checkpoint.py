@@ -26,6 +26,10 @@ from pathlib import Path
 
 import torch
 
+from nanorllm.config import TrainConfig
+from nanorllm.datasets.stream import TaskStream
+from nanorllm.policy.hf_causal import HFCausalPolicy
+
 PREFIX = "step_"
 FILES = ("model/config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
 
@@ -47,28 +51,28 @@ def list_complete(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
-def save(run, step: int) -> Path:
-    optimizer_state = run.ranks.optimizer_state(run.policy, run.optimizer)  # first: it may be refused
-    root = checkpoints_dir(run.run_dir)
+def save(run_dir: Path, step: int, *, cfg: TrainConfig, policy: HFCausalPolicy, optimizer_state: dict,
+         stream_position: int, totals: dict) -> Path:
+    """Write checkpoint `step` of the run in `run_dir`; `stream_position`: before `step`'s tasks were drawn."""
+    root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
     tmp = root / f".tmp-{PREFIX}{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    run.policy.save(str(tmp / "model"))
+    policy.save(str(tmp / "model"))
     torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
-    position = run.source.position_at(step) if run.source else run.stream.position
+    torch.save({"torch": torch.get_rng_state(), "sampler": policy.generator.get_state()}, tmp / "rng.pt")
     state = {
-        "step": step, "stream_position": position,
-        "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": asdict(run.cfg),
-        "reference_model": run.cfg.model,
+        "step": step, "stream_position": stream_position,
+        "python_rng": _jsonable(random.getstate()), "totals": totals, "config": asdict(cfg),
+        "reference_model": cfg.model,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    for old in list_complete(run.run_dir)[:-run.cfg.keep_checkpoints]:
+    for old in list_complete(run_dir)[:-cfg.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -119,12 +123,15 @@ def load_latest(run_dir: Path) -> tuple[Path, dict]:
     raise CheckpointError(f"{run_dir}: none of {len(candidates)} checkpoints could be loaded")
 
 
-def restore_trainer_state(state: dict, run) -> None:
-    run.optimizer.load_state_dict(state["optimizer"])
+def restore(state: dict, *, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, stream: TaskStream,
+            totals: dict) -> int:
+    """Put a checkpoint's state (from `read`) back: optimizer, RNGs, task stream, counters. Returns the step
+    to start from."""
+    optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
-    run.policy.generator.set_state(state["rng"]["sampler"])
+    policy.generator.set_state(state["rng"]["sampler"])
     random.setstate(_tupled(state["python_rng"]))
-    run.stream.position = state["stream_position"]
-    run.start_step = state["step"]
-    run.policy.version = state["step"]
-    run.totals.update(state.get("totals", {}))
+    stream.position = state["stream_position"]
+    policy.version = state["step"]
+    totals.update(state.get("totals", {}))
+    return state["step"]
