@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from nanorllm.envs.grader import judge
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
 
 RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
                   "Put your final answer in \\boxed{}.")
