@@ -10,6 +10,7 @@
 #   bash launch/gpu_smoke.sh [extra train.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's nanorllm, installed or not
 PY=${PYTHON:-python}
 n=$($PY -c "import torch; print(torch.cuda.device_count())")
 if [ "$n" -lt 1 ]; then echo "no GPU visible" >&2; exit 1; fi

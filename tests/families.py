@@ -12,7 +12,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GraniteConfig, Granit
                           LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.models import tiny_tokenizer
+from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 
 FAMILIES = ("llama", "qwen2", "gemma2", "granite")
 

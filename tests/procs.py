@@ -1,23 +1,19 @@
 """Run launch/train.py as a real subprocess and inspect what it leaves behind."""
 
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-from launch.chaos import TINY_ARGS, read_rollouts  # noqa: F401 (for the tests)
-from nanorllm.utils.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
-
-ROOT = Path(__file__).resolve().parent.parent
+from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
+from nanorllm.chaos.process import ROOT, TINY_ARGS, child_env, train_command  # noqa: F401 (for the tests)
+from nanorllm.chaos.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
 
 
 def start_train(args: list[str], out_dir: Path, **kw) -> tuple[subprocess.Popen, str]:
     """Start the launcher; every process it starts inherits a unique token in its environment."""
     token = uuid.uuid4().hex
-    env = {**os.environ, "NANORLLM_TEST_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *TINY_ARGS, "--output-dir", str(out_dir), *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    proc = subprocess.Popen(train_command(args, out_dir), env=child_env(token), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
     return proc, token
 
 

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from launch.bench import bench_broadcast, bench_rollout_batching
+from nanorllm.bench.decode import bench_rollout_batching
+from nanorllm.bench.pipeline import bench_broadcast
 from nanorllm.datasets.tasks import load_tasks
 
 
@@ -23,4 +24,3 @@ def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
     out = bench_rollout_batching(fresh_tiny_policy, tasks, max_new_tokens=5)
     assert out["_batched_tokens"] == out["_single_tokens"] == 3 * 5
     assert fresh_tiny_policy.eos_ids  # restored after the forced-length run
-

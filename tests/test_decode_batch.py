@@ -145,7 +145,7 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
 def test_bench_decode_counts_one_training_step(fresh_tiny_policy):
     from dataclasses import replace
 
-    from launch.bench import bench_decode
+    from nanorllm.bench.decode import bench_decode
     from nanorllm.config import TrainConfig
     from nanorllm.datasets.tasks import load_tasks
 

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from helpers import ScriptedPolicy
-from launch.chaos import SAMPLES, TASKS_PER_STEP
-from launch.train import main
+from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
+from nanorllm.trainer.lifecycle import main
 from nanorllm.algos.grpo import drop_env_errors, turn_returns
 from nanorllm.config import parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings

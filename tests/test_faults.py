@@ -1,6 +1,5 @@
-"""Faults, injected into real 2-worker tiny runs (launch/chaos.py), and the pieces that make them safe."""
+"""Faults, injected into real 2-worker tiny runs (nanorllm/chaos/suite.py), and the pieces that make them safe."""
 
-import json
 import os
 import pickle
 import re
@@ -14,11 +13,13 @@ from collections import deque
 import pytest
 import torch.multiprocessing as mp
 
-from launch import chaos
+from nanorllm.chaos import suite as chaos
+from nanorllm.chaos.ledger import checkpoint_steps, groups_of, read_rollouts
+from nanorllm.chaos.process import TrainProcess
+from nanorllm.chaos.procs import processes_with_token
 from nanorllm.pipeline.channel import Inbox, Outbox, frame
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.utils.logger import RunLogger
-from nanorllm.utils.procs import processes_with_token
 from tests.procs import ROOT, read_scalars
 
 
@@ -216,7 +217,7 @@ def test_resumed_logger_cuts_rollouts_back_to_the_checkpoint(tmp_path, purge_ste
                                                       for r in recs))
     logger = RunLogger(tmp_path, purge_step=purge_step)
     logger.close()
-    assert [r["step"] for r in chaos.read_rollouts(tmp_path)] == kept
+    assert [r["step"] for r in read_rollouts(tmp_path)] == kept
     assert isinstance(logger.recent, deque)
 
 
@@ -225,14 +226,14 @@ def test_serial_stop_mid_rollout_then_resume_trains_every_group_once(tmp_path):
     """Serial mode draws a step's tasks just before its rollout: a stop in that rollout must checkpoint
     the position *before* the draw, or the resumed run skips (or repeats) those groups."""
     args = ["--serial", "--max-steps", "12", "--rollout-dump-size", "100000", "--run-name", "serial_stop"]
-    run = chaos.TrainProcess(args, tmp_path)
+    run = TrainProcess(args, tmp_path)
     run.wait_for("step 4/")
     run.signal(signal.SIGINT)
     assert run.wait() == 130, run.output()
-    saved = chaos.checkpoint_steps(tmp_path / "serial_stop")
+    saved = checkpoint_steps(tmp_path / "serial_stop")
     assert saved and 4 <= saved[-1] < 12, saved
-    resumed = chaos.TrainProcess(["--resume", str(tmp_path / "serial_stop")], tmp_path, token=run.token)
+    resumed = TrainProcess(["--resume", str(tmp_path / "serial_stop")], tmp_path, token=run.token)
     assert resumed.wait() == 0, resumed.output()
     assert f"step_{saved[-1]}" in resumed.output() and "step 12/12" in resumed.output()
-    lost, doubled, steps = chaos.groups_of(tmp_path / "serial_stop")
+    lost, doubled, steps = groups_of(tmp_path / "serial_stop")
     assert (lost, doubled, steps) == (0, 0, 12)

@@ -10,12 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from launch import chaos
-from launch.learner_ranks import steps_on_ranks
+from nanorllm.bench.learner_ranks import steps_on_ranks
+from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
+from nanorllm.chaos.process import PIPELINE, TrainProcess
+from nanorllm.chaos.procs import shm_entries
 from nanorllm.config import TrainConfig
-from nanorllm.ranks.group import LearnerRanks
+from nanorllm.ranks.start import start_ranks
 from nanorllm.utils.devices import DeviceError, resolve_devices
-from nanorllm.utils.procs import shm_entries
 from tests.procs import read_scalars
 from tests.test_train_step import build_results, config
 
@@ -51,19 +52,19 @@ def test_fsdp_with_one_learner_rank_is_refused_by_name():
     cfg = TrainConfig(serial=True, learner_parallel="fsdp")
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=True, learner_spec=None)
     with pytest.raises(DeviceError, match="learner_parallel: fsdp shards the learner over several ranks"):
-        LearnerRanks.start(devices, 60.0, parallel=cfg.learner_parallel)
-    assert LearnerRanks.start(devices, 60.0, parallel="ddp").world == 1
+        start_ranks(devices, 60.0, parallel=cfg.learner_parallel)
+    assert start_ranks(devices, 60.0, parallel="ddp").world == 1
     assert "learner_parallel: must be 'ddp' or 'fsdp', got 'zero'" in TrainConfig(learner_parallel="zero").validate()
 
 
 @pytest.mark.slow
 def test_a_sharded_run_saves_the_full_state_and_resumes_on_one_ddp_rank(tmp_path):
-    args = [*chaos.PIPELINE, *FSDP, "--max-steps", "3", "--run-name", "fsdp"]
-    run = chaos.TrainProcess(args, tmp_path)
+    args = [*PIPELINE, *FSDP, "--max-steps", "3", "--run-name", "fsdp"]
+    run = TrainProcess(args, tmp_path)
     assert run.wait(timeout=900) == 0, run.output()[-3000:]
     run_dir = tmp_path / "fsdp"
     assert "step 3/3" in run.output() and "[ranks] 2 learner ranks" in run.output()
-    assert chaos.checkpoint_steps(run_dir) == [2, 3]
+    assert checkpoint_steps(run_dir) == [2, 3]
     ckpt = run_dir / "checkpoints" / "step_3"
     model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final_model")
@@ -79,30 +80,30 @@ def test_a_sharded_run_saves_the_full_state_and_resumes_on_one_ddp_rank(tmp_path
         assert float(state["state"][i]["step"]) == 3
     assert state["param_groups"][0]["params"] == list(range(len(params)))
     assert all(v > 0 for _, v in read_scalars(run_dir)["perf/gather_s"])
-    resumed = chaos.TrainProcess(["--resume", str(run_dir), "--learner-devices", "1", "--learner-parallel", "ddp",
+    resumed = TrainProcess(["--resume", str(run_dir), "--learner-devices", "1", "--learner-parallel", "ddp",
                                   "--max-steps", "4"], tmp_path, token=run.token)
     assert resumed.wait(timeout=900) == 0, resumed.output()[-3000:]
     assert "step_3" in resumed.output() and "step 4/4" in resumed.output()
-    assert chaos.groups_of(run_dir) == (0, 0, 4)
-    assert chaos.leftovers(run.token, set())[0] == 0
+    assert groups_of(run_dir) == (0, 0, 4)
+    assert leftovers(run.token, set())[0] == 0
 
 
 @pytest.mark.slow
 def test_a_killed_sharded_rank_stops_the_run_and_writes_no_partial_checkpoint(tmp_path):
     """SIGKILL rank 1: a RankError naming it, exit 1, nothing left running, and no checkpoint of a step
     whose optimizer state died with the rank: the line says so and names the one that stands."""
-    args = [*chaos.PIPELINE, *FSDP, "--max-steps", "8", "--run-name", "fsdp_kill"]
+    args = [*PIPELINE, *FSDP, "--max-steps", "8", "--run-name", "fsdp_kill"]
     shm = shm_entries()
-    run = chaos.TrainProcess(args, tmp_path)
+    run = TrainProcess(args, tmp_path)
     run.wait_for("step 3/", timeout=600)
     pid = run.rank_pid(1)
     os.kill(pid, signal.SIGKILL)
     assert run.wait(timeout=900) == 1, run.output()[-3000:]
     out = run.output()
     assert f"RankError: learner rank 1 on cpu (pid {pid}) killed by SIGKILL" in out, out[-3000:]
-    assert chaos.leftovers(run.token, shm)[:2] == (0, 0)
+    assert leftovers(run.token, shm)[:2] == (0, 0)
     trained = max(int(s) for s in re.findall(r"^step (\d+)/8", out, re.M))
-    saved = chaos.checkpoint_steps(tmp_path / "fsdp_kill")
+    saved = checkpoint_steps(tmp_path / "fsdp_kill")
     assert saved and all(s % 2 == 0 for s in saved) and saved[-1] <= trained
     assert not list((tmp_path / "fsdp_kill" / "checkpoints").glob(".tmp-*"))
     if saved[-1] < trained:  # the last completed step could not be saved: said so, with the one that stands

@@ -298,7 +298,7 @@ def test_eval_script_runs_the_self_refine_loop_against_the_api(stub, monkeypatch
     """First answer is always wrong, the retry is right: success 1.0, first-turn 0.0, 2 turns each."""
     import re
 
-    from launch.eval import main
+    from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
 
     def solver(request):
         contents = request["body"]["contents"]
@@ -310,9 +310,8 @@ def test_eval_script_runs_the_self_refine_loop_against_the_api(stub, monkeypatch
     stub.handler = solver
     monkeypatch.setenv("GEMINI_API_KEY", API_KEY)
     monkeypatch.setenv("GEMINI_BASE_URL", stub.url)
-    assert main(["--model", "gemini:test-model", "--tasks", "arith:digits=1,terms=3,count=12,seed=4",
-                 "--api-concurrency", "4"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = evaluate_model(EvalConfig(model="gemini:test-model", tasks="arith:digits=1,terms=3,count=12,seed=4",
+                                       api_concurrency=4))
     assert result == {"success_rate": 1.0, "first_turn_success": 0.0, "mean_turns": 2.0, "n": 12,
                       "grader_timeouts": 0, "first_timeout_task": None}
     assert len(stub.requests) == 24 and 1 < stub.max_in_flight <= 4

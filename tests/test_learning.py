@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from launch.learning import LearningConfig, configurations, main, summarize, time_to_gain
+import tyro
+
+from nanorllm.bench.learning import LearningConfig, configurations, run_learning, summarize, time_to_gain
+
+
+def main(argv: list[str]) -> int:
+    """The benchmark as `launch/bench.py --learning ARGV` runs it."""
+    return run_learning(tyro.cli(LearningConfig, args=argv))
 
 
 def curve(successes, dt=10.0):
@@ -58,7 +65,7 @@ def test_quick_run_writes_json_and_plot(tmp_path):
 
 @pytest.mark.slow
 def test_every_run_is_written_at_once_and_resume_runs_only_the_missing_ones(tmp_path, monkeypatch):
-    import launch.learning as learning
+    import nanorllm.bench.learning as learning
 
     calls = []
 

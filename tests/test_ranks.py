@@ -1,18 +1,19 @@
 """Learner ranks: the batch split, an N-rank step equal to the 1-rank step on the same batch, and
 whole runs with a rank killed or a device that does not exist."""
 
-import os
 import subprocess
 import sys
 import uuid
 
 import pytest
 
-from launch import chaos
-from launch.learner_ranks import steps_on_ranks
+from nanorllm.bench.learner_ranks import steps_on_ranks
+from nanorllm.chaos import suite as chaos
+from nanorllm.chaos.ledger import groups_of, leftovers, read_rollouts
+from nanorllm.chaos.process import TINY_ARGS, TRAIN_SCRIPT, child_env
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.ranks.group import free_port
-from tests.procs import ROOT, run_train
+from tests.procs import run_train
 from tests.test_train_step import build_results, config
 
 
@@ -89,19 +90,19 @@ def test_two_nodes_on_localhost_train_every_group_once_with_both_nodes_workers(t
     """torchrun --nnodes 2 on one box (gloo): node 1's leader runs its own worker on the tasks rank 0
     sends it; its episodes reach rank 0 over the process group. Both exit 0, nothing is left."""
     token, port = uuid.uuid4().hex, free_port()
-    env = {**os.environ, "NANORLLM_TEST_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    args = [*chaos.TINY_ARGS, "--num-workers", "1", "--rollout-dump-size", "100000", "--max-steps", "4",
+    env = child_env(token)
+    args = [*TINY_ARGS, "--num-workers", "1", "--rollout-dump-size", "100000", "--max-steps", "4",
             "--output-dir", str(tmp_path), "--run-name", "nodes", "--learner-timeout-s", "120"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                 "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    nodes = [subprocess.Popen([*torchrun, "--node-rank", str(k), str(ROOT / "launch" / "train.py"), *args], env=env,
+    nodes = [subprocess.Popen([*torchrun, "--node-rank", str(k), str(TRAIN_SCRIPT), *args], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
     outs = [p.communicate(timeout=400)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "step 4/4" in outs[0] and "[ranks] 2 learner ranks" in outs[0]
-    assert chaos.groups_of(tmp_path / "nodes") == (0, 0, 4)
+    assert groups_of(tmp_path / "nodes") == (0, 0, 4)
     by_step = {}
-    for rec in chaos.read_rollouts(tmp_path / "nodes"):
+    for rec in read_rollouts(tmp_path / "nodes"):
         by_step.setdefault(rec["step"], set()).add(rec["worker_id"])
     assert by_step == {s: {0, 1000} for s in range(1, 5)}  # node 0's worker 0 and node 1's worker 0, every step
-    assert chaos.leftovers(token, set())[0] == 0
+    assert leftovers(token, set())[0] == 0

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
 from nanorllm.envs.grader import Verdict
-from launch.train import main
-from tests.procs import ROOT, TINY_ARGS, read_scalars
+from nanorllm.trainer.lifecycle import main
+from tests.procs import ROOT, TINY_ARGS, child_env, read_scalars
 
 BASE = [*TINY_ARGS, "--serial", "--lr", "1e-3", "--no-drop-zero-std-groups"]
 
@@ -114,7 +114,7 @@ def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader,
 def test_train_script_smoke_run_in_a_subprocess(tmp_path):
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--max-steps", "2",
            "--output-dir", str(tmp_path), "--run-name", "smoke"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 2/2" in proc.stdout and "[done] held-out success" in proc.stdout
     run = tmp_path / "smoke"
@@ -129,7 +129,7 @@ def test_bad_task_file_stops_before_anything_is_written(tmp_path):
                    '"answer": "3"}\nnot json\n')
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--tasks", str(bad),
            "--output-dir", str(tmp_path / "out"), "--run-name", "x"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env())
     assert proc.returncode == 2
     assert f"{bad}:2: field 'question' is empty" in proc.stderr
     assert f"{bad}:2: field 'task_id' duplicates line 1" in proc.stderr

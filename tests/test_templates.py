@@ -4,7 +4,8 @@ is not the tokenizer's eos, and turn k+1's prompt never repeats the one the resp
 import pytest
 
 from nanorllm.policy.hf_causal import HFCausalPolicy, end_of_turn_ids
-from nanorllm.policy.models import CHATML_TEMPLATE, tiny_model, tiny_tokenizer
+from nanorllm.policy.byte_tokenizer import CHATML_TEMPLATE, tiny_tokenizer
+from nanorllm.policy.models import tiny_model
 
 LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
           "'<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"

@@ -1,6 +1,6 @@
 """Worker-count recommendation from trial rows."""
 
-from launch.tune_workers import recommend, suggest_split
+from nanorllm.bench.tune import recommend, suggest_split
 
 
 def row(n, eps, learner_wait):

@@ -28,7 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import tyro
 
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
@@ -263,8 +262,8 @@ def run(b: GpuBenchConfig) -> dict:
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    b = tyro.cli(GpuBenchConfig, args=argv)
+def run_gpu_bench(b: GpuBenchConfig) -> int:
+    """Every figure, printed and (with b.json) recorded with the date and the total time."""
     t0 = time.perf_counter()
     figures = run(b)
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "total_s": time.perf_counter() - t0,

@@ -15,7 +15,7 @@ from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT, M
 from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.grader import judge
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
 
 RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
                   "Put your final answer in \\boxed{}.")

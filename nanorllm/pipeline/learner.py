@@ -3,6 +3,8 @@
 The training loop (trainer/loop.py) is the same as in serial mode; only where a step's episodes
 come from changes. Here:
 
+- the workers start (imports, model load) as soon as the source is built, but are handed no job
+  before training asks for its first batch: the held-out evaluation at step 0 runs meanwhile.
 - step s's groups are cut into one job per worker (a group never spans workers, so it arrives
   whole) and dispatched ahead of time: jobs for steps up to v + max_policy_lag are out while the
   learner holds version v. A job for step s carries min_version = s - max_policy_lag; a worker
@@ -29,11 +31,19 @@ leader's to handle, as here; a node that dies breaks the process group (a dead r
 
 import dataclasses
 import time
+from typing import Callable
 
+import torch
+
+from nanorllm.config import TrainConfig
+from nanorllm.datasets.stream import TaskStream
 from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, NodeShare, Ready, WorkerMessage
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.metrics import decode_metrics
+from nanorllm.trainer.source import rollout_seed
 from nanorllm.utils.procs import exit_reason
 
 
@@ -54,21 +64,22 @@ class PipelineSource:
 
     PARTS_PER_NODE = 1000  # job numbers (and seeds) of node k start at k x this
 
-    def __init__(self, run, *, draws: bool = True):
-        from nanorllm.trainer.loop import rollout_seed
-
-        self.run, self.cfg, self.ranks = run, run.cfg, run.ranks
+    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, *,
+                 stream: TaskStream | None, workers: list[str], ranks: LearnerRanks, start_step: int,
+                 stop: Callable[[], bool], draws: bool = True):
+        """Start the workers on `workers` (devices) with `policy`'s weights as version `start_step`; jobs
+        are drawn from `stream` (rank 0) or sent by rank 0 (`draws=False`: another node's leader, no stream).
+        `stop()` true: a wait for episodes gives up."""
+        self.cfg, self.policy, self.stream, self.ranks, self.stop = cfg, policy, stream, ranks, stop
         self.draws = draws  # rank 0 draws every node's tasks; another node's leader runs its share of them
         self.outgoing: list[NodeShare] = []  # other nodes' shares of the steps drawn since the last broadcast
-        self.rollout_seed = rollout_seed
-        self.lag = run.cfg.max_policy_lag
+        self.lag = cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
-        self.weights = SharedWeights(run.policy.model, run.optimizer, version=run.start_step,
-                                     readers=run.devices.workers)
-        run.policy.version = run.start_step
-        n = len(run.devices.workers)
-        self.pool = WorkerPool(self.cfg, self.weights, run.devices.workers, threads=self.cfg.threads,
-                               num_processes=n + run.ranks.local_world)
+        self.weights = SharedWeights(policy.model, optimizer, version=start_step, readers=workers)
+        policy.version = start_step
+        n = len(workers)
+        self.pool = WorkerPool(cfg, self.weights, workers, threads=cfg.threads, num_processes=n + ranks.local_world)
+        self.holding = True  # no job is handed out before training asks for its first batch
         self.outstanding: dict[str, Job] = {}  # job_id -> job, dispatched and not yet returned
         self.owner: dict[str, int | None] = {}  # job_id -> worker it was given to (None: waits for one)
         self.attempts: dict[str, int] = {}
@@ -82,9 +93,9 @@ class PipelineSource:
         self.longest_job_s = 0.0
         self.totals = {"stale_dropped": 0, "worker_restarts": 0, "worker_hangs": 0, "job_errors": 0,
                        "duplicates": 0}
-        self.next_step = run.start_step
+        self.next_step = start_step
         self._wait_s, self._cycle_t0, self._msgs, self._ready_groups = 0.0, time.perf_counter(), [], 0
-        self._dispatch_upto(run.start_step + self.lag)
+        self._dispatch_upto(start_step + self.lag)
         self._exchange_jobs()
 
     # ---- dispatch ------------------------------------------------------------------------------
@@ -94,8 +105,8 @@ class PipelineSource:
             self.next_step += 1
 
     def _dispatch_step(self, step: int) -> None:
-        self.step_position[step] = self.run.stream.position
-        picked = self.run.stream.take(self.cfg.tasks_per_step)
+        self.step_position[step] = self.stream.position
+        picked = self.stream.take(self.cfg.tasks_per_step)
         size = -(-len(picked) // self.ranks.nodes)  # one node: all of it
         for node in range(1, self.ranks.nodes):
             self.outgoing.append(NodeShare(node, step, picked[node * size:(node + 1) * size]))
@@ -112,7 +123,7 @@ class PipelineSource:
                 continue
             job = Job(job_id=f"{step}.{part}", step=step, tasks=[t for t, _ in chunk],
                       group_ids=[g for _, g in chunk], num_samples=self.cfg.num_samples_per_task,
-                      seed=self.rollout_seed(self.cfg, step) + 7919 * part, min_version=max(0, step - self.lag))
+                      seed=rollout_seed(self.cfg, step) + 7919 * part, min_version=max(0, step - self.lag))
             ids.append(job.job_id)
             self._submit(job)
         self.step_jobs[step] = ids
@@ -137,6 +148,8 @@ class PipelineSource:
         self._assign(jid, exclude)
 
     def _assign(self, jid: str, exclude: int | None = None) -> None:
+        if self.holding:
+            return  # placed by the first next_batch (_assign_waiting)
         live = self.pool.up()
         if not live:
             return  # every worker is waiting out a back-off; _assign_waiting places it later
@@ -235,16 +248,24 @@ class PipelineSource:
 
     def _collect(self, job_ids: list[str]) -> bool:
         while not all(j in self.done for j in job_ids):
-            if self.run.stop_requested:
+            if self.stop():
                 return False
             self._pump(timeout=0.2)
         return True
 
     # ---- the RolloutSource interface -------------------------------------------------------------
+    def wait_ready(self, stop: Callable[[], bool]) -> None:
+        """Until every worker that is up has loaded its model (one in a back-off is not waited for)."""
+        while not stop() and not set(self.pool.up()) <= self.ready:
+            self._pump(timeout=0.05)
+
     def next_batch(self, step: int):
         t0 = time.perf_counter()
         self._cycle_t0 = t0
-        version = self.run.policy.version
+        version = self.policy.version
+        if self.holding:  # training has begun: the jobs drawn so far go out
+            self.holding = False
+            self._assign_waiting()
         self._pump(timeout=0.0)
         self._ready_groups = sum(len(self.specs[jid].group_ids) for jid in self.done)
         pending, results = list(self.step_jobs[step]), []
@@ -308,7 +329,7 @@ class PipelineSource:
 
     def after_update(self, step: int) -> dict:
         version = step + 1
-        self.run.policy.version = version
+        self.policy.version = version
         publish_s = self.weights.publish(version)
         self._dispatch_upto(version + self.lag)
         self._exchange_jobs()
@@ -317,7 +338,7 @@ class PipelineSource:
                 "pipeline/learner_wait_frac": self._wait_s / max(cycle, 1e-9)}
 
     def position_at(self, step: int) -> int:
-        return self.step_position.get(step, self.run.stream.position)
+        return self.step_position.get(step, self.stream.position)
 
     def close(self) -> None:
         self.pool.close()

@@ -35,7 +35,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
 
 
 class _Sender:

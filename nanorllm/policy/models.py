@@ -19,16 +19,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random"
 BUILTIN_MODELS = (SMOLLM2, TINY)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
-    "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def cache_dir() -> Path:
@@ -71,23 +68,6 @@ def ensure_smollm2() -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # someone else finished first
     return target
-
-
-def tiny_tokenizer(filler: int = 0) -> PreTrainedTokenizerFast:
-    """Byte-level BPE with no merges (every byte is a token) plus ChatML special tokens; `filler` more
-    tokens no text encodes to (a preset's vocabulary size), before the special ones."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    vocab.update((f"<|filler_{i}|>", len(alphabet) + i) for i in range(filler))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
-                                   additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
 
 
 def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaForCausalLM:

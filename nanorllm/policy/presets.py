@@ -10,6 +10,8 @@ they say it is the real model's, which is what the GPU benchmark needs (decode o
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from nanorllm.policy.byte_tokenizer import tiny_tokenizer
+
 PREFIX = "preset:"
 PRESETS = {  # published config.json values of each model
     "smollm2-135m": (LlamaForCausalLM, LlamaConfig, dict(
@@ -33,8 +35,6 @@ def is_preset(name: str) -> bool:
 
 def preset_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     """The byte-level tiny tokenizer, padded with filler tokens to exactly `vocab_size`."""
-    from nanorllm.policy.models import tiny_tokenizer
-
     tok = tiny_tokenizer(filler=vocab_size - len(tiny_tokenizer()))
     assert len(tok) == vocab_size, (len(tok), vocab_size)
     return tok

@@ -9,13 +9,9 @@ which saves first and then releases or ends it) and exits with rank 0: a spawned
 lifeline, a torchrun rank when the agent ends the group or a collective fails.
 """
 
-import signal
-import sys
-from types import SimpleNamespace
-
-from nanorllm.ranks.group import LearnerRanks
-from nanorllm.pipeline.lifeline import die_with_parent
+from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
@@ -35,12 +31,10 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     optimizer = make_optimizer(policy, cfg)
     source, remote = None, ranks.nodes > 1 and not cfg.serial
     if remote and ranks.local_rank == 0:  # this node's workers, fed by rank 0
-        from nanorllm.pipeline.learner import PipelineSource
-
-        # Version -1 until rank 0's weights are here (attach): no job starts before.
-        node = SimpleNamespace(cfg=cfg, policy=policy, optimizer=optimizer, start_step=-1, devices=devices,
-                               ranks=ranks, stop_requested=False)
-        source = PipelineSource(node, draws=False)  # takes its first shares of tasks from rank 0
+        # Version -1 until rank 0's weights are here (attach): no job starts before. It takes its first
+        # shares of tasks from rank 0 now; it stops when rank 0 does.
+        source = PipelineSource(cfg, policy, optimizer, stream=None, workers=devices.workers, ranks=ranks,
+                                start_step=-1, stop=lambda: False, draws=False)
     elif remote:
         ranks.broadcast()  # the first shares of tasks: for the nodes' leaders
     ranks.parallel = cfg.learner_parallel
@@ -69,40 +63,3 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
         if source is not None:
             source.close()
     return 0
-
-
-def spawned_rank(rank: int, world: int, address: str, device: str, timeout_s: float, start_timeout_s: float,
-                 parent_pid: int) -> None:
-    """Entry point of a rank that rank 0 spawned (no torchrun)."""
-    die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device=device)
-    ranks.init(address, timeout_s, start_timeout_s)
-    code = follow(ranks)
-    ranks.close()
-    sys.exit(code)
-
-
-def follow_torchrun(argv: list[str]) -> int:
-    """A torchrun rank other than 0. Its devices come from its own command line (the same on every
-    node); everything else from rank 0, so `--resume DIR` need not be readable here."""
-    from nanorllm.config import ConfigError, parse_config
-    from nanorllm.ranks.group import learner_spec
-    from nanorllm.utils.devices import resolve_devices
-
-    if "--resume" in argv:
-        i = argv.index("--resume")
-        argv = argv[:i] + argv[i + 2:]
-    try:
-        cfg = parse_config(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    ranks = LearnerRanks.start(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
-                               parallel=cfg.learner_parallel)
-    try:
-        return follow(ranks, devices)
-    finally:
-        ranks.close()

@@ -17,7 +17,7 @@ rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one 
 
 Ranks start one of two ways: under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR/PORT set, every process ran launch/train.py), or, with `--learner-devices` naming N > 1
-devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost).
+devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost); both in ranks/start.py.
 With one rank there is no process group and nothing here does anything.
 
 With `--learner-parallel fsdp` the ranks hold shards of the model and its optimizer state instead
@@ -43,7 +43,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nanorllm.ranks.split import split_groups
-from nanorllm.utils.devices import DeviceError, DeviceMap
 from nanorllm.utils.procs import exit_reason, is_stopped
 
 
@@ -92,40 +91,6 @@ class LearnerRanks:
         self.lost: str | None = None  # why a rank is gone (set with the RankError)
 
     # ---- start and stop ------------------------------------------------------------------------
-    @classmethod
-    def start(cls, devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0, *,
-              parallel: str = "ddp") -> "LearnerRanks":
-        """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
-        the first step's shares go out, collectives wait up to `start_timeout_s` (imports, model loads
-        and the workers' start are slow); from then on `timeout_s`."""
-        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else len(devices.learners)
-        if parallel == "fsdp" and world == 1:
-            raise DeviceError(f"learner_parallel: fsdp shards the learner over several ranks, but there is one "
-                              f"({devices.learner}); give --learner-devices N > 1 or use --learner-parallel ddp")
-        if under_torchrun() and world > 1:
-            local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-            if len(devices.learners) != local_world:
-                raise DeviceError(f"learner_devices: torchrun started {local_world} process(es) on this node, "
-                                  f"--learner-devices names {len(devices.learners)} ({devices.learners})")
-            ranks = cls(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]), local_rank=local,
-                        local_world=local_world, device=devices.learners[local], parallel=parallel)
-            ranks.init("env://", timeout_s, start_timeout_s)
-            return ranks
-        n = len(devices.learners)
-        ranks = cls(world=n, local_world=n, device=devices.learner, parallel=parallel)
-        if n == 1:
-            return ranks
-        from nanorllm.ranks.follower import spawned_rank
-
-        ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
-        for r in range(1, n):
-            p = ctx.Process(target=spawned_rank, name=f"nanorllm-learner-{r}", daemon=True,
-                            args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid()))
-            p.start()
-            ranks.procs[r], ranks.devices[r] = p, devices.learners[r]
-        ranks.init(address, timeout_s, start_timeout_s)
-        return ranks
-
     def init(self, address: str, timeout_s: float, start_timeout_s: float = 0.0) -> None:
         self.timeout_s = timeout_s
         if self.device.startswith("cuda"):

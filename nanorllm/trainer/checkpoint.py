@@ -31,7 +31,9 @@ from pathlib import Path
 
 import torch
 
-from nanorllm.utils.faults import fault
+from nanorllm.chaos.faults import fault
+from nanorllm.datasets.stream import TaskStream
+from nanorllm.policy.hf_causal import HFCausalPolicy
 
 PREFIX = "step_"
 FILES = ("model/config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
@@ -68,16 +70,24 @@ def clean_stale(run_dir: Path) -> list[Path]:
     return stale
 
 
-def save(run, step: int) -> Path:
-    optimizer_state = run.ranks.optimizer_state(run.policy, run.optimizer)  # first: it may be refused
-    root = checkpoints_dir(run.run_dir)
+def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalPolicy, optimizer_state: dict,
+         stream_position: int, stream_origin: int, task_order: dict, totals: dict) -> Path:
+    """Write checkpoint `step` of the run in `run_dir` and keep the newest `keep`. `config`: the run's
+    fields as saved (TrainConfig.saved()); `stream_position`: before `step`'s tasks were drawn;
+    `stream_origin` and `task_order`: where the current task order's epoch 0 began, and its fingerprint."""
+    root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
     tmp = root / f".tmp-{PREFIX}{step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    state = {
+        "step": step, "stream_position": stream_position,
+        "python_rng": _jsonable(random.getstate()), "totals": totals, "config": config,
+        "reference_model": config["model"], "task_order": task_order, "stream_origin": stream_origin,
+    }
     try:
-        _write(run, step, tmp, optimizer_state)
+        _write(tmp, step, policy, optimizer_state, state)
     except BaseException:  # a full disk, a stop: no half-written folder stays behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -85,23 +95,17 @@ def save(run, step: int) -> Path:
         shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
-    for old in list_complete(run.run_dir)[:-run.cfg.keep_checkpoints]:
+    for old in list_complete(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _write(run, step: int, tmp: Path, optimizer_state: dict) -> None:
-    run.policy.save(str(tmp / "model"))
+def _write(tmp: Path, step: int, policy: HFCausalPolicy, optimizer_state: dict, state: dict) -> None:
+    policy.save(str(tmp / "model"))
     if fault("disk_full") == str(step):
         raise OSError(errno.ENOSPC, f"No space left on device (injected fault: disk_full {step})")
     torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "sampler": run.policy.generator.get_state()}, tmp / "rng.pt")
-    position = run.source.position_at(step) if run.source else run.stream.position
-    state = {
-        "step": step, "stream_position": position,
-        "python_rng": _jsonable(random.getstate()), "totals": run.totals, "config": run.cfg.saved(),
-        "reference_model": run.cfg.model, "task_order": run.task_order, "stream_origin": run.stream.origin,
-    }
+    torch.save({"torch": torch.get_rng_state(), "sampler": policy.generator.get_state()}, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
     write_manifest(tmp)
 
@@ -231,13 +235,16 @@ def saved_config(run_dir: Path) -> tuple[dict, str]:
     raise CheckpointError(f"{problem}, and no checkpoint holds an intact config")
 
 
-def restore_trainer_state(state: dict, run) -> None:
-    run.optimizer.load_state_dict(state["optimizer"])
+def restore(state: dict, *, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, stream: TaskStream,
+            totals: dict) -> int:
+    """Put a checkpoint's state (from `read`) back: optimizer, RNGs, task stream, counters. Returns the step
+    to start from."""
+    optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
-    run.policy.generator.set_state(state["rng"]["sampler"])
+    policy.generator.set_state(state["rng"]["sampler"])
     random.setstate(_tupled(state["python_rng"]))
-    run.stream.position = state["stream_position"]
-    run.stream.origin = state.get("stream_origin", 0)
-    run.start_step = state["step"]
-    run.policy.version = state["step"]
-    run.totals.update(state.get("totals", {}))
+    stream.position = state["stream_position"]
+    stream.origin = state.get("stream_origin", 0)
+    policy.version = state["step"]
+    totals.update(state.get("totals", {}))
+    return state["step"]

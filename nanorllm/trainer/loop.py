@@ -1,9 +1,8 @@
 """TrainingRun: setup -> train -> cleanup, the same for the serial loop and the pipeline's learner.
 
 The only thing that differs between the two modes is where a step's episodes come from, a
-`RolloutSource`: `SerialSource` runs the RolloutEngine in this process; the pipeline's source takes
-finished episode batches off the workers' queue. Everything after that (advantages, update,
-metrics, eval, checkpoints) is this file.
+`RolloutSource` (trainer/source.py). Everything after that (advantages, update, metrics, eval,
+checkpoints) is this file; the order of it all, and the shutdown, is lifecycle.py.
 
     for step in range(start, max_steps):
         results = source.next_batch(step)   # generate (here or in workers)
@@ -22,36 +21,33 @@ import time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
+from nanorllm.chaos.faults import fault
 from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS, ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import describe, env_from_config
-from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.build import sampling_params, training_engine
-from nanorllm.rollout.engine import EXAMPLE_TASK
+from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
+from nanorllm.ranks.start import start_ranks
+from nanorllm.rollout.build import sampling_params
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
-from nanorllm.trainer.metrics import decode_metrics, grader_timeouts, rollout_metrics
+from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
-from nanorllm.trainer.step import collect_rollouts, train_step
+from nanorllm.trainer.source import RolloutSource
+from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
-from nanorllm.utils.devices import configure_threads, resolve_devices
-from nanorllm.utils.faults import fault
+from nanorllm.utils.devices import DeviceMap, configure_threads, resolve_devices
 from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
-
-
-def rollout_seed(cfg: TrainConfig, step: int) -> int:
-    """Sampling seed of one step's batch: the same in serial and pipeline mode."""
-    return cfg.seed * 1_000_003 + step
 
 
 def default_run_name(cfg: TrainConfig) -> str:
@@ -90,40 +86,6 @@ def check_finite_weights(model: torch.nn.Module, step: int) -> None:
                                "last checkpoint, whose weights are finite, stands (try a smaller --lr)")
 
 
-class SerialSource:
-    """Rollouts in the training process: generate, then train, one after the other."""
-
-    def __init__(self, run: "TrainingRun"):
-        self.run = run
-        cfg = run.cfg
-        self.engine = training_engine(run.policy, cfg)
-        # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
-        self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task)
-        self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
-
-    def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
-        self.drawn_at = (step, self.run.stream.position)
-        picked = self.run.stream.take(self.run.cfg.tasks_per_step)
-        t0 = time.perf_counter()
-        results = collect_rollouts(self.engine, [t for t, _ in picked], self.run.cfg.num_samples_per_task,
-                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.run.cfg, step))
-        rollout_s = time.perf_counter() - t0
-        gen_tokens = results[0].timings["gen_tokens"] if results else 0
-        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
-                         **decode_metrics([results[0].timings] if results else [])}
-
-    def after_update(self, step: int) -> dict:
-        self.run.policy.version = step + 1
-        return {}
-
-    def position_at(self, step: int) -> int:
-        drawn_step, position = self.drawn_at  # a step stopped mid-rollout has drawn its tasks already
-        return position if drawn_step == step else self.run.stream.position
-
-    def close(self) -> None:
-        pass
-
-
 class TrainingRun:
     HISTORY = 1000
     EVAL_HANG_S = 600.0  # held-out eval without progress this long is hung, unless --worker-timeout-s says
@@ -139,17 +101,30 @@ class TrainingRun:
         self.committing = False  # optimizer step .. end of the step's logs: a stop waits for it
         self.dirty = False  # optimizer step .. final_step moved: the weights match no step number
         self.final_step = 0
-        self.source = None
+        self.source: RolloutSource | None = None  # while training: checkpoints ask it for the stream position
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
-        self.ranks = ONE_RANK  # this process is learner rank 0 of ranks.world
+        self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
+        # Made by setup(), in this order:
+        self.devices: DeviceMap | None = None
+        self.train_tasks: list[dict] = []
+        self.eval_tasks: list[dict] = []
+        self.task_order: dict | None = None  # the fingerprint checkpoints carry (trainer/fingerprint.py)
+        self.run_dir: Path | None = None
+        self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
+        self.policy: HFCausalPolicy | None = None
+        self.ref_policy: HFCausalPolicy | None = None  # only with kl_coef > 0
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.stream: TaskStream | None = None
+        self.logger: RunLogger | None = None  # None: nothing written yet, nothing to save or close
+        self.last_save_t = time.monotonic()
 
     # ---- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
         self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-        self.ranks = LearnerRanks.start(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
-                                        parallel=cfg.learner_parallel)  # the other ranks load meanwhile
+        self.ranks = start_ranks(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
+                                 parallel=cfg.learner_parallel)  # the other ranks load meanwhile
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -175,7 +150,6 @@ class TrainingRun:
                                                seed=cfg.seed)
         self.policy.graphs_enabled = cfg.cuda_graphs
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
-        self.ref_policy = None
         if cfg.kl_coef > 0:  # the only case a reference model is loaded
             self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
                                                        device=self.devices.learner, dtype=cfg.dtype)
@@ -184,7 +158,8 @@ class TrainingRun:
         self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
         if state:
-            checkpoint.restore_trainer_state(state, self)
+            self.start_step = checkpoint.restore(state, policy=self.policy, optimizer=self.optimizer,
+                                                 stream=self.stream, totals=self.totals)
             for group in self.optimizer.param_groups:  # the saved optimizer state carries the old ones
                 group.update(lr=cfg.lr, weight_decay=cfg.weight_decay)
             if fingerprint.order_changes(state.get("task_order"), self.task_order):  # accepted: a new epoch
@@ -271,7 +246,9 @@ class TrainingRun:
         write_atomic(path, json.dumps(summary, indent=2) + "\n")
 
     # ---- the loop --------------------------------------------------------------------------
-    def train(self, source) -> dict:
+    def train(self, source: RolloutSource, on_step: Callable[["TrainingRun", int], None] | None = None) -> dict:
+        """Steps start_step .. max_steps - 1 on `source`'s episodes, until done or stopped; `on_step(run, n)`
+        after step n is on record (logged, checkpointed when due)."""
         cfg = self.cfg
         self.source = source
         self.attach_ranks()
@@ -325,6 +302,8 @@ class TrainingRun:
                 with self.ranks.guarded():  # FSDP: the ranks gather the optimizer state
                     self.save_periodic(step + 1)
             self.committing = False  # the step is on record; an eval may be interrupted
+            if on_step is not None:
+                on_step(self, step + 1)
             if self.stop_requested:
                 break
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
@@ -361,7 +340,11 @@ class TrainingRun:
         return line + f"{m['perf/step_s']:.1f} s"
 
     def save_checkpoint(self, step: int) -> Path:
-        path = checkpoint.save(self, step)
+        optimizer_state = self.ranks.optimizer_state(self.policy, self.optimizer)  # first: it may be refused
+        position = self.source.position_at(step) if self.source else self.stream.position
+        path = checkpoint.save(self.run_dir, step, config=self.cfg.saved(), keep=self.cfg.keep_checkpoints,
+                               policy=self.policy, optimizer_state=optimizer_state, stream_position=position,
+                               stream_origin=self.stream.origin, task_order=self.task_order, totals=self.totals)
         self.last_save_t = time.monotonic()
         self.say(f"[checkpoint] {path}")
         return path
@@ -405,7 +388,7 @@ class TrainingRun:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def cleanup(self) -> None:
-        if hasattr(self, "logger"):
+        if self.logger is not None:
             self.logger.close()
-        if hasattr(self, "lock"):
+        if self.lock is not None:
             self.lock.release()  # last: the run's final writes happen under it

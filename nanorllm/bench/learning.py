@@ -17,8 +17,8 @@ bound >= 1 gives lag ~1. So the measured policy_lag_mean is reported beside ever
 
 Evaluation is kept out of the timing: at each eval point the weights are copied in memory (tens of
 ms; the workers go on meanwhile), and every copy is evaluated after the run, when the workers are
-gone. Wall time counts from the first request for a batch (for the pipeline: once its first worker
-has loaded its model, so no batch is made before the clock runs; start-up is recorded apart) to
+gone. Wall time counts from the first request for a batch (for the pipeline: once its workers
+have loaded their models, so no batch is made before the clock runs; start-up is recorded apart) to
 each update, less the copies. Writes learning.json (per configuration: per-seed curves and gains,
 mean, std, wall time, time to +10 points) and learning.png (mean curves with a min-max band over
 seeds, success vs updates and vs wall time) after every run, so a benchmark cut short keeps what it
@@ -35,13 +35,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-import tyro  # noqa: E402
-
-from nanorllm.config import TrainConfig  # noqa: E402
-from nanorllm.trainer.loop import SerialSource, TrainingRun  # noqa: E402
+from nanorllm.bench.trial import checked
+from nanorllm.config import TrainConfig
+from nanorllm.trainer.lifecycle import run_training
+from nanorllm.trainer.loop import TrainingRun
 
 TARGET_POINTS = 0.10  # "time to +10 points" of held-out success
 
@@ -100,83 +99,62 @@ def configurations(b: LearningConfig) -> dict[str, dict]:
 
 
 class Snapshots:
-    """Wraps a rollout source: after every eval_every-th update, a copy of the weights and the
-    training wall time so far (the copy's own time left out)."""
+    """The run's hooks (trainer/lifecycle.py). `take_due`, after every eval_every-th update (and before
+    the first): a copy of the weights and the training wall time so far, the copies' own time left
+    out. `evaluate`, once training is over and the workers are gone: every copy on the held-out set,
+    with no worker competing and no time counted."""
 
-    def __init__(self, source, run: TrainingRun, eval_every: int):
-        self.source, self.run, self.eval_every = source, run, eval_every
+    def __init__(self, eval_every: int, max_steps: int, initial: dict):
+        self.eval_every, self.max_steps, self.initial = eval_every, max_steps, initial
         self.points: list[dict] = []  # {"update", "wall_s", "state"}
         self.t0, self.excluded = None, 0.0
-        self.take(0)
 
-    def take(self, update: int) -> None:
+    def take_due(self, run: TrainingRun, update: int) -> None:
+        if self.t0 is None:  # before the first batch is asked for: the clock starts now
+            self.take(run, update)
+            self.t0 = time.perf_counter()
+        elif update % self.eval_every == 0 or update == self.max_steps:
+            self.take(run, update)
+
+    def take(self, run: TrainingRun, update: int) -> None:
         t = time.perf_counter()
-        state = {k: v.detach().clone() for k, v in self.run.policy.model.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in run.policy.model.state_dict().items()}
         wall = 0.0 if self.t0 is None else t - self.t0 - self.excluded
         self.points.append({"update": update, "wall_s": wall, "state": state})
         self.excluded += time.perf_counter() - t
 
-    def next_batch(self, step: int):
-        if self.t0 is None:
-            self.t0 = time.perf_counter()
-        return self.source.next_batch(step)
-
-    def after_update(self, step: int) -> dict:
-        out = self.source.after_update(step)
-        if (step + 1) % self.eval_every == 0 or step + 1 == self.run.cfg.max_steps:
-            self.take(step + 1)
-        return out
-
-    def __getattr__(self, name):  # position_at, close, ...
-        return getattr(self.source, name)
+    def evaluate(self, run: TrainingRun) -> dict:
+        """{"curve": [{"update", "wall_s", "success", "first_turn_success"}, ...]}. `initial` caches the
+        evaluation before the first update: greedy, from the same weights, it is the same for every run."""
+        curve = []
+        for p in self.points:
+            state = p.pop("state")
+            if p["update"] == 0 and self.initial:
+                res = self.initial
+            else:
+                run.policy.model.load_state_dict(state)
+                res = run.evaluate(p["update"])
+                if p["update"] == 0:
+                    self.initial.update(res)
+            curve.append({**p, "success": res["success_rate"], "first_turn_success": res["first_turn_success"]})
+        return {"curve": curve}
 
 
 def run_one(cfg: TrainConfig, eval_every: int, initial: dict) -> dict:
-    """Train cfg.max_steps updates; returns the success curve and the measured policy lag.
-    `initial` caches the evaluation before the first update: greedy, from the same weights, it is
-    the same for every run."""
+    """Train cfg.max_steps updates; returns the success curve and the measured policy lag."""
     with tempfile.TemporaryDirectory(prefix="nanorllm-learning-") as tmp:
         cfg = replace(cfg, output_dir=tmp, run_name="run", save_model=False, sample_every=0, eval_every=0,
                       save_every=0, save_every_minutes=0)
-        run = TrainingRun(cfg, quiet=True)
-        run.setup()
-        inner = None
-        try:
-            run.use_cores(alone=False)
-            if cfg.serial:
-                inner = SerialSource(run)
-            else:
-                from nanorllm.pipeline.learner import PipelineSource
-                inner = PipelineSource(run)
-            t0 = time.perf_counter()
-            while not cfg.serial and not inner.ready:  # no worker has loaded its model: nothing is made yet
-                inner._pump(timeout=0.05)
-            startup_s = time.perf_counter() - t0
-            source = Snapshots(inner, run, eval_every)
-            run.train(source)
-            inner.close()
-            inner = None
-            run.use_cores(alone=True)
-            curve = []
-            for p in source.points:  # evaluated after training: no worker competes, no time counted
-                state = p.pop("state")
-                if p["update"] == 0 and initial:
-                    res = initial
-                else:
-                    run.policy.model.load_state_dict(state)
-                    res = run.evaluate(p["update"])
-                    if p["update"] == 0:
-                        initial.update(res)
-                curve.append({**p, "success": res["success_rate"], "first_turn_success": res["first_turn_success"]})
-        finally:
-            if inner is not None:
-                inner.close()
-            run.cleanup()
-    lags = [h.get("pipeline/policy_lag_mean", 0.0) for h in run.history]
+        snapshots = Snapshots(eval_every, cfg.max_steps, initial)
+        outcome = run_training(cfg, quiet=True, evaluate_first=False, checkpoints=False,
+                               on_step=snapshots.take_due, finish=snapshots.evaluate)
+    checked(outcome.exit_code, "the learning run")
+    curve, history = outcome.summary["curve"], outcome.history
+    lags = [h.get("pipeline/policy_lag_mean", 0.0) for h in history]
     return {"curve": curve, "policy_lag_mean": sum(lags) / max(len(lags), 1),
-            "policy_lag_max": max((h.get("pipeline/policy_lag_max", 0) for h in run.history), default=0),
-            "mismatch_kl_lagged": _mean([h["mismatch/kl_lagged"] for h in run.history if "mismatch/kl_lagged" in h]),
-            "wall_s": curve[-1]["wall_s"], "startup_s": startup_s}
+            "policy_lag_max": max((h.get("pipeline/policy_lag_max", 0) for h in history), default=0),
+            "mismatch_kl_lagged": _mean([h["mismatch/kl_lagged"] for h in history if "mismatch/kl_lagged" in h]),
+            "wall_s": curve[-1]["wall_s"], "startup_s": outcome.startup_s}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -271,8 +249,8 @@ def finished_runs(b: LearningConfig) -> dict[str, list[dict]]:
     return {name: s["runs"] for name, s in old["configurations"].items()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    b = tyro.cli(LearningConfig, args=argv)
+def run_learning(b: LearningConfig) -> int:
+    """Every configuration x seed not yet in b.out (with b.resume), the record after each, then the table."""
     if b.quick:
         b = replace(b, updates=min(b.updates, 4), eval_every=min(b.eval_every, 2), eval_limit=min(b.eval_limit, 8))
     torch.set_flush_denormal(True)
@@ -304,6 +282,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[learning] {Path(b.out) / 'learning.json'}, {Path(b.out) / 'learning.png'} | {record['total_s']:.0f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,9 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import tyro
 
-from launch.bench import record_run
+from nanorllm.bench.record import median, record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.ranks.group import LearnerRanks, free_port
@@ -41,10 +40,6 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
-
-
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2] if xs else float("nan")
 
 
 def _on_spawned_ranks(world: int, target, *args):
@@ -88,8 +83,8 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
             times.append(time.perf_counter() - t0)
             if i == 0 and ranks.rank == 0:  # under FSDP the other ranks hold shards
                 params = torch.cat([p.detach().flatten() for p in policy.model.parameters()]).clone()
-        got.append({"params": params, "step_s": _median(times[1:]) if steps > 1 else times[0],
-                    "gather_s": _median(gathers[1:]) if steps > 1 else gathers[0]})
+        got.append({"params": params, "step_s": median(times[1:]) if steps > 1 else times[0],
+                    "gather_s": median(gathers[1:]) if steps > 1 else gathers[0]})
     return got
 
 
@@ -129,7 +124,7 @@ def _transfer_main(rank: int, world: int, address: str, numel: int, repeats: int
             dist.broadcast(block, src=0) if kind == "broadcast" else dist.all_reduce(block)
             times[kind].append(time.perf_counter() - t0)
     if rank == 0:
-        out.put({k: _median(v) for k, v in times.items()})
+        out.put({k: median(v) for k, v in times.items()})
     dist.destroy_process_group()
 
 
@@ -143,7 +138,7 @@ def transfer_costs(numel: int, repeats: int = 5) -> dict:
         t0 = time.perf_counter()
         dst.copy_(src)
         copies.append(time.perf_counter() - t0)
-    copy_s = _median(copies)
+    copy_s = median(copies)
     return {"ranks_broadcast_vs_copy": got["broadcast"] / copy_s, "ranks_allreduce_vs_copy": got["all_reduce"] / copy_s,
             "_broadcast_s": got["broadcast"], "_allreduce_s": got["all_reduce"], "_copy_s": copy_s,
             "_transfer_bytes": numel * 4}
@@ -190,8 +185,8 @@ class RanksBenchConfig:
     """Also write the figures here."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    b = tyro.cli(RanksBenchConfig, args=argv)
+def run_ranks_bench(b: RanksBenchConfig) -> int:
+    """The figures on a batch of the default step's shape, printed and recorded."""
     torch.set_flush_denormal(True)
     t_start = time.perf_counter()
     cfg = TrainConfig(model="tiny-random" if b.quick else b.model, tasks_per_step=4, num_samples_per_task=4, seed=0)

@@ -1,0 +1,70 @@
+"""Looking at processes through /proc (Linux): who is left, who is whose child, how much memory.
+
+The fault suite and the tests use these to check that a run leaves nothing behind.
+"""
+
+import os
+from pathlib import Path
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs of live processes whose environment carries `token` (children survive their parent)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if token.encode() in (p / "environ").read_bytes() and "State:\tZ" not in (p / "status").read_text():
+                pids.append(int(p.name))
+        except OSError:
+            continue
+    return pids
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def worker_pids(learner_pid: int) -> list[int]:
+    """The learner's spawned worker processes (not the multiprocessing resource tracker)."""
+    return sorted(p for p in children_of(learner_pid) if "spawn_main" in cmdline(p))
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def age_s(pid: int) -> float | None:
+    """Seconds since the process started."""
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()

@@ -1,0 +1,320 @@
+"""Fault suite: every fault the pipeline promises to survive, against a real tiny-random run.
+
+Each fault starts launch/train.py with `--num-workers 2` in a subprocess whose environment carries
+a unique token (chaos/process.py), injects the fault from outside (signals) or through the
+NANORLLM_FAULT hook (chaos/faults.py), and then counts, from what the run wrote and what is left
+running (chaos/ledger.py):
+
+    detected in s   fault -> the learner's report of it (or the run's exit, or the last process gone)
+    recovered       the run ended the way it must for this fault (finished / stopped cleanly / saved)
+    groups lost     task-stream positions up to the last trained step without all their episodes
+    groups doubled  groups trained more than once (rollouts.jsonl: every record names its group and step)
+    processes left  processes carrying the token 10 s after the run ended
+    /dev/shm left   entries in /dev/shm that were not there before
+
+The same functions are the pytest fault tests (tests/test_faults.py); `launch/chaos.py` runs them as a table.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
+from nanorllm.chaos.process import PIPELINE, TrainProcess
+from nanorllm.chaos.procs import shm_entries
+
+
+@dataclass
+class Outcome:
+    fault: str
+    detected_s: float | None
+    recovered: bool
+    lost: int = 0
+    doubled: int = 0
+    procs_left: int = 0
+    shm_left: int = 0
+    notes: list[str] = field(default_factory=list)
+    output: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.recovered and not (self.lost or self.doubled or self.procs_left or self.shm_left)
+
+    def row(self) -> str:
+        det = "-" if self.detected_s is None else f"{self.detected_s:.1f}"
+        return (f"| {self.fault} | {det} | {'yes' if self.recovered else 'NO'} | {self.lost} | {self.doubled} | "
+                f"{self.procs_left} | {self.shm_left} |")
+
+
+HEADER = ("| fault | detected in s | recovered | groups lost | groups doubled | processes left | "
+          "/dev/shm entries left |\n|---|---|---|---|---|---|---|")
+
+
+def _finish(o: Outcome, run: TrainProcess, run_dir: Path, shm_before: set[str]) -> Outcome:
+    o.procs_left, o.shm_left, _ = leftovers(run.token, shm_before)
+    o.lost, o.doubled, steps = groups_of(run_dir)
+    o.notes.append(f"{steps} steps trained")
+    o.output = run.output()
+    return o
+
+
+
+# ---- the faults ----------------------------------------------------------------------------------
+def _signal_a_worker(out: Path, name: str, label: str, sig: int, report: str, extra: list[str]) -> list[Outcome]:
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "40", *extra, "--run-name", name], out)
+    run.wait_for("step 3/")
+    t = time.monotonic()
+    os.kill(run.workers()[0], sig)
+    rc = run.wait()
+    seen = run.seen(report, after=t)
+    o = Outcome(label, seen and seen - t, rc == 0 and "step 40/40" in run.output())
+    return [_finish(o, run, out / name, shm)]
+
+
+def worker_kill(out: Path) -> list[Outcome]:
+    """SIGKILL a worker mid-run: it is restarted, its job re-issued, the run finishes."""
+    return _signal_a_worker(out, "worker_kill", "worker SIGKILL", signal.SIGKILL, "died (killed by SIGKILL)", [])
+
+
+def worker_hang(out: Path) -> list[Outcome]:
+    """SIGSTOP a worker: past --worker-timeout-s it is reported, killed and replaced."""
+    return _signal_a_worker(out, "worker_hang", "worker SIGSTOP (hang)", signal.SIGSTOP, "hung (no progress",
+                            ["--worker-timeout-s", "3"])
+
+
+def worker_start_fails(out: Path) -> list[Outcome]:
+    """Every worker start raises: back-off, then a clean stop with the worker's traceback and a checkpoint."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "40", "--restart-backoff-s", "0.2", "--max-restarts-per-worker", "2",
+                        "--run-name", "worker_start"], out, fault="worker_start")
+    rc = run.wait()
+    text = run.output()
+    stopped = (rc == 1 and "failures in a row" in text and "injected fault: worker_start" in text
+               and checkpoint_steps(out / "worker_start") == [0])
+    o = Outcome("worker fails at every start", time.monotonic() - run.t0, stopped)
+    o.notes.append(f"{text.count('restarting it in')} restarts before the stop")
+    return [_finish(o, run, out / "worker_start", shm)]
+
+
+def torn_result(out: Path) -> list[Outcome]:
+    """A worker SIGKILLed halfway through writing an 8 MB result: the learner goes on."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "20", "--run-name", "torn"], out, fault="torn_result")
+    rc = run.wait()
+    t_fault, t_seen = run.seen("[fault] worker 0"), run.seen("died (killed by SIGKILL)")
+    o = Outcome("worker killed while writing a large result", t_fault and t_seen and t_seen - t_fault,
+                rc == 0 and "step 20/20" in run.output() and t_fault is not None)
+    return [_finish(o, run, out / "torn", shm)]
+
+
+def learner_kill(out: Path) -> list[Outcome]:
+    """SIGKILL the learner with jobs in flight: every child exits by itself; then resume: each group once."""
+    shm = shm_entries()
+    args = [*PIPELINE, "--max-steps", "30", "--save-every", "4", "--run-name", "learner_kill"]
+    run = TrainProcess(args, out)
+    run.wait_for("step 9/")
+    t = run.signal(signal.SIGKILL)
+    run.wait()
+    procs, shm_left, gone = leftovers(run.token, shm)
+    killed = Outcome("learner SIGKILL (orphans)", gone - t, procs == 0, procs_left=procs, shm_left=shm_left,
+                     output=run.output())
+    resumed = TrainProcess(["--resume", str(out / "learner_kill")], out, token=run.token)
+    rc = resumed.wait()
+    o = Outcome("resume after a hard kill", None, rc == 0 and "step 30/30" in resumed.output())
+    o.notes.append(f"killed {time.monotonic() - t:.0f} s before; checkpoints then {checkpoint_steps(out / 'learner_kill')}")
+    return [killed, _finish(o, resumed, out / "learner_kill", shm)]
+
+
+def _stop_by_signals(out: Path, name: str, label: str, first: int, then: int, then_after_s: float,
+                     expect_rc: int) -> list[Outcome]:
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "5000", "--run-name", name], out)
+    run.wait_for("step 5/")
+    t = run.signal(first)
+    try:
+        run.proc.wait(timeout=then_after_s)
+    except subprocess.TimeoutExpired:
+        run.signal(then)
+    rc = run.proc.wait(timeout=240)
+    took = time.monotonic() - t
+    run.wait()
+    last = groups_of(out / name)[2]
+    o = Outcome(label, took, rc == expect_rc and took < 10 and last in checkpoint_steps(out / name))
+    o.notes.append(f"exit {rc} after {took:.1f} s; checkpoints {checkpoint_steps(out / name)}")
+    return [_finish(o, run, out / name, shm)]
+
+
+def sigint_twice(out: Path) -> list[Outcome]:
+    """Ctrl-C, and Ctrl-C again 0.3 s later: the checkpoint is still written; exit 130 within 10 s."""
+    return _stop_by_signals(out, "sigint", "SIGINT twice", signal.SIGINT, signal.SIGINT, 0.3, 130)
+
+
+def sigterm_then_kill(out: Path) -> list[Outcome]:
+    """`docker stop`: SIGTERM, SIGKILL 10 s later if still alive: it must be done (143) before that."""
+    return _stop_by_signals(out, "sigterm", "SIGTERM, SIGKILL after 10 s", signal.SIGTERM, signal.SIGKILL, 10.0, 143)
+
+
+def sighup(out: Path) -> list[Outcome]:
+    """The terminal closed (SIGHUP): a stop like SIGTERM, checkpoint first, exit 129."""
+    return _stop_by_signals(out, "sighup", "SIGHUP (terminal closed)", signal.SIGHUP, signal.SIGKILL, 10.0, 129)
+
+
+def second_owner(out: Path) -> list[Outcome]:
+    """`--resume` on a folder whose run is alive: refused at once naming the owner; the owner goes on."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "5000", "--run-name", "owned"], out)
+    run.wait_for("step 2/")
+    t = time.monotonic()
+    intruder = TrainProcess(["--resume", str(out / "owned")], out, token=run.token)
+    rc_intruder = intruder.wait()
+    took = time.monotonic() - t
+    going_on = run.proc.poll() is None
+    run.signal(signal.SIGTERM)
+    rc = run.wait()
+    last = groups_of(out / "owned")[2]
+    o = Outcome("resume while the run is alive", took, rc_intruder == 2 and going_on and rc == 143
+                and last in checkpoint_steps(out / "owned")
+                and f"in use by another run (pid {run.proc.pid})" in intruder.output())
+    o.notes.append(f"second process exit {rc_intruder} after {took:.1f} s; owner exit {rc}")
+    o = _finish(o, run, out / "owned", shm)
+    o.output = f"{o.output}\n--- the second process:\n{intruder.output()}"
+    return [o]
+
+
+def unbounded_golds(out: Path) -> list[Outcome]:
+    """Golds no parser finishes (9^(9^(9^9)), 5,001 digits) for a model that always answers \\boxed{1}: each
+    check is cut at the CPU budget and counted, the first one's task named; nothing hangs, the run finishes."""
+    shm = shm_entries()
+    tasks, heldout = out / "unbounded-tasks.jsonl", out / "unbounded-heldout.jsonl"
+    rows = [{"task_id": "nested-power", "question": "a?", "answer": "9^{9^{9^9}}"},
+            {"task_id": "long-gold", "question": "b?", "answer": "7" * 5001}]
+    rows += [{"task_id": f"plain-{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    heldout.write_text(json.dumps({"task_id": "held-nested", "question": "c?", "answer": "9^{9^{9^9}} + 1"}) + "\n")
+    run = TrainProcess([*PIPELINE, "--tasks", str(tasks), "--eval-tasks", str(heldout), "--max-steps", "2",
+                        "--grader-timeout-s", "1", "--worker-timeout-s", "10", "--run-name", "unbounded"], out,
+                       fault="fixed_answer:\\boxed{1}")
+    rc = run.wait()
+    text = run.output()
+    t_seen = run.seen("[grader] held-out eval at step 0")
+    o = Outcome("golds no parser finishes", t_seen and t_seen - run.t0,
+                rc == 0 and "step 2/2" in text and "hung" not in text and "first: task held-nested" in text
+                and "[grader] step " in text)
+    return [_finish(o, run, out / "unbounded", shm)]
+
+
+def _hung_grader(out: Path, name: str, label: str, extra: list[str], report: str) -> list[Outcome]:
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "40", "--worker-timeout-s", "3", "--max-restarts-per-worker", "1",
+                        "--restart-backoff-s", "0.2", *extra, "--run-name", name], out, fault="grader_hang")
+    rc = run.wait()
+    t_seen = run.seen(report)
+    o = Outcome(label, t_seen and t_seen - run.t0, rc == 1 and t_seen is not None
+                and checkpoint_steps(out / name) == [0] and "[done]" not in run.output())
+    return [_finish(o, run, out / name, shm)]
+
+
+def worker_grader_hang(out: Path) -> list[Outcome]:
+    """A worker's grader never returns: reported as hung *while grading*, with the job and task; the run
+    stops past the restart cap (it would hang again) with step 0 saved."""
+    return _hung_grader(out, "worker_grader_hang", "worker hung in the grader", ["--eval-tasks", ""],
+                        "while grading (job 0.")
+
+
+def eval_grader_hang(out: Path) -> list[Outcome]:
+    """The grader never returns in the learner's held-out eval: the eval watchdog names the task and the
+    run stops (exit 1, step 0 saved) instead of hanging forever."""
+    return _hung_grader(out, "eval_grader_hang", "held-out eval hung in the grader", [],
+                        "held-out evaluation hung: no progress")
+
+
+def disk_full(out: Path) -> list[Outcome]:
+    """The disk refuses step 2's periodic checkpoint: reported, retried at the next save point, the run finishes."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "6", "--save-every", "2", "--run-name", "disk_full"], out,
+                       fault="disk_full:2")
+    rc = run.wait()
+    d = out / "disk_full" / "checkpoints"
+    o = Outcome("disk full at a periodic save", None, rc == 0 and "step 2 not written" in run.output()
+                and checkpoint_steps(out / "disk_full") == [4, 6] and not list(d.glob(".tmp-*")))
+    return [_finish(o, run, out / "disk_full", shm)]
+
+
+def learner_exception(out: Path) -> list[Outcome]:
+    """An exception in the learner: traceback, checkpoint of the last completed step, no final eval, exit 1."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--max-steps", "40", "--run-name", "exc"], out, fault="learner_step:6")
+    rc = run.wait()
+    run_dir = out / "exc"
+    summary = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    t_err = run.seen("injected fault: learner_step 6")
+    ok = (rc == 1 and "Traceback" in run.output() and t_err is not None and checkpoint_steps(run_dir) == [5]
+          and "after" not in summary and not (run_dir / "final_model").exists())
+    o = Outcome("learner exception", t_err and time.monotonic() - t_err, ok)
+    return [_finish(o, run, run_dir, shm)]
+
+
+def _stop_a_rank(out: Path, name: str, label: str, sig: int, report: str, extra: list[str]) -> list[Outcome]:
+    """Signal learner rank 1 of two mid-run: one error naming it, exit 1, the last completed step saved,
+    nothing left; then resume on one rank: every group trained once."""
+    shm = shm_entries()
+    run = TrainProcess([*PIPELINE, "--learner-devices", "2", "--max-steps", "8", "--save-every", "0",
+                        "--save-every-minutes", "0", *extra, "--run-name", name], out)
+    run.wait_for("step 3/", timeout=300)
+    t = time.monotonic()
+    os.kill(run.rank_pid(1), sig)
+    rc = run.wait()
+    seen, text = run.seen(report, after=t), run.output()
+    trained = max((int(line[5:].split("/")[0]) for line in text.splitlines() if line.startswith("step ")), default=0)
+    saved = checkpoint_steps(out / name)
+    stopped = Outcome(label, seen and seen - t, rc == 1 and seen is not None and saved[-1:] == [trained] and trained < 8,
+                      output=text)
+    stopped.procs_left, stopped.shm_left, _ = leftovers(run.token, shm)
+    stopped.notes.append(f"exit {rc}; {trained} steps trained; checkpoints {saved}")
+    resumed = TrainProcess(["--resume", str(out / name), "--learner-devices", "1"], out, token=run.token)
+    rc = resumed.wait()
+    o = Outcome(f"resume on 1 rank after {label}", None, rc == 0 and "step 8/8" in resumed.output()
+                and f"step_{trained}" in resumed.output())
+    return [stopped, _finish(o, resumed, out / name, shm)]
+
+
+def rank_kill(out: Path) -> list[Outcome]:
+    """SIGKILL learner rank 1: its connections close, the next collective fails, the error names it."""
+    return _stop_a_rank(out, "rank_kill", "learner rank SIGKILL", signal.SIGKILL, "killed by SIGKILL", [])
+
+
+def rank_hang(out: Path) -> list[Outcome]:
+    """SIGSTOP learner rank 1: past --learner-timeout-s the collective fails, the error names the stopped rank."""
+    return _stop_a_rank(out, "rank_hang", "learner rank SIGSTOP (hang)", signal.SIGSTOP, "is stopped (SIGSTOP",
+                        ["--learner-timeout-s", "10"])
+
+
+FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start": worker_start_fails,
+          "torn_result": torn_result, "learner_kill": learner_kill, "sigint_twice": sigint_twice,
+          "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception, "rank_kill": rank_kill,
+          "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner,
+          "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
+          "eval_grader_hang": eval_grader_hang, "disk_full": disk_full}
+
+
+def run_suite(out: Path, names: list[str] | None = None) -> int:
+    """Run the faults `names` (default: all) with their runs under `out`; print a line each and the table.
+    Returns the exit code: 1 on any miss."""
+    names = names or list(FAULTS)
+    t0, rows = time.monotonic(), []
+    for name in names:
+        for o in FAULTS[name](out):
+            rows.append(o)
+            print(f"[chaos] {o.fault}: {'ok' if o.ok else 'FAILED'} ({'; '.join(o.notes)})", flush=True)
+            if not o.ok:
+                print(o.output[-4000:], flush=True)
+    print(HEADER)
+    for o in rows:
+        print(o.row())
+    print(f"{len(rows)} faults, {sum(o.ok for o in rows)} ok, {time.monotonic() - t0:.0f} s, runs under {out}")
+    return 0 if all(o.ok for o in rows) else 1

@@ -1,0 +1,154 @@
+"""One training run from a config to its end: what `launch/train.py`, the trials and the learning
+benchmark all call, so the order below is written once.
+
+    setup                  devices, learner ranks, tasks, model, optimizer, resume, logs
+    rollout source         --serial: an engine here; otherwise the workers start loading now ...
+    held-out eval, step 0  ... while this runs (they are handed no job before the first batch)
+    wait for the source    every worker has loaded its model
+    the loop               TrainingRun.train
+    shutdown               save the last completed step (workers may still be running), stop the
+                           workers, stop the learner ranks
+    final eval             only for a run that trained every step (and final_model/), then the logs close
+
+Ctrl-C / SIGTERM / SIGHUP (signals.py): the step in progress is abandoned (or, if its optimizer step
+has begun, seen through), the shutdown runs, exit code 130 / 143 / 129. An error: the traceback, the
+same shutdown, exit code 1. Bad input (task file, config, checkpoint, a resume that changes the model
+or the task order, devices, a run folder another process holds): exit code 2 before anything is
+written (the run folder and its lock file aside).
+"""
+
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from nanorllm.config import ConfigError, TrainConfig, parse_train_args
+from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.pipeline.learner import PipelineSource
+from nanorllm.ranks.group import under_torchrun
+from nanorllm.ranks.start import follow_torchrun
+from nanorllm.trainer.checkpoint import CheckpointError
+from nanorllm.trainer.loop import TrainingRun
+from nanorllm.trainer.signals import StopSignals
+from nanorllm.trainer.source import RolloutSource, SerialSource
+from nanorllm.utils.devices import DeviceError
+
+BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError)
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    """0 finished, 1 failed, 2 bad input, 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP."""
+    summary: dict = field(default_factory=dict)
+    """What the final step returned (eval.json's content by default); {} unless the run finished."""
+    run_dir: Path | None = None
+    history: list[dict] = field(default_factory=list)
+    """The metrics of the last steps (TrainingRun.HISTORY of them)."""
+    startup_s: float = 0.0
+    """Building the rollout source and waiting for it, less the held-out eval in between."""
+    train_s: float = 0.0
+    """The loop's wall time."""
+
+
+def make_source(run: TrainingRun) -> RolloutSource:
+    """The one place that picks where episodes come from: this process (--serial) or the workers."""
+    if run.cfg.serial:
+        return SerialSource(run.cfg, run.policy, run.stream)
+    return PipelineSource(run.cfg, run.policy, run.optimizer, stream=run.stream, workers=run.devices.workers,
+                          ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop_requested)
+
+
+def _attempt(what: str, fn: Callable[[], object]) -> None:
+    """Run one shutdown action; an error in it is printed, never raised over the original one."""
+    try:
+        fn()
+    except Exception:
+        print(f"[shutdown] {what} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+
+
+def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
+                 quiet: bool = False, evaluate_first: bool = True, checkpoints: bool = True,
+                 on_step: Callable[[TrainingRun, int], None] | None = None,
+                 finish: Callable[[TrainingRun], dict] | None = None) -> RunOutcome:
+    """Train `cfg` (or continue the run in `resume_dir`, `overrides` changed) to its end.
+
+    quiet: no console output but errors. evaluate_first: the held-out eval at step 0. checkpoints:
+    False for a run whose folder is thrown away (benchmarks) -- no save at shutdown. on_step(run, n):
+    called once before the first step (n = start step) and after each step n is on record. finish(run):
+    what a finished run does once its workers are gone (default: final eval and final_model/)."""
+    run = TrainingRun(cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
+    signals = StopSignals(run)
+    source, status, out = None, "failed", RunOutcome(exit_code=1)
+    try:
+        run.setup()
+        t0 = time.perf_counter()
+        source = make_source(run)  # workers load while the eval runs
+        t_eval = time.perf_counter()
+        if evaluate_first:
+            run.evaluate_before()
+        run.use_cores(alone=False)
+        t_wait = time.perf_counter()
+        source.wait_ready(lambda: run.stop_requested)
+        t_ready = time.perf_counter()
+        out.startup_s = (t_eval - t0) + (t_ready - t_wait)
+        if on_step is not None:
+            on_step(run, run.start_step)
+        run.train(source, on_step)
+        out.train_s = time.perf_counter() - t_ready
+        signals.may_raise = False
+        status = "stopped" if run.stop_requested else "done"
+    except BAD_INPUT as e:
+        signals.may_raise = False
+        print(f"error: {e}", file=sys.stderr)
+        status = "bad input"
+    except KeyboardInterrupt:
+        signals.may_raise = False
+        status = "stopped"
+    except BaseException:
+        signals.may_raise = False
+        traceback.print_exc()
+        print("[failed] the run stopped on the error above", file=sys.stderr, flush=True)
+    # Shutdown: save first (workers may still be running), then stop the workers, then the rest.
+    if checkpoints and run.logger is not None and status != "bad input":
+        _attempt("saving the checkpoint", run.save_last)
+    if source is not None:
+        _attempt("stopping the workers", source.close)  # gone before the final eval takes every core
+    _attempt("stopping the learner ranks", run.ranks.close)
+    if status == "done":  # everything is saved: a signal may cut the final eval short
+        signals.may_raise = signals.signum is None
+        try:
+            run.use_cores(alone=True)
+            out.summary = (finish or TrainingRun.finish)(run)
+        except KeyboardInterrupt:
+            status = "stopped"
+        except Exception:
+            traceback.print_exc()
+            status = "failed"
+        signals.may_raise = False
+    _attempt("closing the logs", run.cleanup)
+    signals.restore()
+    out.run_dir, out.history = run.run_dir, run.history
+    out.exit_code = {"done": 0, "failed": 1, "bad input": 2, "stopped": signals.exit_code}[status]
+    if status == "stopped" and checkpoints and run.run_dir is not None:
+        print(f"[stopped] checkpoint under {run.run_dir / 'checkpoints'}; continue with --resume {run.run_dir}")
+    s = out.summary
+    if status == "done" and "before" in s and "after" in s and not quiet:
+        b, a = s["before"]["success_rate"], s["after"]["success_rate"]
+        print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {s['after']['n']} tasks | {run.run_dir}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """`python launch/train.py ARGV`: the exit code. Under torchrun a rank other than 0 follows rank 0's run."""
+    if under_torchrun() and int(os.environ["RANK"]) > 0:
+        return follow_torchrun(argv)
+    try:
+        cfg, resume_dir, overrides = parse_train_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run_training(cfg, resume_dir=resume_dir, overrides=overrides).exit_code

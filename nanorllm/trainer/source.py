@@ -1,0 +1,76 @@
+"""Where a step's episodes come from: the one thing serial and pipeline mode do differently.
+
+`RolloutSource` names what the training loop asks of either. `SerialSource` runs the RolloutEngine
+in the training process; the pipeline's (pipeline/learner.py) takes finished episode batches off
+the workers' queue. lifecycle.py's `make_source` picks one.
+"""
+
+import time
+from typing import Callable, Protocol
+
+from nanorllm.config import TrainConfig
+from nanorllm.core.types import RolloutResult
+from nanorllm.datasets.stream import TaskStream
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.build import training_engine
+from nanorllm.rollout.engine import EXAMPLE_TASK
+from nanorllm.trainer.metrics import decode_metrics
+from nanorllm.trainer.step import collect_rollouts
+
+
+def rollout_seed(cfg: TrainConfig, step: int) -> int:
+    """Sampling seed of one step's batch: the same in serial and pipeline mode."""
+    return cfg.seed * 1_000_003 + step
+
+
+class RolloutSource(Protocol):
+    def wait_ready(self, stop: Callable[[], bool]) -> None:
+        """Return once batches can be made (workers loaded), or when `stop()` says so."""
+
+    def next_batch(self, step: int) -> tuple[list[RolloutResult] | None, dict]:
+        """Step `step`'s episodes and the source's metrics; (None, {}) when a stop cut the wait short."""
+
+    def after_update(self, step: int) -> dict:
+        """The update of `step` is done: the policy is version step + 1 (published, for workers)."""
+
+    def position_at(self, step: int) -> int:
+        """Task-stream position before `step`'s tasks were drawn (the checkpoint's exactly-once ledger)."""
+
+    def close(self) -> None:
+        """Stop whatever the source started."""
+
+
+class SerialSource:
+    """Rollouts in the training process: generate, then train, one after the other."""
+
+    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, stream: TaskStream):
+        self.cfg, self.policy, self.stream = cfg, policy, stream
+        self.engine = training_engine(policy, cfg)
+        # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
+        self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task)
+        self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
+
+    def wait_ready(self, stop: Callable[[], bool]) -> None:
+        pass
+
+    def next_batch(self, step: int) -> tuple[list[RolloutResult], dict]:
+        self.drawn_at = (step, self.stream.position)
+        picked = self.stream.take(self.cfg.tasks_per_step)
+        t0 = time.perf_counter()
+        results = collect_rollouts(self.engine, [t for t, _ in picked], self.cfg.num_samples_per_task,
+                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
+        rollout_s = time.perf_counter() - t0
+        gen_tokens = results[0].timings["gen_tokens"] if results else 0
+        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+                         **decode_metrics([results[0].timings] if results else [])}
+
+    def after_update(self, step: int) -> dict:
+        self.policy.version = step + 1
+        return {}
+
+    def position_at(self, step: int) -> int:
+        drawn_step, position = self.drawn_at  # a step stopped mid-rollout has drawn its tasks already
+        return position if drawn_step == step else self.stream.position
+
+    def close(self) -> None:
+        pass
