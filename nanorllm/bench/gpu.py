@@ -12,15 +12,15 @@ Each figure is measured beside what bounds it, in this one run:
   busy_frac              GPU kernel time / wall time over one rollout (torch.profiler)
   capture_s              time to capture every batch-size bucket's graph
   greedy_same            of 32 greedy episodes, how many the graph engine samples exactly as eager does
-Other branches' GPU figures come from `figures(device, quick)` in nanorllm/bench/gpu_weights.py and
-gpu_learner.py, when those modules exist.
+  learner                the update of 256 episodes: seconds, tokens/s and MFU for fp32, TF32 and bf16
+                         (nanorllm/bench/gpu_learner.py)
+  weights                weight publish + one worker load on the same GPU, beside one plain copy of the
+                         same bytes (nanorllm/bench/gpu_weights.py)
 
 `--dry-run` (or `--device cpu`): tiny-random, tiny sizes, CPU, under a minute: checks that every
 measurement runs. Its numbers say nothing about a GPU.
 """
 
-import importlib
-import importlib.util
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from nanorllm.bench import gpu_learner, gpu_weights
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.policy.base import SamplingParams
@@ -37,7 +38,6 @@ from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
 from nanorllm.rollout.build import training_engine
 
 PRESETS = ("preset:smollm2-135m", "preset:qwen2.5-0.5b", "preset:qwen2.5-1.5b")
-OTHER_FIGURES = ("nanorllm.bench.gpu_weights", "nanorllm.bench.gpu_learner")
 
 
 @dataclass
@@ -214,18 +214,6 @@ def greedy_same(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], n: 
     return sum(a == b for a, b in zip(*runs))
 
 
-def other_figures(device: str, quick: bool) -> dict:
-    out = {}
-    for name in OTHER_FIGURES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        try:
-            out[name.rsplit(".", 1)[1]] = importlib.import_module(name).figures(device, quick)
-        except Exception as e:  # noqa: BLE001 -- one branch's failure must not hide the others' figures
-            out[name.rsplit(".", 1)[1]] = {"error": f"{type(e).__name__}: {e}"}
-    return out
-
-
 def run(b: GpuBenchConfig) -> dict:
     dry = b.dry_run or b.device == "cpu"
     device = "cpu" if dry else b.device
@@ -258,7 +246,9 @@ def run(b: GpuBenchConfig) -> dict:
         del policy
         if device == "cuda":
             torch.cuda.empty_cache()
-    figures["other"] = other_figures(device, quick=dry)
+    print("[bench gpu] learner update and weight broadcast ...", flush=True)
+    figures["learner"] = guarded(gpu_learner.figures, device, dry)  # update s, tokens/s, MFU per precision
+    figures["weights"] = guarded(gpu_weights.figures, device, dry)  # publish + load ms beside one copy
     return figures
 
 
