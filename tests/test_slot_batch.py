@@ -8,9 +8,9 @@ import torch
 
 from families import FAMILIES, tiny_family_policy
 from nanorllm.policy.base import SamplingParams
-from nanorllm.policy.decode_graphs import DecodeGraphs, buckets, slot_ranges
+from nanorllm.policy.decode_graphs import DecodeGraphs, StepGraph
 from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import CacheTooLarge, check_fits, context_bucket, context_buckets
+from nanorllm.policy.slot_cache import CacheTooLarge, buckets, check_fits, context_bucket, context_buckets, slot_ranges
 from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.metrics import decode_metrics
 
@@ -164,7 +164,10 @@ def test_rollouts_on_either_engine_are_the_same_episodes(tiny_policy):
         for sa, sb in zip(a.step_samples, b.step_samples):
             torch.testing.assert_close(sb.rollout_logprobs, sa.rollout_logprobs, rtol=0, atol=1e-5)
     timings = runs["slots"][0].timings
-    assert decode_metrics([timings]) == {"perf/decode_useful_frac": 1.0, "perf/graphs": 0.0}
+    m = decode_metrics([timings])
+    assert m["perf/decode_useful_frac"] == 1.0 and m["perf/graphs"] == 0.0
+    assert 0.5 < m["perf/decode_live_frac"] < 1.0  # the shared prefix's slot is computed idle in every step
+    assert m["perf/decode_context"] == timings["attended_columns"] / timings["decode_steps"] > 0
     assert timings["reused_tokens"] == runs["dynamic"][0].timings["reused_tokens"] > 0
     assert steps.count("slots") == steps.count("dynamic") > 0  # the heartbeat hook runs every step
     assert policy.slot_cache.free == list(range(policy.slot_cache.slots - 1, -1, -1))  # every slot back
@@ -228,6 +231,120 @@ def test_a_failed_capture_warns_once_and_decodes_eagerly(capsys):
     assert graphs.failed and not graphs.graphs
     assert capsys.readouterr().err.count("WARNING: CUDA graph capture failed") == 1
     assert stats["graph_steps"] == 0 and stats["decode_steps"] > 0
+
+
+class EagerStepGraph(StepGraph):
+    """A CUDA graph's contract, on CPU: capture runs the step once and keeps its outputs; a replay runs
+    it again over the same static inputs and writes into those same output tensors."""
+
+    def capture(self, step, pool) -> None:
+        self.step, self.out = step, step()
+
+    def replay(self) -> None:
+        for held, new in zip(self.out, self.step()):
+            held.copy_(new)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_the_graph_path_maps_rows_onto_its_buckets_and_samples_what_eager_samples(greedy):
+    """DecodeGraphs' bookkeeping (slot-range and context keys, static inputs per slot, seeds, reading
+    the rows' outputs back) on CPU, with an eager stand-in for the graph: the same tokens as the eager
+    step with the same (counter-based) uniforms, every decode step replayed."""
+    policy = tiny_family_policy("qwen2")
+    params = SamplingParams(max_new_tokens=10, temperature=0.7, greedy=greedy)
+
+    def counter(batch):
+        batch.counter_rng = True
+
+    def graphed(batch):
+        counter(batch)
+        batch.graphs = DecodeGraphs()
+        batch.graphs.graph_type = EagerStepGraph
+        graphs.append(batch.graphs)
+
+    graphs = []
+    eager, _ = run_rows(policy, params, "slots", on_batch=counter, slots=20)
+    replayed, stats = run_rows(policy, params, "slots", on_batch=graphed, slots=20)
+    assert_same(replayed, eager)
+    assert stats["graph_steps"] == stats["decode_steps"] > 0 and not graphs[0].failed
+    keys = set(graphs[0].graphs)
+    assert {k[0] for k in keys} == {8} and {k[1] for k in keys} == {128}  # slots 0-7 used, short contexts
+    assert stats["computed_rows"] == 8 * stats["decode_steps"]
+
+
+def test_rows_left_high_at_a_rollouts_tail_move_down_to_a_smaller_slot_range():
+    """12 rows join, then 6 more (slots 12-17: range 32); the first 12 finish and 11 are released, one
+    stays held between turns. The 6 late rows move to free slots below 8, so steps run a range of 8 slots, not 32 (on CPU: 7 rows, not 18);
+    tokens are still the DecodeBatch's and the held slot is untouched."""
+    policy = tiny_family_policy("llama")
+    params = SamplingParams(max_new_tokens=8, temperature=0.7)
+    prompts = [policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[k % 4] + " " * (k // 4)}])
+               for k in range(18)]
+    runs = {}
+    for engine in ("dynamic", "slots"):
+        out, rows_run = {}, []
+        with policy.decode_batch(params, engine=engine, slots=64, width=128) as batch:
+            if engine == "slots":
+                step = batch.decode_step
+                batch.decode_step = lambda tok, *a: (rows_run.append(len(tok)), step(tok, *a))[1]
+            batch.join([(k, prompts[k], torch.Generator().manual_seed(k), None) for k in range(12)])
+            for i in range(3):
+                out.update((k, (g, st)) for k, g, st in batch.step())
+            batch.join([(k, prompts[k], torch.Generator().manual_seed(k), None) for k in range(12, 18)])
+            while len(batch):
+                for k, g, st in batch.step():
+                    out[k] = (g, st)
+                    if engine == "slots" and k < 12 and k != 3:
+                        batch.release(st)
+                    if engine == "slots" and k == 11:  # the first 12 are done: the held one's slot now
+                        held = out[3][1]
+                        before = [buf[held.slot].clone() for buf in (*batch.cache.keys, *batch.cache.values)]
+            if engine == "slots":
+                moved, late = batch.stats["slot_moves"], sorted(out[k][1].slot for k in range(12, 18))
+                after = [buf[held.slot].clone() for buf in (*batch.cache.keys, *batch.cache.values)]
+        runs[engine] = out
+    assert_same(runs["slots"], runs["dynamic"])
+    assert moved == 6 and late == [0, 1, 2, 4, 5, 6]  # slot 3 is held
+    assert 18 in rows_run and rows_run[-1] == 7  # eager runs up to the highest live slot: 18 rows, then 7
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_decode_step_reads_nothing_back_from_the_device(family):
+    """What a CUDA graph captures must not ask the device for a value (a capture would fail and every
+    step run eagerly) nor build a tensor from host data: no such op runs in any family's decode step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    host_reads = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "lift_fresh", "masked_select", "_unique2"}
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("index", "index_put_", "index_put") and any(
+                    torch.is_tensor(i) and i.dtype == torch.bool for i in args[1]):
+                name = "masked_select"  # a boolean index: a nonzero on the device, its count read back
+            self.seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    policy = tiny_family_policy(family)
+    prompt = policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[2]}])
+    for greedy in (False, True):
+        with policy.decode_batch(SamplingParams(max_new_tokens=8, temperature=0.7, greedy=greedy)) as batch:
+            batch.counter_rng = True
+            batch.join([(k, prompt, torch.Generator().manual_seed(k), None) for k in range(3)])
+            batch.step()
+            n, at = 8, torch.arange(3)
+            tok, pos, write = batch.slot_inputs(n, at, batch.next[0], torch.full((3,), len(prompt)))
+            seeds = torch.arange(n)
+            with Ops() as ops:
+                t, lp = batch.decode_step(tok, pos, write, batch.cache.width,
+                                          lambda: None if greedy else counter_uniforms(seeds, pos + 1))
+        assert t.shape == lp.shape == (n,) and len(ops.seen) > 100
+        assert not host_reads & set(ops.seen), sorted(host_reads & set(ops.seen))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

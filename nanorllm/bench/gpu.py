@@ -33,6 +33,7 @@ from nanorllm.bench import gpu_learner, gpu_weights
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.decode_graphs import params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
 from nanorllm.rollout.build import training_engine
@@ -121,7 +122,10 @@ def rollout_figures(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict],
            "graph_steps_frac": results[0].timings.get("graph_steps", 0) / max(results[0].timings["decode_steps"], 1)}
     if dev == "cuda":
         out["busy_frac"] = guarded(busy_fraction, lambda: engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=2))
-    out["upper_bound_tokens_per_s"] = guarded(replay_bound, policy, engine, tasks[0], rows=len(results))
+    t = results[0].timings
+    out["decode_context"] = t.get("attended_columns", 0) / max(t["decode_steps"], 1)  # mean columns a step read
+    out["upper_bound_tokens_per_s"] = guarded(replay_bound, policy, engine, tasks[0], rows=len(results),
+                                              context=out["decode_context"])
     out["hf_generate_tokens_per_s"] = guarded(hf_reference, policy, engine, tasks, cfg, dry=dry)
     return out
 
@@ -149,17 +153,23 @@ def busy_fraction(fn) -> float:
     return kernel_us / 1e6 / wall
 
 
-def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, replays: int = 50) -> float:
-    """rows tokens per step: the largest bucket's captured step replayed back to back (on CPU, the
-    eager step function run back to back)."""
+def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, context: float,
+                 replays: int = 50) -> float:
+    """rows tokens per step: the captured step with the most rows, at the context bucket that covers
+    the rollout's mean context (`context` columns), replayed back to back (on CPU, the eager step
+    function run back to back)."""
     graphs = policy.decode_graphs
-    if graphs is not None and graphs.graphs:
-        g = max(graphs.graphs.values(), key=lambda g: g.n)
-        g.graph.replay()
+    ours = {k[:2]: g for k, g in (graphs.graphs.items() if graphs else ())
+            if k[2:] == (params_key(engine.sampling), policy.slot_cache.version)}  # the rollout's sampling, live cache
+    if ours:
+        most = max(n for n, _ in ours)
+        widths = sorted(w for n, w in ours if n == most)
+        g = ours[most, next((w for w in widths if w >= context), widths[-1])]
+        g.replay()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(replays):
-            g.graph.replay()
+            g.replay()
         torch.cuda.synchronize()
         return g.n * replays / (time.perf_counter() - t0)
     width = engine.slot_width(64)

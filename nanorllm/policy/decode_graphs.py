@@ -28,41 +28,45 @@ import time
 
 import torch
 
-from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets
+from nanorllm.policy.sampler import counter_uniforms, row_seed
+from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets, slot_range, slot_ranges
 
-MIN_BUCKET = 8
+class StepGraph:
+    """One captured decode step over n slots: its static inputs, the CUDA graph, its outputs."""
 
-
-def buckets(max_rows: int) -> list[int]:
-    """8, 16, 32, ... up to the first power of two >= max_rows."""
-    out = [MIN_BUCKET]
-    while out[-1] < max_rows:
-        out.append(out[-1] * 2)
-    return out
-
-
-def slot_ranges(slots: int) -> list[int]:
-    """The slot-range buckets of a cache of `slots` slots: `buckets(slots)`, the last one capped at `slots`."""
-    return [min(b, slots) for b in buckets(slots)]
-
-
-class _Graph:
     def __init__(self, n: int, device: torch.device):
         self.n = n
         self.tok = torch.zeros(n, dtype=torch.long, device=device)
         self.pos = torch.zeros(n, dtype=torch.long, device=device)
         self.write = torch.zeros(n, dtype=torch.long, device=device)
         self.seeds = torch.zeros(n, dtype=torch.long, device=device)
-        self.graph = torch.cuda.CUDAGraph()
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.graph = None
+
+    def capture(self, step, pool) -> None:
+        """Warm `step` up on a side stream (lazy inits and autotuning stay outside), then record it."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = step()
+        torch.cuda.synchronize()
+
+    def replay(self) -> None:
+        self.graph.replay()
 
 
 class DecodeGraphs:
     """Captured decode steps keyed by (slot range, context, sampling params, cache layout)."""
 
+    graph_type = StepGraph  # what records and replays a step (tests swap in an eager stand-in on CPU)
+
     def __init__(self, on_progress=None):
-        self.graphs: dict[tuple, _Graph] = {}
+        self.graphs: dict[tuple, StepGraph] = {}
         self.pool = None
         self.failed: str | None = None  # why capture failed; eager from then on
         self.capture_s = 0.0
@@ -73,23 +77,25 @@ class DecodeGraphs:
         (next tokens, logprobs) of the rows, or None to run eager."""
         if self.failed or not slots:
             return None
-        size = next(s for s in slot_ranges(batch.cache.slots) if s > max(slots))
-        key = (size, width, _params_key(batch.params), batch.cache.version)
+        key = (slot_range(max(slots) + 1, batch.cache.slots), width, params_key(batch.params), batch.cache.version)
         g = self.graphs.get(key)
         if g is None:
             self._drop_stale(batch.cache.version)
             g = self._capture(batch, key)
             if g is None:
                 return None
-        at = torch.tensor(slots, device=batch.device)
+        # the rows' slots, positions and sampler seeds reach the device in one copy
+        at, p, seeds = torch.tensor([slots, pos, [row_seed(r.rng) for r in batch.rows]]).to(batch.device,
+                                                                                             non_blocking=True)
         g.pos.zero_()
         g.write.fill_(batch.cache.scratch)
         g.tok.index_copy_(0, at, tok)
-        g.pos.index_copy_(0, at, torch.tensor(pos).to(batch.device, non_blocking=True))
+        g.pos.index_copy_(0, at, p)
         g.write.index_copy_(0, at, at)
-        g.seeds.index_copy_(0, at, torch.tensor([_seed(r) for r in batch.rows]).to(batch.device, non_blocking=True))
-        g.graph.replay()
+        g.seeds.index_copy_(0, at, seeds)
+        g.replay()
         batch.stats["graph_steps"] += 1
+        batch.stats["computed_rows"] += g.n
         return g.out[0][at], g.out[1][at]
 
     def capture_all(self, batch) -> float:
@@ -97,17 +103,17 @@ class DecodeGraphs:
         largest first (a graph needed later is captured on first use); seconds taken."""
         for size in reversed(slot_ranges(batch.cache.slots)):
             for width in reversed(context_buckets(batch.cache.width, batch.min_context or MIN_CONTEXT)):
-                key = (size, width, _params_key(batch.params), batch.cache.version)
+                key = (size, width, params_key(batch.params), batch.cache.version)
                 if key not in self.graphs and self._capture(batch, key) is None:
                     return self.capture_s
                 self.on_progress()
         return self.capture_s
 
-    def _capture(self, batch, key: tuple) -> _Graph | None:
+    def _capture(self, batch, key: tuple) -> StepGraph | None:
         size, width = key[0], key[1]
         t0 = time.perf_counter()
         try:
-            g = _Graph(size, batch.device)
+            g = self.graph_type(size, batch.device)
             g.write.fill_(batch.cache.scratch)  # warm-up and capture write to scratch only
             greedy = batch.params.greedy
 
@@ -115,17 +121,10 @@ class DecodeGraphs:
                 u = None if greedy else counter_uniforms(g.seeds, g.pos + 1)
                 return batch.decode_step(g.tok, g.pos, g.write, width, lambda: u)
 
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with _no_autocast_cache(batch.policy), torch.cuda.graph(g.graph, pool=self.pool):
-                g.out = step()
-            torch.cuda.synchronize()
+                self.pool = torch.cuda.graph_pool_handle() if batch.device.type == "cuda" else None
+            with _no_autocast_cache(batch.policy):
+                g.capture(step, self.pool)
         except Exception as e:  # noqa: BLE001 -- any failure means: run eager
             self.failed = f"{type(e).__name__}: {e}"
             print(f"[engine] WARNING: CUDA graph capture failed ({self.failed.splitlines()[0][:200]}); "
@@ -144,14 +143,9 @@ class DecodeGraphs:
             del self.graphs[k]
 
 
-def _params_key(params) -> tuple:
+def params_key(params) -> tuple:
+    """What of the sampling settings a captured step has baked in."""
     return (params.greedy, params.temperature, params.top_p)
-
-
-def _seed(row) -> int:
-    from nanorllm.policy.slot_batch import row_seed
-
-    return row_seed(row.rng)
 
 
 def _no_autocast_cache(policy):

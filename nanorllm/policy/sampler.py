@@ -34,6 +34,11 @@ def counter_uniforms(seeds: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return ((h >> 8).float() + 0.5) / float(1 << 24)
 
 
+def row_seed(rng: torch.Generator | None) -> int:
+    """The counter-based sampler's seed for a row: its generator's seed (int64)."""
+    return (rng.initial_seed() if rng is not None else 0) & ((1 << 63) - 1)
+
+
 def uniforms_from_generators(rngs: list[torch.Generator], device: torch.device) -> torch.Tensor:
     """(B,) one draw from each row's own CPU generator."""
     return torch.cat([torch.rand(1, generator=g) for g in rngs]).to(device)

@@ -1,7 +1,7 @@
 """SlotBatch: the in-flight decode engine over a SlotCache (rows join and leave between steps).
 
 It keeps the DecodeBatch's contract (join / step / cache_prefix, a state handed back for the next
-turn, the same counters) but nothing moves in memory once a row has joined:
+turn, the same counters) but, in steady state, nothing moves in memory once a row has joined:
 - a row owns a slot; its tokens sit at the columns of their positions, so joining, leaving and
   other rows' lengths never touch its keys and values;
 - a finished turn hands back a SlotState, a handle on the slot: the episode's next turn takes the slot
@@ -9,6 +9,8 @@ turn, the same counters) but nothing moves in memory once a row has joined:
 - a shared prompt prefix (`cache_prefix`) lives in a slot of its own; a row joining from it gets a
   fresh slot with the prefix's columns copied in;
 - joiners prefill eagerly in one batched forward (left-padded; padding writes to the scratch slot);
+- at a rollout's tail, rows left in high slots move down when that shrinks the step's slot range
+  (`_compact`), once per bucket;
 - each decode step is one function: forward the rows' last tokens, sample the next ones on the
   device (policy/sampler.py), and the host reads tokens, logprobs and end-of-turn flags in one copy.
   The step's row i is slot i: it runs over the slots [0, n) and reads their columns [0, context
@@ -25,8 +27,8 @@ import torch
 
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.decode_batch import new_stats
-from nanorllm.policy.sampler import counter_uniforms, sample_with_uniforms, uniforms_from_generators
-from nanorllm.policy.slot_cache import MIN_CONTEXT, SlotCache, SlotForward, context_bucket
+from nanorllm.policy.sampler import counter_uniforms, row_seed, sample_with_uniforms, uniforms_from_generators
+from nanorllm.policy.slot_cache import MIN_CONTEXT, SlotCache, SlotForward, context_bucket, slot_range
 
 
 @dataclass
@@ -188,21 +190,49 @@ class SlotBatch:
 
     def _decode(self, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed each row its last token (B,); (B,) next tokens and logprobs."""
+        self._compact()
         pos = [r.pos for r in self.rows]
         self.cache.ensure_width(max(pos) + 2)
         slots = [r.slot for r in self.rows]
         width = self.context_width(max(pos) + 1)
+        self.stats["attended_columns"] += width
         if self.graphs is not None:
             out = self.graphs.run(self, tok, pos, slots, width)
             if out is not None:
                 return out
         n, at = max(slots) + 1, torch.tensor(slots, device=self.device)
+        self.stats["computed_rows"] += n
         tok_n, pos_n, write = self.slot_inputs(n, at, tok, torch.tensor(pos, device=self.device))
         u = self._uniforms(self.rows, [p + 1 for p in pos])
         if u is not None:
             u = torch.full((n,), 0.5, device=self.device).index_copy_(0, at, u)
         t, lp = self.decode_step(tok_n, pos_n, write, width, lambda: u)
         return t[at], lp[at]
+
+    def _compact(self) -> None:
+        """Move rows down when that shrinks the step's slot range. At a rollout's tail rows finish and
+        none join, so the last rows can sit in high slots above free ones, and every step runs the
+        slot range that reaches them, mostly idle. When moving the highest rows into the lowest free
+        slots lets the step run a smaller slot-range bucket, they move: a copy of the columns each has
+        written, once per bucket it drops. Slots held by episodes between turns and shared prefixes
+        stay where they are; while rows join, they take the lowest free slots and nothing moves."""
+        top = max(r.slot for r in self.rows) + 1
+        now = slot_range(top, self.cache.slots)
+        if slot_range(len(self.rows), self.cache.slots) == now:
+            return  # the live rows alone need this range
+        live, free = {r.slot for r in self.rows}, set(self.cache.free)
+        held = [s for s in range(top) if s not in live and s not in free]
+        target = slot_range(max(len(live) + len(held), max(held, default=-1) + 1), self.cache.slots)
+        if target == now:
+            return
+        for row in sorted(self.rows, key=lambda r: r.slot, reverse=True):
+            if row.slot < target:
+                break
+            slot = self.cache.take()  # the lowest free slot: below target
+            self.cache.copy_prefix(row.slot, [slot], row.pos)  # columns [0, pos) are written; pos is fed next
+            self.cache.give_back(row.slot)
+            row.slot = slot
+            self.stats["slot_moves"] += 1
 
     def context_width(self, columns: int) -> int:
         """Columns a decode step attends over when the longest live row needs `columns`."""
@@ -247,11 +277,6 @@ class SlotBatch:
         truncated = row.tokens[-1] not in self.policy.eos_ids and not self.params.ignore_eos
         text = self.policy.tokenizer.decode(row.tokens, skip_special_tokens=True)
         return Generation(text=text, response_ids=row.tokens, logprobs=row.logprobs, truncated=truncated)
-
-
-def row_seed(rng: torch.Generator | None) -> int:
-    """The counter-based sampler's seed for a row: its generator's seed (int64)."""
-    return (rng.initial_seed() if rng is not None else 0) & ((1 << 63) - 1)
 
 
 def prefill_length(n: int, device: torch.device) -> int:

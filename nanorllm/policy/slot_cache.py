@@ -3,8 +3,9 @@
 Each layer holds keys and values of shape (S + 1, kv_heads, W, head_dim) in the replica's compute
 dtype. An episode owns a slot from its first turn to its end; column c of its slot holds its token
 at position c, so a slot needs no mask of its own: a query at position p attends to columns <= p
-(and, for a sliding-window layer, > p - window). Nothing is ever repacked: a finished episode's slot
-is handed to the next one, whose writes overwrite the columns it will read. The last slot is
+(and, for a sliding-window layer, > p - window). Nothing is repacked in steady state: a finished
+episode's slot is handed to the next one, whose writes overwrite the columns it will read (at a
+rollout's tail a row may move to a lower slot: SlotBatch._compact). The last slot is
 scratch: padding tokens and idle rows write there, never into a slot someone owns.
 
 A decode step reads the cache in place: its row i IS slot i (`SlotForward.read_slots` None), so
@@ -149,6 +150,28 @@ def context_buckets(width: int, minimum: int = MIN_CONTEXT) -> list[int]:
     while out[-1] < width:
         out.append(min(out[-1] * 2, width))
     return out
+
+
+MIN_BUCKET = 8  # the smallest slot-range bucket
+
+
+def buckets(max_rows: int) -> list[int]:
+    """8, 16, 32, ... up to the first power of two >= max_rows."""
+    out = [MIN_BUCKET]
+    while out[-1] < max_rows:
+        out.append(out[-1] * 2)
+    return out
+
+
+def slot_ranges(slots: int) -> list[int]:
+    """The slot-range buckets of a cache of `slots` slots: `buckets(slots)`, the last one capped at `slots`.
+    A decode step runs over slots [0, n) for n one of these (one CUDA graph each)."""
+    return [min(b, slots) for b in buckets(slots)]
+
+
+def slot_range(top: int, slots: int) -> int:
+    """The slot-range bucket a step over slots [0, top) runs at."""
+    return next(n for n in slot_ranges(slots) if n >= top)
 
 
 _LAYOUTS = itertools.count()

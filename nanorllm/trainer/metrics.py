@@ -63,7 +63,11 @@ def decode_metrics(job_timings: list[dict]) -> dict:
     if not jobs:
         return {}
     total = {k: sum(t.get(k, 0) for t in jobs) for k in ("tokens_kept", "prefills", "decode_rows", "decode_steps",
-                                                         "graph_steps")}
-    # share of decode steps replayed from CUDA graphs: 0 on CPU, or after a capture failed
-    return {"perf/decode_useful_frac": decode_useful_frac(total),
-            "perf/graphs": total["graph_steps"] / max(total["decode_steps"], 1)}
+                                                         "graph_steps", "computed_rows", "attended_columns")}
+    m = {"perf/decode_useful_frac": decode_useful_frac(total),
+         # share of decode steps replayed from CUDA graphs: 0 on CPU, or after a capture failed
+         "perf/graphs": total["graph_steps"] / max(total["decode_steps"], 1)}
+    if total["computed_rows"]:  # the slot engine: its steps also compute idle slots below the highest live one
+        m["perf/decode_live_frac"] = total["decode_rows"] / total["computed_rows"]
+        m["perf/decode_context"] = total["attended_columns"] / max(total["decode_steps"], 1)
+    return m
