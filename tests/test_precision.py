@@ -78,17 +78,25 @@ def test_dtype_names():
     assert any(p.startswith("dtype:") for p in TrainConfig(dtype="half").validate())
 
 
+def tf32_as_cublas_sees_it() -> bool:
+    """What a CUDA fp32 matmul asks (`allowTF32CuBLAS`); it raises when the legacy and per-backend settings
+    disagree, which would fail every matmul of the update."""
+    legacy = torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() in ("high", "medium", "highest")
+    assert (torch.backends.cuda.matmul.fp32_precision == "tf32") == legacy
+    return legacy
+
+
 def test_tf32_is_the_updates_on_cuda_only_and_nothing_on_cpu():
-    matmul = torch.backends.cuda.matmul
-    assert TrainConfig().tf32 and matmul.fp32_precision != "tf32"
+    assert TrainConfig().tf32 and not tf32_as_cublas_sees_it()
     with matmul_precision("cpu", tf32=True):
-        assert matmul.fp32_precision != "tf32"
+        assert not tf32_as_cublas_sees_it()
     with matmul_precision("cuda:0", tf32=False):
-        assert matmul.fp32_precision != "tf32"
-    with pytest.raises(RuntimeError), matmul_precision("cuda:0", tf32=True):
-        assert matmul.fp32_precision == "tf32" and torch.backends.cudnn.fp32_precision == "tf32"
+        assert not tf32_as_cublas_sees_it()
+    with pytest.raises(RuntimeError, match="the update failed"), matmul_precision("cuda:0", tf32=True):
+        assert tf32_as_cublas_sees_it()
         raise RuntimeError("the update failed")
-    assert matmul.fp32_precision != "tf32"  # restored: sampling in this process stays full fp32
+    assert not tf32_as_cublas_sees_it()  # restored: sampling in this process stays full fp32
 
 
 def test_adamw_is_fused_only_where_every_parameter_is_on_cuda(tiny_policy):
