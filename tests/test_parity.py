@@ -95,6 +95,21 @@ def test_startup_check_passes_on_every_family(family):
     assert line.startswith("[parity] ")
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_the_sampler_follows_whichever_attention_the_model_runs(attention, monkeypatch):
+    """transformers 5.17 runs Gemma2 on its SDPA path, which drops the attention soft-capping (later
+    versions pick eager, and their SDPA refuses a softcap): the slot engine must then drop it too, or
+    sampler and learner compute different functions. The SDPA path is made to behave as 5.17's."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa",
+                        lambda *a, softcap=None, **kw: sdpa(*a, **kw))
+    policy = tiny_family_policy("gemma2")
+    policy.model.config._attn_implementation = attention
+    assert startup_parity_line(policy, temperature=0.7).startswith("[parity] ")
+
+
 def test_startup_check_stops_a_model_whose_logits_the_learner_gets_wrong(monkeypatch):
     policy = tiny_family_policy("gemma2")
 

@@ -21,8 +21,10 @@ The model code stays transformers' own. For a forward over the cache the model's
 transformers' AttentionInterface: it receives each layer's new keys/values (after RoPE), writes
 them at their rows' columns and attends over the rows' slots with SDPA (GQA without copies). A
 layer that soft-caps its attention logits (Gemma2) gets the eager formula instead, as transformers
-itself does. The model's own `scaling`, `softcap` and `sliding_window` come in as arguments, so a
-family's quirks stay its own. transformers builds no mask for a name its mask registry does not
+itself does, unless the model runs transformers' SDPA attention, which drops the soft-capping (some
+transformers versions pick it for Gemma2): then neither does this, so the sampler computes the
+function the learner's forward computes. The model's own `scaling`, `softcap` and `sliding_window`
+come in as arguments, so a family's quirks stay its own. transformers builds no mask for a name its mask registry does not
 know, so the step pays for none.
 """
 import contextlib
@@ -73,6 +75,7 @@ class SlotCache:
         self.free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.version = next(_LAYOUTS)  # new whenever buffers are allocated: graphs captured on others are stale
         self.forward: SlotForward | None = None  # set around a forward over the cache
+        self.model_attention: str | None = None  # the model's own attention implementation, during that forward
 
     @property
     def scratch(self) -> int:
@@ -124,12 +127,12 @@ class SlotCache:
         config = model.config
         previous = config._attn_implementation
         config._attn_implementation = SLOT_ATTENTION
-        self.forward, _ACTIVE[0] = forward, self
+        self.forward, self.model_attention, _ACTIVE[0] = forward, previous, self
         try:
             yield
         finally:
             config._attn_implementation = previous
-            self.forward, _ACTIVE[0] = None, None
+            self.forward, self.model_attention, _ACTIVE[0] = None, None, None
 
 
 MIN_CONTEXT = 128  # the smallest context bucket
@@ -195,6 +198,8 @@ def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     else:  # a prefill: its rows' slots gathered
         k = k_buf[:, :, :fwd.width].index_select(0, fwd.read_slots)
         v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots)
+    if cache.model_attention == "sdpa":
+        softcap = None  # transformers' SDPA path drops soft-capping: the learner's forward computes without it
     k, v = k.to(query.dtype), v.to(query.dtype)  # no copy when the cache is in the compute dtype
     mask = fwd.mask(sliding_window)  # (B, 1, T, W)
     groups = Hq // k.shape[1]
