@@ -11,7 +11,7 @@ import torch
 from families import FAMILIES, tiny_family_policy
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import StepSample
-from nanorllm.policy import hf_causal
+from nanorllm.policy import hf_causal, score_plan
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
@@ -179,14 +179,14 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logits_and_gradie
     policy = tiny_family_policy(family)
     batch = sampled_batch(policy, system="Answer in \\boxed{}.")
     args = (batch["input_ids"], batch["attention_mask"], batch["positions"])
-    shared = hf_causal.shared_columns(*args[:2], int(args[2][:, 1].min()))
-    assert shared >= hf_causal.MIN_SHARED_COLUMNS  # the chat markup and the system prompt
+    shared = batch["plan"].shared
+    assert shared >= score_plan.MIN_SHARED_COLUMNS  # the chat markup and the system prompt
     seen = []
     handle = policy.model.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw["input_ids"].shape[1]),
                                                     with_kwargs=True)
     out = []
-    for min_shared in (hf_causal.MIN_SHARED_COLUMNS, 10**9):
-        monkeypatch.setattr(hf_causal, "MIN_SHARED_COLUMNS", min_shared)
+    for min_shared in (score_plan.MIN_SHARED_COLUMNS, 10**9):  # no plan given: the forward works one out
+        monkeypatch.setattr(score_plan, "MIN_SHARED_COLUMNS", min_shared)
         policy.model.zero_grad()
         logits = policy.forward(*args).logits
         logits.logsumexp(-1).sum().backward()
@@ -200,9 +200,9 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logits_and_gradie
 
 
 def test_shared_columns_stop_at_the_first_difference_padding_or_scored_position():
-    ids = torch.tensor([[1] * 10 + [2, 3, 0], [1] * 10 + [2, 4, 4]])
-    mask = torch.tensor([[1] * 12 + [0], [1] * 13])
-    assert hf_causal.shared_columns(ids, mask, limit=99) == 11
-    assert hf_causal.shared_columns(ids, mask, limit=9) == 9
-    assert hf_causal.shared_columns(ids, mask, limit=7) == 0  # under MIN_SHARED_COLUMNS
-    assert hf_causal.shared_columns(ids[:1], mask[:1], limit=99) == 0  # one row: nothing to share
+    rows = [[1] * 10 + [2, 3], [1] * 10 + [2, 4, 4]]
+    assert score_plan.shared_columns(rows, limit=99) == 11
+    assert score_plan.shared_columns([rows[0][:10], rows[1]], limit=99) == 10  # the shorter row ends: padding
+    assert score_plan.shared_columns(rows, limit=9) == 9
+    assert score_plan.shared_columns(rows, limit=7) == 0  # under MIN_SHARED_COLUMNS
+    assert score_plan.shared_columns(rows[:1], limit=99) == 0  # one row: nothing to share

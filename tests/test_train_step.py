@@ -1,7 +1,9 @@
 import math
+from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
@@ -316,36 +318,66 @@ def test_turn_credit_reaches_the_update(fresh_tiny_policy):
     assert first[0] == first[3] > 0 > first[1] == first[2]
 
 
-SYNCS = ("item", "__float__", "tolist", "__bool__")  # what makes a GPU's host wait for a value
+class HostReads(TorchDispatchMode):
+    """Counts the aten ops that make the host wait for a device value (on a GPU, a synchronisation):
+    a scalar read (item, int, float, bool all call `_local_scalar_dense`), an op whose output shape
+    depends on the data (nonzero, masked_select, unique, boolean-mask indexing and its backward's
+    index_put), and whole-tensor comparisons. It sees every op dispatched while it is active,
+    whether our code or transformers' calls it; on CPU it cannot tell a host tensor's read from a
+    device's, so the step must read no tensor at all."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+             torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default, torch.ops.aten.masked_select.default,
+             torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+             torch.ops.aten.unique_consecutive.default}
+    INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                torch.ops.aten._index_put_impl_.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.READS or (func in self.INDEXING and any(
+                i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
-def count_host_syncs(monkeypatch, fn) -> int:
-    """Calls of SYNCS on any tensor while `fn` runs (torch, transformers and ours alike)."""
-    calls = []
-    for name in SYNCS:
-        real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **k: calls.append(1) or _real(self, *a, **k))
+def count_host_syncs(monkeypatch, fn) -> list[str]:
+    """The host reads of device values while `fn` runs: HostReads' ops, plus `tolist`, which reads
+    the data without dispatching an op."""
+    reads = HostReads()
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.seen.append("tolist") or real(self))
     try:
-        fn()
+        with reads:
+            fn()
     finally:
         monkeypatch.undo()
-    return len(calls)
+    return reads.seen
 
 
 @pytest.mark.parametrize("off_policy_correction", ["none", "tis"])
 def test_the_micro_batch_loop_asks_the_device_for_no_number(tiny_policy_factory, monkeypatch, off_policy_correction):
-    """More micro-batches, not more host synchronisations: metrics stay tensors until the step's end."""
-    counts = {}
+    """More micro-batches, not more host reads: metrics stay tensors until the step's one transfer
+    (its tolist) and the forward's plan comes from collate. Per micro-batch the model still reads
+    once per forward and once in the backward: it selects the kept logits with a boolean mask
+    (HFCausalPolicy.forward says why that stays)."""
+    reads = {}
     for tokens in (4096, 256):
         policy = tiny_policy_factory()
         results = build_results(policy)
         cfg = config(micro_batch_tokens=tokens, off_policy_correction=off_policy_correction, kl_coef=0.1)
         chunks = micro_batches([s for r in results for s in r.step_samples], tokens)
         assert all(len({s.episode_id for s in c}) > 1 for c in chunks)  # every forward shares its prompt prefix
-        opt, ref = make_optimizer(policy, cfg), tiny_policy_factory()
+        # SGD: the CPU AdamW reads each parameter's step count (the fused CUDA one, make_optimizer's there, does not)
+        opt, ref = torch.optim.SGD(policy.model.parameters(), lr=cfg.lr), tiny_policy_factory()
         ref.model.requires_grad_(False).eval()  # as the run holds its reference
         out = {}
-        counts[len(chunks)] = count_host_syncs(monkeypatch, lambda: out.update(
-            train_step(policy, opt, results, cfg, ref_policy=ref)))
+        reads[len(chunks)] = Counter(count_host_syncs(monkeypatch, lambda: out.update(
+            train_step(policy, opt, results, cfg, ref_policy=ref))))
         assert out["train/skipped_nan"] == 0 and out["perf/micro_batches"] == len(chunks)
-    assert sorted(counts) == [1, 3] and counts[1] == counts[3], counts
+    assert sorted(reads) == [1, 3]
+    for n, seen in reads.items():  # n x (the reference's and the policy's forward, the policy's backward)
+        assert seen == Counter({"tolist": 1, "aten.index.Tensor": 2 * n, "aten.index_put.default": n}), (n, seen)

@@ -35,6 +35,7 @@ from nanorllm.policy.decode_batch import DecodeBatch
 from nanorllm.policy.decode_graphs import DecodeGraphs
 from nanorllm.policy.models import load_model_and_tokenizer
 from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generators
+from nanorllm.policy.score_plan import ScorePlan, plan_from_tensors
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import SlotCache, SlotForward, check_fits, model_shape
 
@@ -214,21 +215,32 @@ class HFCausalPolicy(Policy):
         return sample_with_uniforms(logits, params, u)
 
     # ---- scoring for the learner -------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                positions: torch.Tensor) -> ForwardOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                plan: ScorePlan | None = None) -> ForwardOutput:
         """The model's own logits, only where a token is scored.
 
         input_ids, attention_mask: (B, T), right-padded; positions: (N, 2) rows of (b, t) whose
         logits predict token t + 1. The model's forward gets a (B, T) boolean `logits_to_keep`, so it
         runs its head and whatever it applies after it (Gemma2's soft-capping, Granite's
         logits_scaling, Cohere's logit_scale) on those N rows only, never building the (B, T, V)
-        tensor. Its rows come back in row-major order; `rows` puts them in the order of `positions`.
+        tensor. Its rows come back in row-major order; the plan's `order` puts them in the order of
+        `positions`.
+
+        `plan` (policy/score_plan.py) is what this needs to know about the batch as host numbers:
+        collate_train_batch works it out from its lists, so nothing here waits for the device. Without
+        one it is worked out from the tensors, which reads them. One wait remains, in the model: its
+        `hidden_states[logits_to_keep]` (and that index's backward) learns from the device how many
+        positions the mask keeps. An integer (B, K) `logits_to_keep` would not wait, but would run the
+        head on B x K rows, K the most any row scores: 29% more than N on the default config's
+        batches, 45% with its constant-reward groups kept (docs/learner-update.md).
 
         The leading tokens every row shares (the prompt template: chat markup, system prompt, worked
         example) are computed once and their keys/values expanded to every row; gradients flow back
         through that one copy. Not while the model trains in train mode: rows must not share dropout.
         """
-        P = 0 if self.train_module.training or not self.share_prefix else shared_columns(input_ids, attention_mask, int(positions[:, 1].min()))
+        if plan is None:
+            plan = plan_from_tensors(input_ids, attention_mask, positions)
+        P = 0 if self.train_module.training or not self.share_prefix else plan.shared
         kwargs = {"attention_mask": attention_mask}
         with self.autocast():
             if P:
@@ -242,18 +254,14 @@ class HFCausalPolicy(Policy):
                 kwargs["use_cache"] = True
             else:
                 kwargs["use_cache"] = False
-            ids, pos = input_ids[:, P:], positions - torch.tensor([0, P], device=positions.device)
+            ids = input_ids[:, P:]
             run = lambda keep: self.train_module(input_ids=ids, logits_to_keep=keep, **kwargs).logits  # noqa: E731
             if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
-                cols = pos[:, 1].unique()  # (K,) sorted
-                col_of = torch.searchsorted(cols, pos[:, 1].contiguous())  # (N,)
-                return ForwardOutput(logits=run(cols)[pos[:, 0], col_of])
-            B, T = ids.shape
-            keep = torch.zeros((B, T), dtype=torch.bool, device=ids.device)
-            keep[pos[:, 0], pos[:, 1]] = True
-            logits = run(keep)  # (K, V) for the K kept positions, in row-major order
-        rows = torch.searchsorted(keep.flatten().nonzero()[:, 0], pos[:, 0] * T + pos[:, 1])  # (N,)
-        return ForwardOutput(logits=logits[rows])  # (N, V)
+                col = (positions[:, 1] - P).contiguous()
+                cols = col.unique()  # (K,) sorted
+                return ForwardOutput(logits=run(cols)[positions[:, 0], torch.searchsorted(cols, col)])
+            logits = run(plan.keep[:, P:])  # (N, V) in row-major order; P is at most the first scored column
+        return ForwardOutput(logits=logits if plan.order is None else logits[plan.order])
 
     def parameters(self):
         return self.model.parameters()
@@ -261,21 +269,6 @@ class HFCausalPolicy(Policy):
     def save(self, path: str) -> None:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-
-
-MIN_SHARED_COLUMNS = 8  # leading tokens every row must share before they are computed once
-
-
-def shared_columns(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
-    """How many leading columns every row of a (B, T) batch holds the same real tokens in, at most
-    `limit` (the first scored position: its logits must come from the rows' own pass); 0 when that
-    is under MIN_SHARED_COLUMNS or there is only one row."""
-    if input_ids.shape[0] < 2:
-        return 0
-    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (T,)
-    n = int(same.int().cumprod(0).sum())
-    n = min(n, limit)
-    return n if n >= MIN_SHARED_COLUMNS else 0
 
 
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")

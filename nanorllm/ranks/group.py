@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nanorllm.policy.score_plan import ScorePlan
 from nanorllm.ranks.split import split_groups
 from nanorllm.utils.procs import exit_reason, is_stopped
 
@@ -160,11 +161,13 @@ class LearnerRanks:
         """A micro-batch with nothing to train, with the collectives of a real one: a zero gradient,
         after the no-grad proximal forward when real micro-batches run one."""
         ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
-        positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)
+        positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)  # one scored position: (0, 0)
+        keep = torch.arange(2, device=policy.device)[None] == 0  # its plan, made on the device: no copy waits
+        args = (ids, torch.ones_like(ids), positions, ScorePlan(shared=0, keep=keep, order=None))
         if proximal:
             with torch.no_grad():
-                policy.forward(ids, torch.ones_like(ids), positions)
-        (policy.forward(ids, torch.ones_like(ids), positions).logits.sum() * 0.0).backward()
+                policy.forward(*args)
+        (policy.forward(*args).logits.sum() * 0.0).backward()
 
     def updated(self, policy) -> dict:
         """After an optimizer step: under FSDP every rank gathers the new weights (rank 0 into the full
