@@ -11,7 +11,7 @@ import torch
 from families import FAMILIES, tiny_family_policy
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import StepSample
-from nanorllm.policy import hf_causal, score_plan
+from nanorllm.policy import hf_causal, shared_columns
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
@@ -75,18 +75,17 @@ def test_the_head_runs_only_at_scored_positions():
     with torch.no_grad():
         policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
     handle.remove()
-    assert seen == [(batch["positions"].shape[0], head.out_features)]  # (N, V), never (B, T, V)
+    assert seen == [(1, batch["positions"].shape[0], head.out_features)]  # the N scored rows, never (B, T, V)
 
 
-def test_older_transformers_path_gives_the_same_logits(monkeypatch):
-    policy = tiny_family_policy("granite")
+def test_a_model_whose_head_misses_the_gathered_rows_is_refused_not_misread(monkeypatch):
+    """If the forward ran a head other than the one hooked (a wrapper's copy, say), its (1, T, V) logits
+    would line up with the N positions only by accident: the forward raises instead."""
+    policy = tiny_family_policy("llama")
     batch = sampled_batch(policy)
-    args = (batch["input_ids"], batch["attention_mask"], batch["positions"])
-    with torch.no_grad():
-        mask_path = policy.forward(*args).logits
-        monkeypatch.setattr(hf_causal, "_MASK_KEEP", False)
-        column_path = policy.forward(*args).logits
-    torch.testing.assert_close(mask_path, column_path)
+    monkeypatch.setattr(policy, "_trained_model", lambda: tiny_family_policy("llama", seed=1).model)
+    with pytest.raises(RuntimeError, match="did not run on the gathered rows"), torch.no_grad():
+        policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -179,14 +178,14 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logits_and_gradie
     policy = tiny_family_policy(family)
     batch = sampled_batch(policy, system="Answer in \\boxed{}.")
     args = (batch["input_ids"], batch["attention_mask"], batch["positions"])
-    shared = batch["plan"].shared
-    assert shared >= score_plan.MIN_SHARED_COLUMNS  # the chat markup and the system prompt
+    shared = batch["shared_columns"]
+    assert shared >= shared_columns.MIN_SHARED_COLUMNS  # the chat markup and the system prompt
     seen = []
     handle = policy.model.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw["input_ids"].shape[1]),
                                                     with_kwargs=True)
     out = []
-    for min_shared in (score_plan.MIN_SHARED_COLUMNS, 10**9):  # no plan given: the forward works one out
-        monkeypatch.setattr(score_plan, "MIN_SHARED_COLUMNS", min_shared)
+    for min_shared in (shared_columns.MIN_SHARED_COLUMNS, 10**9):  # no count given: the forward counts
+        monkeypatch.setattr(shared_columns, "MIN_SHARED_COLUMNS", min_shared)
         policy.model.zero_grad()
         logits = policy.forward(*args).logits
         logits.logsumexp(-1).sum().backward()
@@ -201,8 +200,8 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logits_and_gradie
 
 def test_shared_columns_stop_at_the_first_difference_padding_or_scored_position():
     rows = [[1] * 10 + [2, 3], [1] * 10 + [2, 4, 4]]
-    assert score_plan.shared_columns(rows, limit=99) == 11
-    assert score_plan.shared_columns([rows[0][:10], rows[1]], limit=99) == 10  # the shorter row ends: padding
-    assert score_plan.shared_columns(rows, limit=9) == 9
-    assert score_plan.shared_columns(rows, limit=7) == 0  # under MIN_SHARED_COLUMNS
-    assert score_plan.shared_columns(rows[:1], limit=99) == 0  # one row: nothing to share
+    assert shared_columns.shared_columns(rows, limit=99) == 11
+    assert shared_columns.shared_columns([rows[0][:10], rows[1]], limit=99) == 10  # the shorter row ends: padding
+    assert shared_columns.shared_columns(rows, limit=9) == 9
+    assert shared_columns.shared_columns(rows, limit=7) == 0  # under MIN_SHARED_COLUMNS
+    assert shared_columns.shared_columns(rows[:1], limit=99) == 0  # one row: nothing to share

@@ -27,7 +27,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, modeling_utils
+from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
@@ -35,7 +35,7 @@ from nanorllm.policy.decode_batch import DecodeBatch
 from nanorllm.policy.decode_graphs import DecodeGraphs
 from nanorllm.policy.models import load_model_and_tokenizer
 from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generators
-from nanorllm.policy.score_plan import ScorePlan, plan_from_tensors
+from nanorllm.policy.shared_columns import shared_columns_of
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import SlotCache, SlotForward, check_fits, model_shape
 
@@ -43,15 +43,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 _SENTINEL = "\x00NANORLLM_SENTINEL\x00"
 
 
-def _takes_keep_mask() -> bool:
-    """transformers >= 5 takes a (B, T) boolean logits_to_keep; older versions a 1-D tensor of positions."""
-    try:
-        return "bool" in inspect.getsource(modeling_utils.slice_logits_to_keep)
-    except (AttributeError, OSError, TypeError):
-        return False
-
-
-_MASK_KEEP = _takes_keep_mask()
 hf_logging.disable_progress_bar()
 
 
@@ -216,31 +207,28 @@ class HFCausalPolicy(Policy):
 
     # ---- scoring for the learner -------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-                plan: ScorePlan | None = None) -> ForwardOutput:
+                shared: int | None = None) -> ForwardOutput:
         """The model's own logits, only where a token is scored.
 
         input_ids, attention_mask: (B, T), right-padded; positions: (N, 2) rows of (b, t) whose
-        logits predict token t + 1. The model's forward gets a (B, T) boolean `logits_to_keep`, so it
-        runs its head and whatever it applies after it (Gemma2's soft-capping, Granite's
-        logits_scaling, Cohere's logit_scale) on those N rows only, never building the (B, T, V)
-        tensor. Its rows come back in row-major order; the plan's `order` puts them in the order of
-        `positions`.
+        logits predict token t + 1; returns (N, V) logits in the order of `positions`.
 
-        `plan` (policy/score_plan.py) is what this needs to know about the batch as host numbers:
-        collate_train_batch works it out from its lists, so nothing here waits for the device. Without
-        one it is worked out from the tensors, which reads them. One wait remains, in the model: its
-        `hidden_states[logits_to_keep]` (and that index's backward) learns from the device how many
-        positions the mask keeps. An integer (B, K) `logits_to_keep` would not wait, but would run the
-        head on B x K rows, K the most any row scores: 29% more than N on the default config's
-        batches, 45% with its constant-reward groups kept (docs/learner-update.md).
+        The head runs on those N rows only, never on (B, T): a pre-hook on the model's output
+        embedding hands it the N rows of the final hidden states, (1, N, H), gathered with indices
+        computed on the device from `positions`; the model then applies whatever follows its head
+        (Gemma2's soft-capping, Granite's logits_scaling, Cohere's logit_scale) to them, as it would to
+        all. Nothing is read back to the host, and it needs nothing of the transformers version
+        (`logits_to_keep` masks are recent); the startup parity check holds it to the sampler.
 
         The leading tokens every row shares (the prompt template: chat markup, system prompt, worked
         example) are computed once and their keys/values expanded to every row; gradients flow back
         through that one copy. Not while the model trains in train mode: rows must not share dropout.
+        `shared` is their count (collate_train_batch counts it on the host); without it, it is counted
+        from the tensors, which reads them.
         """
-        if plan is None:
-            plan = plan_from_tensors(input_ids, attention_mask, positions)
-        P = 0 if self.train_module.training or not self.share_prefix else plan.shared
+        if shared is None:
+            shared = shared_columns_of(input_ids, attention_mask, positions)
+        P = 0 if self.train_module.training or not self.share_prefix else shared
         kwargs = {"attention_mask": attention_mask}
         with self.autocast():
             if P:
@@ -255,13 +243,25 @@ class HFCausalPolicy(Policy):
             else:
                 kwargs["use_cache"] = False
             ids = input_ids[:, P:]
-            run = lambda keep: self.train_module(input_ids=ids, logits_to_keep=keep, **kwargs).logits  # noqa: E731
-            if not _MASK_KEEP:  # these columns in every row: (B, K, V), still far below (B, T, V)
-                col = (positions[:, 1] - P).contiguous()
-                cols = col.unique()  # (K,) sorted
-                return ForwardOutput(logits=run(cols)[positions[:, 0], torch.searchsorted(cols, col)])
-            logits = run(plan.keep[:, P:])  # (N, V) in row-major order; P is at most the first scored column
-        return ForwardOutput(logits=logits if plan.order is None else logits[plan.order])
+            rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) into the flattened (B * (T - P)) states
+            net = self._trained_model()
+            hook = net.get_output_embeddings().register_forward_pre_hook(
+                lambda _, args: (args[0].flatten(0, 1).index_select(0, rows)[None], *args[1:]))
+            try:
+                logits = self.train_module(input_ids=ids, logits_to_keep=0, **kwargs).logits  # (1, N, V)
+            finally:
+                hook.remove()
+        if logits.shape[:2] != (1, rows.shape[0]):  # shapes are host metadata: no device read
+            raise RuntimeError(f"{type(net).__name__}: its head did not run on the gathered rows (logits of shape "
+                               f"{tuple(logits.shape)} for {rows.shape[0]} positions); HFCausalPolicy.forward "
+                               "gathers them in a forward pre-hook on get_output_embeddings()")
+        return ForwardOutput(logits=logits[0])
+
+    def _trained_model(self) -> torch.nn.Module:
+        """The model the learner's forward runs: this one, the one inside its DDP wrapper, or its FSDP
+        shards (a copy of its own)."""
+        net = self.train_module
+        return net.module if isinstance(net, torch.nn.parallel.DistributedDataParallel) else net
 
     def parameters(self):
         return self.model.parameters()

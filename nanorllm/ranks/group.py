@@ -42,7 +42,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nanorllm.policy.score_plan import ScorePlan
 from nanorllm.ranks.split import split_groups
 from nanorllm.utils.procs import exit_reason, is_stopped
 
@@ -162,8 +161,7 @@ class LearnerRanks:
         after the no-grad proximal forward when real micro-batches run one."""
         ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
         positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)  # one scored position: (0, 0)
-        keep = torch.arange(2, device=policy.device)[None] == 0  # its plan, made on the device: no copy waits
-        args = (ids, torch.ones_like(ids), positions, ScorePlan(shared=0, keep=keep, order=None))
+        args = (ids, torch.ones_like(ids), positions, 0)  # nothing shared: no count read from the device
         if proximal:
             with torch.no_grad():
                 policy.forward(*args)

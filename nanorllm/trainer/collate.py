@@ -6,9 +6,9 @@ scores every turn and the shared history is computed once.
 
 Besides the (B, T) tensors the batch carries a flat view of the N scored tokens, which is what the
 loss uses: `positions[i] = (b, t - 1)` is where the logits predicting `targets[i] = input_ids[b, t]`
-come from. And the forward's `plan` (policy/score_plan.py): the shared prefix's length and the
-logits to keep, which the forward would otherwise have to read from the device, worked out here from
-the lists the batch is built from.
+come from. And `shared_columns` (policy/shared_columns.py): how many leading columns every row
+shares, which the forward would otherwise have to read from the device, counted here from the lists
+the batch is built from.
 """
 
 from dataclasses import dataclass, field
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.core.types import StepSample
-from nanorllm.policy.score_plan import score_plan
+from nanorllm.policy.shared_columns import shared_columns
 
 
 @dataclass
@@ -47,7 +47,7 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
 
     input_ids, attention_mask, loss_mask: (B, T)
     positions: (N, 2); targets, old_logprobs, advantages, sample_index, policy_version: (N,)
-    plan: the ScorePlan HFCausalPolicy.forward takes, on the same device
+    shared_columns: int, the leading columns every row shares (HFCausalPolicy.forward's `shared`)
     """
     seqs = _merge_turns(samples)
     index_of = {id(s): i for i, s in enumerate(samples)}
@@ -80,11 +80,8 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
         "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each token
         "num_samples": len(samples),
         "num_tokens": sum(len(seq.ids) for seq in seqs),  # real (unpadded) tokens of the rows
+        "shared_columns": shared_columns([seq.ids for seq in seqs], min((t for _, t in positions), default=0)),
     }
-    plan = score_plan([seq.ids for seq in seqs], positions, T)
-    cuda = torch.device(device).type == "cuda"
-
-    def to_device(t: torch.Tensor) -> torch.Tensor:  # on CUDA pinned and asynchronous: the copy does not wait
-        return t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device)
-
-    return {**{k: to_device(v) if torch.is_tensor(v) else v for k, v in batch.items()}, "plan": plan.map(to_device)}
+    if torch.device(device).type == "cuda":  # pinned and asynchronous: the copy does not wait for the device
+        return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}

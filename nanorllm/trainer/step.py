@@ -5,7 +5,7 @@
     groups  = compute_advantage(groups)
     samples = flatten_step_samples(groups)
     batch   = collate_train_batch(samples, pad_id=...)
-    out     = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["plan"])
+    out     = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
     loss, _ = compute_policy_loss(out.logits, batch)
     loss.backward(); optimizer.step()
 

@@ -11,11 +11,12 @@ deterministic forward that is the grad forward's own value, so no extra forward 
 one no-grad forward in eval mode per micro-batch computes it.
 
 Nothing in the micro-batch loop asks the device for a number: the metrics add up as tensors
-(trainer/step_metrics.py), what the forward needs as host numbers comes with the batch (its `plan`,
-policy/score_plan.py), and the skip decision reads the metrics with the gradient norm in the step's
-one host synchronisation, after the backward passes. The model's own read is left: it selects the
-kept logits with a boolean mask, once per forward and once per backward (HFCausalPolicy.forward). On CUDA the optimizer is the fused AdamW (one kernel
-for all parameters) and fp32 matmuls run on TF32 tensor cores (`cfg.tf32`, trainer/precision.py).
+(trainer/step_metrics.py), what the forward needs as a host number comes with the batch (its
+`shared_columns`, policy/shared_columns.py), the head's rows are gathered by indices computed on
+the device (HFCausalPolicy.forward), and the skip decision reads the metrics with the gradient norm
+in the step's one host synchronisation, after the backward passes. On CUDA the optimizer is the
+fused AdamW (one kernel for all parameters) and fp32 matmuls run on TF32 tensor cores (`cfg.tf32`,
+trainer/precision.py).
 """
 
 import math
@@ -91,9 +92,9 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
     ref_lp = None
     if cfg.kl_coef > 0:
         with torch.no_grad():
-            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["plan"])
+            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-    out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["plan"])
+    out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
     return compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                temperature=cfg.temperature, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
                                ref_logprobs=ref_lp, normalizer=normalizer, correction=cfg.off_policy_correction,
@@ -105,7 +106,7 @@ def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
     training = policy.train_module.training
     policy.train_module.eval()
     with torch.no_grad():
-        out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["plan"])
+        out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
         lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
     policy.train_module.train(training)
     return lp
