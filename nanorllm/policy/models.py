@@ -53,6 +53,7 @@ def ensure_smollm2() -> Path:
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     config = gguf_model.config
+    follow_config_eos(tokenizer, config)
     # save_pretrained refuses a GGUF-loaded model, and a config that still names a quantization
     # makes trainers treat the weights as quantized: save through a fresh, plain model.
     if hasattr(config, "quantization_config"):
@@ -68,6 +69,16 @@ def ensure_smollm2() -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # someone else finished first
     return target
+
+
+def follow_config_eos(tokenizer, config) -> None:
+    """Make the tokenizer's eos the model config's. Some transformers versions' GGUF tokenizer
+    conversion (5.17) names SmolLM2's bos, `<|im_start|>`, as its eos and sets no pad token, where the
+    GGUF file and the model config say eos = pad = `<|im_end|>`: sampling would stop at the wrong
+    token and pad with it, so a run on that version would not be the run on another."""
+    eos = config.eos_token_id
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
 
 
 def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaForCausalLM:
