@@ -224,6 +224,13 @@ def greedy_same(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], n: 
     return sum(a == b for a, b in zip(*runs))
 
 
+def versions() -> dict:
+    """What the figures were measured with: the kernels and the model code depend on these."""
+    import transformers
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__}
+
+
 def run(b: GpuBenchConfig) -> dict:
     dry = b.dry_run or b.device == "cpu"
     device = "cpu" if dry else b.device
@@ -236,7 +243,7 @@ def run(b: GpuBenchConfig) -> dict:
                   max_turns=2, max_batch_episodes=4 if dry else 256)
     tasks = load_tasks(cfg.tasks, limit=max(cfg.tasks_per_step, 32))
     figures: dict = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "dry_run": dry,
-                     "dtype": b.dtype, "rollout": {}, "decode_ms": {}}
+                     "dtype": b.dtype, "versions": versions(), "rollout": {}, "decode_ms": {}}
     for i, model in enumerate(models):
         print(f"[bench gpu] {model} ...", flush=True)
         t0 = time.perf_counter()
