@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,6 +177,72 @@ def test_a_worker_killed_holding_the_gpu_block_leaves_no_gpu_memory_held():
     del model, store
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == base
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status left (a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _worker_loading(store: SharedWeights, learner_pid: int, device: str, out) -> None:
+    """A pipeline worker's part: dies with its learner (lifeline.py), loads in a loop until then."""
+    from nanorllm.pipeline.lifeline import die_with_parent
+
+    die_with_parent(learner_pid, poll_s=0.1)
+    block = store.attach(_model(device=device))
+    store.load_into(block)
+    out.put(("loading", os.getpid(), store.reads_gpu))
+    while True:
+        store.load_into(block)
+
+
+def _learner_publishing(device: str, out) -> None:
+    """A learner that publishes back to back until it is killed, in the middle of one or between two."""
+    ctx = mp.get_context("spawn")
+    model = _model(device=device)
+    store = SharedWeights(model, readers=[device])
+    ctx.Process(target=_worker_loading, args=(store.reader(device), os.getpid(), device, out)).start()
+    version = 0
+    while True:
+        version += 1
+        if store.in_place:
+            store.begin_write()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(version))
+        store.publish(version)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_learner_killed_while_publishing_takes_its_worker_and_the_memory_with_it(device):
+    """Killed mid-publish, the learner leaves nothing: its worker exits (lifeline), no shared-memory
+    file stays, and on a GPU the device's free memory is back where it was before either started
+    (the learner's block, shared through CUDA IPC, goes with the processes that held it)."""
+    from nanorllm.chaos.procs import shm_entries
+
+    ctx = mp.get_context("spawn")
+    free_before = torch.cuda.mem_get_info()[0] if device == "cuda" else 0
+    out = ctx.Queue()
+    shm_before = shm_entries()  # the queue's own semaphores included
+    learner = ctx.Process(target=_learner_publishing, args=(device, out))
+    learner.start()
+    what, worker_pid, reads_gpu = out.get(timeout=120)
+    assert what == "loading" and reads_gpu == (device == "cuda")
+    time.sleep(0.5)  # loads and publishes overlap
+    os.kill(learner.pid, signal.SIGKILL)
+    learner.join(timeout=30)
+    deadline = time.monotonic() + 20
+    while not _gone(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(worker_pid), "the worker outlived its learner"
+    time.sleep(1.0)  # the driver and the kernel release what the dead processes held
+    assert not shm_entries() - shm_before
+    if device == "cuda":
+        assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)  # within 64 MiB: nothing held
 
 
 def test_seqlock_fences_are_real_fences_or_the_store_refuses_to_run(monkeypatch):
