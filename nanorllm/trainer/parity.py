@@ -63,8 +63,8 @@ def check_logit_parity(policy, *, temperature: float = 1.0, tolerance: tuple[flo
         raise LogitParityError(
             f"{type(policy.model).__name__}: on a fresh sample the learner's token logprobs differ from the "
             f"sampler's by {mean:.4g} on average and {worst:.4g} at most (tolerance {tol_mean:g} / {tol_max:g}), "
-            "so PPO ratios would not start at 1. Its forward must take logits_to_keep and return the "
-            "logits it samples from.")
+            "so PPO ratios would not start at 1. Its forward must call its output embedding on the final "
+            "hidden states and return the logits it samples from.")
     return {"gap_mean": mean, "gap_max": worst, "seconds": time.perf_counter() - t0}
 
 
