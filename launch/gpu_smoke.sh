@@ -13,10 +13,18 @@
 #   bash launch/gpu_smoke.sh                      # everything
 #   CHECKS="bench" bash launch/gpu_smoke.sh       # some of it (tests bench steps ranks)
 #   SMOKE_MODEL=preset:qwen2.5-0.5b bash launch/gpu_smoke.sh [extra train.py flags]
+#   WHEELS=dir bash launch/gpu_smoke.sh           # offline machine: install the wheels in dir first (into
+#                                                 # a temporary folder put on PYTHONPATH, nothing system-wide)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's nanorllm, installed or not
 PY=${PYTHON:-python}
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  trap 'rm -rf "$site"' EXIT
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's nanorllm, installed or not
 n=$($PY -c "import torch; print(torch.cuda.device_count())")
 if [ "$n" -lt 1 ]; then echo "no GPU visible" >&2; exit 1; fi
 devices=$(seq -s, 0 $((n - 1)) | sed 's/\([0-9]\+\)/cuda:\1/g')
