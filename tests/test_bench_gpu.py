@@ -16,7 +16,7 @@ def test_gpu_bench_dry_run_writes_every_figure(tmp_path):
     figures = json.loads(out.read_text())["figures"]
     assert figures["dry_run"] and figures["device"] == "cpu"
     assert figures["versions"]["torch"] == __import__("torch").__version__ and figures["versions"]["transformers"]
-    assert 100 < figures["rollout"]["tiny-random"]["decode_context"] < 1000  # mean columns a step read: the prompt and more
+    assert 100 < figures["rollout"]["tiny-random"]["decode_context"] < 1000  # mean columns a step read
     assert set(figures["decode_ms"]) == {"eager", "graphs"}
     assert all(ms > 0 for engine in figures["decode_ms"].values() for ms in engine.values())
     roll = figures["rollout"]["tiny-random"]

@@ -274,8 +274,9 @@ def test_the_graph_path_maps_rows_onto_its_buckets_and_samples_what_eager_sample
 
 def test_rows_left_high_at_a_rollouts_tail_move_down_to_a_smaller_slot_range():
     """12 rows join, then 6 more (slots 12-17: range 32); the first 12 finish and 11 are released, one
-    stays held between turns. The 6 late rows move to free slots below 8, so steps run a range of 8 slots, not 32 (on CPU: 7 rows, not 18);
-    tokens are still the DecodeBatch's and the held slot is untouched."""
+    stays held between turns. The 6 late rows move to free slots below 8, so steps run a range of 8
+    slots, not 32 (on CPU: 7 rows, not 18); tokens are still the DecodeBatch's and the held slot is
+    untouched."""
     policy = tiny_family_policy("llama")
     params = SamplingParams(max_new_tokens=8, temperature=0.7)
     prompts = [policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[k % 4] + " " * (k // 4)}])

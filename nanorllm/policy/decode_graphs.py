@@ -31,6 +31,7 @@ import torch
 from nanorllm.policy.sampler import counter_uniforms, row_seed
 from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets, slot_range, slot_ranges
 
+
 class StepGraph:
     """One captured decode step over n slots: its static inputs, the CUDA graph, its outputs."""
 
@@ -85,8 +86,8 @@ class DecodeGraphs:
             if g is None:
                 return None
         # the rows' slots, positions and sampler seeds reach the device in one copy
-        at, p, seeds = torch.tensor([slots, pos, [row_seed(r.rng) for r in batch.rows]]).to(batch.device,
-                                                                                             non_blocking=True)
+        host = torch.tensor([slots, pos, [row_seed(r.rng) for r in batch.rows]])
+        at, p, seeds = host.to(batch.device, non_blocking=True)
         g.pos.zero_()
         g.write.fill_(batch.cache.scratch)
         g.tok.index_copy_(0, at, tok)

@@ -243,7 +243,7 @@ class HFCausalPolicy(Policy):
             else:
                 kwargs["use_cache"] = False
             ids = input_ids[:, P:]
-            rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) into the flattened (B * (T - P)) states
+            rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) rows of the flat (B * (T - P)) states
             net = self._trained_model()
             hook = net.get_output_embeddings().register_forward_pre_hook(
                 lambda _, args: (args[0].flatten(0, 1).index_select(0, rows)[None], *args[1:]))

@@ -24,8 +24,8 @@ layer that soft-caps its attention logits (Gemma2) gets the eager formula instea
 itself does, unless the model runs transformers' SDPA attention, which drops the soft-capping (some
 transformers versions pick it for Gemma2): then neither does this, so the sampler computes the
 function the learner's forward computes. The model's own `scaling`, `softcap` and `sliding_window`
-come in as arguments, so a family's quirks stay its own. transformers builds no mask for a name its mask registry does not
-know, so the step pays for none.
+come in as arguments, so a family's quirks stay its own. transformers builds no mask for a name its
+mask registry does not know, so the step pays for none.
 """
 import contextlib
 import itertools

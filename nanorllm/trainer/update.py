@@ -92,7 +92,8 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
     ref_lp = None
     if cfg.kl_coef > 0:
         with torch.no_grad():
-            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
+            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"],
+                                         batch["shared_columns"])
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
     out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
     return compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
