@@ -310,6 +310,40 @@ def test_rows_left_high_at_a_rollouts_tail_move_down_to_a_smaller_slot_range():
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+def test_eager_steps_close_every_hole_and_graph_steps_only_a_bucket_drop():
+    """Eager (CPU) a step computes exactly the slots up to the highest live one, so a released slot
+    below live rows is filled from the top at once; under graphs only a smaller bucket is worth a
+    copy. Rows 0 and 1 end early (rows 2-4 joined two steps later), the top rows move into their
+    slots, and every row samples what the DecodeBatch samples."""
+    policy = tiny_family_policy("qwen2")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+    prompts = [policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[k % 4]}]) for k in range(5)]
+    runs, slots_seen = {}, []
+    for engine in ("dynamic", "slots"):
+        out = {}
+        with policy.decode_batch(params, engine=engine, slots=8, width=128) as batch:
+            batch.join([(k, prompts[k], torch.Generator().manual_seed(k), None) for k in (0, 1)])
+            for _ in range(2):
+                batch.step()
+            batch.join([(k, prompts[k], torch.Generator().manual_seed(k), None) for k in (2, 3, 4)])
+            while len(batch):
+                for k, g, st in batch.step():
+                    out[k] = (g, st)
+                    if engine == "slots":
+                        batch.release(st)
+                if engine == "slots" and len(batch):
+                    slots_seen.append(sorted(r.slot for r in batch.rows))
+            moves = batch.stats["slot_moves"]
+        runs[engine] = out
+    for key in runs["dynamic"]:
+        assert runs["slots"][key][0].response_ids == runs["dynamic"][key][0].response_ids
+    assert moves == 2 and [0, 1, 2] in slots_seen  # rows 3 and 4 took slots 0 and 1
+    with policy.decode_batch(params, slots=8, width=128) as batch:  # the rows a step computes, either way
+        assert [batch.step_rows(n) for n in (1, 3, 8)] == [1, 3, 8]
+        batch.graphs = DecodeGraphs()
+        assert [batch.step_rows(n) for n in (1, 3, 8)] == [8, 8, 8]  # one bucket: no move is worth a copy
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_decode_step_reads_nothing_back_from_the_device(family):
     """What a CUDA graph captures must not ask the device for a value (a capture would fail and every
@@ -377,3 +411,13 @@ def test_a_run_prints_its_cache_size_and_refuses_one_that_cannot_fit(tmp_path):
     rc, out, _ = run_train(["--serial", "--max-steps", "1", "--max-new-tokens", "1000000000", "--run-name", "huge"],
                            tmp_path)
     assert rc != 0 and "--max-batch-episodes" in out and "GiB" in out and "step 1/1" not in out
+
+
+def test_the_compaction_benchmark_compares_both_rules_and_puts_the_engine_back():
+    from nanorllm.bench.compaction_cpu import RULES, compare
+
+    out = compare("tiny-random", runs=2)
+    assert out["same_episodes"] and set(out["rollout_s"]) == set(RULES) and all(out["rollout_s"].values())
+    from nanorllm.policy.slot_batch import SlotBatch
+
+    assert SlotBatch.step_rows is RULES["every_hole"]  # the engine's own rule again after the comparison

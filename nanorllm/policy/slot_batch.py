@@ -9,8 +9,8 @@ turn, the same counters) but, in steady state, nothing moves in memory once a ro
 - a shared prompt prefix (`cache_prefix`) lives in a slot of its own; a row joining from it gets a
   fresh slot with the prefix's columns copied in;
 - joiners prefill eagerly in one batched forward (left-padded; padding writes to the scratch slot);
-- at a rollout's tail, rows left in high slots move down when that shrinks the step's slot range
-  (`_compact`), once per bucket;
+- at a rollout's tail, rows left in high slots move down when that shrinks the rows a step
+  computes (`_compact`): once per slot-range bucket under CUDA graphs, at every hole eager;
 - each decode step is one function: forward the rows' last tokens, sample the next ones on the
   device (policy/sampler.py), and the host reads tokens, logprobs and end-of-turn flags in one copy.
   The step's row i is slot i: it runs over the slots [0, n) and reads their columns [0, context
@@ -210,19 +210,20 @@ class SlotBatch:
         return t[at], lp[at]
 
     def _compact(self) -> None:
-        """Move rows down when that shrinks the step's slot range. At a rollout's tail rows finish and
-        none join, so the last rows can sit in high slots above free ones, and every step runs the
-        slot range that reaches them, mostly idle. When moving the highest rows into the lowest free
-        slots lets the step run a smaller slot-range bucket, they move: a copy of the columns each has
-        written, once per bucket it drops. Slots held by episodes between turns and shared prefixes
-        stay where they are; while rows join, they take the lowest free slots and nothing moves."""
+        """Move rows down when that shrinks the rows a step computes. At a rollout's tail rows finish
+        and none join, so the last rows can sit in high slots above free ones, and every step runs
+        the slots up to them, mostly idle. When moving the highest rows into the lowest free slots
+        lets the step run fewer rows (`step_rows`: a smaller slot-range bucket under CUDA graphs, a
+        lower top slot eager), they move: a copy of the columns each has written. Slots held by
+        episodes between turns and shared prefixes stay where they are; while rows join, they take
+        the lowest free slots and nothing moves."""
         top = max(r.slot for r in self.rows) + 1
-        now = slot_range(top, self.cache.slots)
-        if slot_range(len(self.rows), self.cache.slots) == now:
-            return  # the live rows alone need this range
+        now = self.step_rows(top)
+        if self.step_rows(len(self.rows)) == now:
+            return  # the live rows alone need this many
         live, free = {r.slot for r in self.rows}, set(self.cache.free)
         held = [s for s in range(top) if s not in live and s not in free]
-        target = slot_range(max(len(live) + len(held), max(held, default=-1) + 1), self.cache.slots)
+        target = self.step_rows(max(len(live) + len(held), max(held, default=-1) + 1))
         if target == now:
             return
         for row in sorted(self.rows, key=lambda r: r.slot, reverse=True):
@@ -233,6 +234,11 @@ class SlotBatch:
             self.cache.give_back(row.slot)
             row.slot = slot
             self.stats["slot_moves"] += 1
+
+    def step_rows(self, top: int) -> int:
+        """Rows a decode step computes when its highest live slot is top - 1: the slot-range bucket
+        under CUDA graphs (one graph each), exactly `top` eager (on CPU an idle row is compute)."""
+        return slot_range(top, self.cache.slots) if self.graphs is not None else top
 
     def context_width(self, columns: int) -> int:
         """Columns a decode step attends over when the longest live row needs `columns`."""
