@@ -1,5 +1,8 @@
 """Test doubles shared by several test files."""
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 
 
@@ -44,3 +47,32 @@ class ScriptedPolicy(Policy):
             gens.append(Generation(text=text, response_ids=[1] * len(text), logprobs=[-0.5] * len(text),
                                    truncated=truncated))
         return gens
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the aten ops that make the host wait for a device value (on a GPU, a synchronisation):
+    a scalar read (item, int, float, bool all call `_local_scalar_dense`), an op whose output shape
+    depends on the data (nonzero, masked_select, unique, boolean-mask indexing and its backward's
+    index_put), and whole-tensor comparisons. It sees every op dispatched while it is active,
+    whether our code or transformers' calls it; on CPU it cannot tell a host tensor's read from a
+    device's, so the step must read no tensor at all."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+             torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default, torch.ops.aten.masked_select.default,
+             torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+             torch.ops.aten.unique_consecutive.default}
+    INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                torch.ops.aten._index_put_impl_.default}
+
+    def __init__(self, also: frozenset = frozenset()):
+        super().__init__()
+        self.also = also  # more ops to count as reads (e.g. lift_fresh: a tensor built from host data)
+        self.seen: list[str] = []
+        self.ops = 0  # every op dispatched: that the mode saw the code at all
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        if func in self.READS or func in self.also or (func in self.INDEXING and any(
+                i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))

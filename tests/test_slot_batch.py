@@ -348,22 +348,7 @@ def test_eager_steps_close_every_hole_and_graph_steps_only_a_bucket_drop():
 def test_the_decode_step_reads_nothing_back_from_the_device(family):
     """What a CUDA graph captures must not ask the device for a value (a capture would fail and every
     step run eagerly) nor build a tensor from host data: no such op runs in any family's decode step."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    host_reads = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "lift_fresh", "masked_select", "_unique2"}
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name in ("index", "index_put_", "index_put") and any(
-                    torch.is_tensor(i) and i.dtype == torch.bool for i in args[1]):
-                name = "masked_select"  # a boolean index: a nonzero on the device, its count read back
-            self.seen.append(name)
-            return func(*args, **(kwargs or {}))
+    from helpers import HostReads
 
     policy = tiny_family_policy(family)
     prompt = policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[2]}])
@@ -375,11 +360,11 @@ def test_the_decode_step_reads_nothing_back_from_the_device(family):
             n, at = 8, torch.arange(3)
             tok, pos, write = batch.slot_inputs(n, at, batch.next[0], torch.full((3,), len(prompt)))
             seeds = torch.arange(n)
-            with Ops() as ops:
+            with HostReads(also=frozenset({torch.ops.aten.lift_fresh.default})) as reads:
                 t, lp = batch.decode_step(tok, pos, write, batch.cache.width,
                                           lambda: None if greedy else counter_uniforms(seeds, pos + 1))
-        assert t.shape == lp.shape == (n,) and len(ops.seen) > 100
-        assert not host_reads & set(ops.seen), sorted(host_reads & set(ops.seen))
+        assert t.shape == lp.shape == (n,) and reads.ops > 100
+        assert not reads.seen, reads.seen
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import HostReads
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
 from nanorllm.policy.base import SamplingParams
@@ -316,32 +316,6 @@ def test_turn_credit_reaches_the_update(fresh_tiny_policy):
     assert max_change(policy, before) > 1e-3
     first = [r.step_samples[0].advantage for r in results]
     assert first[0] == first[3] > 0 > first[1] == first[2]
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the aten ops that make the host wait for a device value (on a GPU, a synchronisation):
-    a scalar read (item, int, float, bool all call `_local_scalar_dense`), an op whose output shape
-    depends on the data (nonzero, masked_select, unique, boolean-mask indexing and its backward's
-    index_put), and whole-tensor comparisons. It sees every op dispatched while it is active,
-    whether our code or transformers' calls it; on CPU it cannot tell a host tensor's read from a
-    device's, so the step must read no tensor at all."""
-
-    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-             torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default, torch.ops.aten.masked_select.default,
-             torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
-             torch.ops.aten.unique_consecutive.default}
-    INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
-                torch.ops.aten._index_put_impl_.default}
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.READS or (func in self.INDEXING and any(
-                i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])):
-            self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def count_host_syncs(monkeypatch, fn) -> list[str]:
