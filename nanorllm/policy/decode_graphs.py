@@ -29,7 +29,7 @@ import time
 import torch
 
 from nanorllm.policy.sampler import counter_uniforms, row_seed
-from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets, slot_range, slot_ranges
+from nanorllm.policy.slot_cache import MIN_CONTEXT, context_buckets, slot_ranges
 
 
 class StepGraph:
@@ -78,7 +78,7 @@ class DecodeGraphs:
         (next tokens, logprobs) of the rows, or None to run eager."""
         if self.failed or not slots:
             return None
-        key = (slot_range(max(slots) + 1, batch.cache.slots), width, params_key(batch.params), batch.cache.version)
+        key = (batch.step_rows(max(slots) + 1), width, params_key(batch.params), batch.cache.version)
         g = self.graphs.get(key)
         if g is None:
             self._drop_stale(batch.cache.version)

@@ -226,9 +226,9 @@ class HFCausalPolicy(Policy):
         `shared` is their count (collate_train_batch counts it on the host); without it, it is counted
         from the tensors, which reads them.
         """
-        if shared is None:
-            shared = shared_columns_of(input_ids, attention_mask, positions)
-        P = 0 if self.train_module.training or not self.share_prefix else shared
+        P = 0
+        if self.share_prefix and not self.train_module.training:
+            P = shared if shared is not None else shared_columns_of(input_ids, attention_mask, positions)
         kwargs = {"attention_mask": attention_mask}
         with self.autocast():
             if P:
