@@ -12,13 +12,13 @@ then the workers are stopped; exit code 130 / 143 / 129. Further signals while t
 noted and ignored: they cannot skip the save. An error exits with 1 after the same save, printing
 the original traceback; a finished run is only one that trained every step (final eval,
 final_model/, exit 0). One process per run folder: a second one is refused (exit 2) naming the first.
-The whole order: nanorllm/trainer/lifecycle.py.
+The whole order: nanorllm/run/lifecycle.py.
 """
 
 import os
 import sys
 
-from nanorllm.trainer.lifecycle import main
+from nanorllm.run.lifecycle import main
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])

@@ -13,8 +13,6 @@ from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 
 import tyro
 
-DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
-DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
 
@@ -35,12 +33,13 @@ class TrainConfig:
     module.path:Name or path/to/file.py:Name."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
-    tasks: str = DEFAULT_TASKS
+    tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
-    spec. Left at this default, another env uses its own default tasks."""
-    eval_tasks: str = DEFAULT_EVAL_TASKS
-    """Held-out tasks, same formats (the env's own default when left at this one); any task that also appears
-    in --tasks is removed from training."""
+    spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
+    records the spec it resolved to."""
+    eval_tasks: str | None = None
+    """Held-out tasks, same formats ('': none). None: the env's own default held-out set. Any task that also
+    appears in --tasks is removed from training."""
     limit: int | None = None
     """Use only the first N training tasks."""
     eval_limit: int | None = None
@@ -255,14 +254,17 @@ class TrainConfig:
         if self.num_samples_per_task < 2:
             p.append("num_samples_per_task: GRPO needs >= 2 episodes per task to compare, "
                      f"got {self.num_samples_per_task}")
-        if not self.tasks:
+        if self.tasks == "":
             p.append("tasks: empty")
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
         try:
-            env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
+            env = env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
         except EnvSpecError as e:
             p.append(f"env: {e}")
+        else:
+            if self.tasks is None and not env.default_tasks:
+                p.append(f"tasks: the env {self.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
         return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
 
     def _non_finite(self) -> list[str]:
@@ -275,9 +277,6 @@ class TrainConfig:
                     hint = f" (inf means 'no limit' only for {', '.join(NO_LIMIT_FIELDS)})" if v == math.inf else ""
                     p.append(f"{f.name}: must be a finite number, got {v}{hint}")
         return p
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def saved(self) -> dict:
         """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
@@ -349,32 +348,6 @@ def _set_aside_off_choice(base: TrainConfig, argv: list[str]) -> tuple[TrainConf
             off[name] = value
         i += used
     return base, kept, off
-
-
-def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
-    """launch/train.py's flags: (config, run dir to resume or None, fields overridden on resume). On
-    resume the run's saved config.json is the base the flags change (when it is unreadable, the newest
-    intact checkpoint's config: checkpoint.saved_config)."""
-    if "--resume" not in argv:
-        return parse_config(argv), None, {}
-    from nanorllm.trainer.checkpoint import CheckpointError, saved_config  # torch and transformers: only a resume
-
-    i = argv.index("--resume")
-    if i + 1 >= len(argv):
-        raise ConfigError(["resume: needs a run directory"], "command-line flags")
-    resume_dir, rest = argv[i + 1], argv[:i] + argv[i + 2:]
-    if not Path(resume_dir).is_dir():
-        raise ConfigError([f"resume: {resume_dir} is not a run folder"], "command-line flags")
-    try:
-        saved_fields, source = saved_config(Path(resume_dir))
-    except CheckpointError as e:
-        raise ConfigError([f"resume: {e}"], "command-line flags") from None
-    if source != str(Path(resume_dir) / "config.json"):
-        print(f"[resume] config from {source}", flush=True)
-    saved = TrainConfig(**saved_fields)
-    cfg = parse_config(rest, base=saved)
-    overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
-    return cfg, resume_dir, overrides
 
 
 def format_config(cfg: TrainConfig) -> str:

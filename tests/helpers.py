@@ -7,7 +7,7 @@ from nanorllm.policy.base import Generation, Policy, SamplingParams
 
 
 class ScriptedPolicy(Policy):
-    """A trainable-looking policy that replays scripted texts.
+    """A local-looking policy (token ids and logprobs) that replays scripted texts.
 
     `script[k]` is the list of responses for the k-th generate call, one per conversation in
     order; an entry is a str or a (str, truncated) pair. A callable script gets
@@ -15,7 +15,6 @@ class ScriptedPolicy(Policy):
     Token ids are fake: every character is token 1 and has logprob -0.5.
     """
 
-    trainable = True
 
     def __init__(self, script, *, truncated: bool = False):
         self.script = script

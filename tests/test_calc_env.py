@@ -119,7 +119,8 @@ def test_an_episode_calls_the_tool_then_answers_in_one_engine_run():
     env = load_env("calc", EpisodeSettings(max_turns=3))
     script = [["```calc\n37 * 52 - 64\n```", "\\boxed{7}"], ["The answer is \\boxed{1860}."]]
     policy = ScriptedPolicy(script)
-    ok, wrong = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=8), env=env).run([TASK], num_samples=2)
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=8), env=env)
+    ok, wrong = engine.run([TASK], num_samples=2).results
     assert policy.batch_sizes == [2, 1]
     assert (ok.reward, ok.trajectory.termination_reason, len(ok.step_samples)) == (1.0, "correct", 2)
     assert ok.trajectory.steps[1].observation == "Result: 1860"

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import nanorllm.envs.math_env as math_env
-from nanorllm.trainer.lifecycle import main
+from nanorllm.run.lifecycle import main
 from nanorllm.envs.grader import Verdict
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.checkpoint import CheckpointError, load_latest, verify_manifest, write_manifest

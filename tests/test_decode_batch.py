@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from families import FAMILIES, tiny_family_policy
+from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.loss import token_logprobs
@@ -30,7 +31,7 @@ def run_rows(policy, params, schedule):
     {key: (prompt, Generation, KVState)} and the batch's stats."""
     out, step = {}, 0
     prompts = {e[0]: e[1] for joins in schedule.values() for e in joins}
-    with policy.decode_batch(params, engine="dynamic") as batch:
+    with ReferencePolicy(policy).decode_batch(params) as batch:
         while len(batch) or any(s >= step for s in schedule):
             batch.join(schedule.get(step, []))
             if len(batch):
@@ -76,7 +77,7 @@ def test_finished_rows_leave_the_batch():
     params = SamplingParams(max_new_tokens=5)
     p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
     eos = policy.eos_ids[0]
-    with policy.decode_batch(params, engine="dynamic") as batch:
+    with ReferencePolicy(policy).decode_batch(params) as batch:
         batch.join([(i, p[i], g, None) for i, g in enumerate(rngs(0, 1, 2))])
         sizes, ended = [], {}
         while len(batch):
@@ -110,11 +111,12 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
     try:
         engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10, temperature=1.0), max_turns=3,
                                max_batch_episodes=5)
-        results = engine.run(tasks, num_samples=4, seed=1)
+        batch = engine.run(tasks, num_samples=4, seed=1)
+        results = batch.results
     finally:
         handle.remove()
         del policy.slot_forward
-    timings = results[0].timings
+    timings = batch.timings
     assert max(s[0] for s in sizes if s[1] > 1) <= 5  # a prefill: the joiners only
     assert max(s[0] for s in sizes if s[1] == 1) <= 5 + 1  # a decode step: slots [0, n), the shared prefix's below
     assert timings["reused_tokens"] > 0 and timings["decode_rows"] == timings["tokens_kept"] - timings["prefills"]
@@ -135,7 +137,7 @@ def test_engine_runs_turns_in_flight_and_reuses_the_cache(tiny_policy):
                           max_batch_episodes=64)
     handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, a, o: o + boost)
     try:
-        wide = again.run(tasks, num_samples=4, seed=1)
+        wide = again.run(tasks, num_samples=4, seed=1).results
     finally:
         handle.remove()
     assert [[s.response_ids for s in r.step_samples] for r in results] == \
@@ -148,9 +150,10 @@ def test_bench_decode_counts_one_training_step(fresh_tiny_policy):
     from nanorllm.bench.decode import bench_decode
     from nanorllm.config import TrainConfig
     from nanorllm.datasets.tasks import load_tasks
+    from nanorllm.envs.registry import task_specs
 
     cfg = replace(TrainConfig(), model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=6)
-    out = bench_decode(fresh_tiny_policy, cfg, load_tasks(cfg.tasks, limit=2))
+    out = bench_decode(fresh_tiny_policy, cfg, load_tasks(task_specs(cfg)[0], limit=2))
     assert out["decode_useful_frac"] == 1.0
     assert out["_tokens_kept"] == out["_decode_rows"] + out["_turns"]  # each turn's first token comes from its prefill
     assert out["gen_vs_forward"] > 0 and out["_mean_batch"] <= 4
@@ -163,7 +166,7 @@ def test_rows_joining_from_a_shared_prefix_match_a_full_forward(family):
     p = [policy.first_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
     n = len(shared_prefix(p))
     assert 0 < n < min(map(len, p)) and all(q[:n] == p[0][:n] for q in p)
-    with policy.decode_batch(params, engine="dynamic") as batch:
+    with ReferencePolicy(policy).decode_batch(params) as batch:
         start = batch.cache_prefix(p[0][:n])
         batch.join([(i, p[i], g, start) for i, g in enumerate(rngs(0, 1, 2))])  # rests of different lengths
         done = dict((key, (gen, state)) for key, gen, state in batch.step())

@@ -19,7 +19,7 @@ def test_all_live_episodes_share_one_generate_call_per_turn():
     # turn 0: task 0 right in every sample; tasks 1 and 2 wrong. turn 1: everyone wrong.
     script = [[RIGHT.format(1)] * 4 + [WRONG] * 8, [WRONG] * 8]
     policy = ScriptedPolicy(script)
-    results = engine(policy, max_turns=2).run(TASKS, num_samples=4)
+    results = engine(policy, max_turns=2).run(TASKS, num_samples=4).results
     assert policy.batch_sizes == [12, 8]
     assert len(results) == 12
     assert [r.trajectory.termination_reason for r in results] == ["correct"] * 4 + ["max_turns"] * 8
@@ -28,14 +28,14 @@ def test_all_live_episodes_share_one_generate_call_per_turn():
 
 def test_max_batch_episodes_chunks_generate_calls():
     policy = ScriptedPolicy(lambda call, row, messages: WRONG)
-    results = engine(policy, max_turns=2, max_batch_episodes=5).run(TASKS, num_samples=4)
+    results = engine(policy, max_turns=2, max_batch_episodes=5).run(TASKS, num_samples=4).results
     assert policy.batch_sizes == [5, 5, 2, 5, 5, 2]
     assert all(r.trajectory.num_turns == 2 for r in results)
 
 
 def test_results_are_task_major_and_group_id_defaults_to_task_id():
     policy = ScriptedPolicy(lambda call, row, messages: WRONG)
-    results = engine(policy, max_turns=1).run(TASKS, num_samples=2)
+    results = engine(policy, max_turns=1).run(TASKS, num_samples=2).results
     assert [r.task_id for r in results] == ["t0", "t0", "t1", "t1", "t2", "t2"]
     assert [r.group_id for r in results] == ["t0", "t0", "t1", "t1", "t2", "t2"]
     assert [r.step_samples[0].episode_id for r in results] == ["t0#0", "t0#1", "t1#0", "t1#1", "t2#0", "t2#1"]
@@ -43,7 +43,7 @@ def test_results_are_task_major_and_group_id_defaults_to_task_id():
 
 def test_explicit_group_ids_and_seed():
     policy = ScriptedPolicy(lambda call, row, messages: WRONG)
-    results = engine(policy, max_turns=1).run(TASKS[:2], num_samples=2, group_ids=["a", "b"], seed=11)
+    results = engine(policy, max_turns=1).run(TASKS[:2], num_samples=2, group_ids=["a", "b"], seed=11).results
     assert [r.group_id for r in results] == ["a", "a", "b", "b"]
     assert [r.task_id for r in results] == ["t0", "t0", "t1", "t1"]
     assert policy.seeds == [11]
@@ -52,7 +52,7 @@ def test_explicit_group_ids_and_seed():
 def test_step_samples_one_per_turn_with_final_reward():
     script = [[WRONG, "no box"], ["\\boxed{2}", WRONG], [RIGHT.format(1), WRONG]]
     policy = ScriptedPolicy(script)
-    r0, r1 = engine(policy, max_turns=3).run(TASKS[:1], num_samples=2)
+    r0, r1 = engine(policy, max_turns=3).run(TASKS[:1], num_samples=2).results
     assert policy.batch_sizes == [2, 2, 2]
     assert [s.turn for s in r0.step_samples] == [0, 1, 2]
     assert {s.episode_id for s in r0.step_samples} == {"t0#0"}
@@ -67,7 +67,7 @@ def test_step_samples_one_per_turn_with_final_reward():
 
 def test_later_prompts_extend_earlier_prompt_and_response():
     policy = ScriptedPolicy(lambda call, row, messages: WRONG)
-    (r,) = engine(policy, max_turns=3).run(TASKS[:1], num_samples=1)
+    (r,) = engine(policy, max_turns=3).run(TASKS[:1], num_samples=1).results
     p0, p1, p2 = (s.prompt_ids for s in r.step_samples)
     assert p1 == p0 + [1] * len(WRONG) + [4, 4]
     assert p2 == p1 + [1] * len(WRONG) + [4, 4]
@@ -77,7 +77,7 @@ def test_later_prompts_extend_earlier_prompt_and_response():
 def test_truncated_response_with_turns_left_ends_episode():
     script = [[(WRONG, True), (WRONG, False)], [WRONG]]
     policy = ScriptedPolicy(script)
-    r0, r1 = engine(policy, max_turns=2).run(TASKS[:1], num_samples=2)
+    r0, r1 = engine(policy, max_turns=2).run(TASKS[:1], num_samples=2).results
     assert policy.batch_sizes == [2, 1]
     assert r0.trajectory.termination_reason == "truncated"
     assert r0.trajectory.terminated is False
@@ -88,7 +88,7 @@ def test_truncated_response_with_turns_left_ends_episode():
 
 def test_truncated_but_correct_counts_as_correct():
     policy = ScriptedPolicy([[(RIGHT.format(1), True)]])
-    (r,) = engine(policy, max_turns=2).run(TASKS[:1], num_samples=1)
+    (r,) = engine(policy, max_turns=2).run(TASKS[:1], num_samples=1).results
     assert (r.trajectory.termination_reason, r.reward) == ("correct", 1.0)
 
 
@@ -103,7 +103,7 @@ def test_env_error_ends_only_that_episode(monkeypatch):
     monkeypatch.setattr(math_env, "judge", flaky_judge)
     script = [[WRONG, "BOOM", RIGHT.format(1)], [RIGHT.format(1)]]
     policy = ScriptedPolicy(script)
-    r0, r1, r2 = engine(policy, max_turns=2).run(TASKS[:1], num_samples=3)
+    r0, r1, r2 = engine(policy, max_turns=2).run(TASKS[:1], num_samples=3).results
     assert policy.batch_sizes == [3, 1]
     assert [r.trajectory.termination_reason for r in (r0, r1, r2)] == ["correct", "error", "correct"]
     assert (r1.reward, r1.trajectory.terminated, len(r1.step_samples)) == (0.0, False, 1)
@@ -111,13 +111,14 @@ def test_env_error_ends_only_that_episode(monkeypatch):
     assert [len(r.step_samples) for r in (r0, r2)] == [2, 1]
 
 
-def test_results_carry_policy_version_and_timings():
+def test_results_carry_policy_version_and_the_call_its_timings():
     policy = ScriptedPolicy(lambda call, row, messages: WRONG)
     policy.version = 5
-    results = engine(policy, max_turns=2).run(TASKS[:1], num_samples=2)
-    assert all(r.policy_version == 5 for r in results)
-    assert all(s.policy_version == 5 for r in results for s in r.step_samples)
-    assert results[0].timings["gen_tokens"] == 4 * len(WRONG)
+    batch = engine(policy, max_turns=2).run(TASKS[:1], num_samples=2)
+    assert all(r.policy_version == 5 for r in batch.results)
+    assert all(s.policy_version == 5 for r in batch.results for s in r.step_samples)
+    assert batch.timings["gen_tokens"] == 4 * len(WRONG)
+    assert batch.timings["rollout_s"] >= batch.timings["generate_s"] >= 0
 
 
 # ---- the real tiny model -----------------------------------------------------------------------

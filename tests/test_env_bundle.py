@@ -8,7 +8,7 @@ import pytest
 
 from helpers import ScriptedPolicy
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
-from nanorllm.trainer.lifecycle import main
+from nanorllm.run.lifecycle import main
 from nanorllm.algos.grpo import drop_env_errors, turn_returns
 from nanorllm.config import parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
@@ -137,7 +137,7 @@ def test_an_env_error_ends_only_its_episode_is_printed_once_and_leaves_its_group
     tasks = [{"task_id": "a", "question": "qa"}, {"task_id": "b", "question": "qb"}]
     script = [["BOOM", "done", "done", "BOOM", "BOOM", "done"], ["done"]]
     engine = RolloutEngine(ScriptedPolicy(script), sampling=SamplingParams(), env=Flaky(EpisodeSettings(max_turns=3)))
-    results = engine.run(tasks, num_samples=3)
+    results = engine.run(tasks, num_samples=3).results
     reasons = [r.trajectory.termination_reason for r in results]
     assert reasons == ["error", "correct", "correct", "error", "error", "correct"]
     assert "the env divided by zero" in results[0].trajectory.steps[-1].info["error"]
@@ -150,7 +150,7 @@ def test_an_env_error_ends_only_its_episode_is_printed_once_and_leaves_its_group
 def test_rewards_at_any_step_are_kept_per_step_and_summed_for_the_episode():
     script = [["half"], ["nothing"], ["done"]]
     engine = RolloutEngine(ScriptedPolicy(script), sampling=SamplingParams(), env=Flaky(EpisodeSettings(max_turns=3)))
-    (r,) = engine.run([{"task_id": "a", "question": "q"}])
+    (r,) = engine.run([{"task_id": "a", "question": "q"}]).results
     assert [s.reward for s in r.trajectory.steps] == [0.5, 0.0, 1.0]
     assert r.reward == 1.5 and all(s.reward == 1.5 for s in r.step_samples)
     assert r.trajectory.steps[1].observation == "go on"
@@ -160,7 +160,7 @@ def test_rewards_at_any_step_are_kept_per_step_and_summed_for_the_episode():
 def test_the_engine_ends_an_env_that_never_says_done_at_the_turn_limit():
     engine = RolloutEngine(ScriptedPolicy(lambda c, r, m: "again"), sampling=SamplingParams(),
                            env=Flaky(EpisodeSettings(max_turns=2)))
-    (r,) = engine.run([{"task_id": "a", "question": "q"}])
+    (r,) = engine.run([{"task_id": "a", "question": "q"}]).results
     assert (len(r.step_samples), r.trajectory.termination_reason, r.trajectory.terminated) == (2, "max_turns", False)
 
 

@@ -190,7 +190,7 @@ def test_heartbeat_silence_grows_until_the_next_beat():
 @pytest.mark.slow
 def test_a_child_exits_by_itself_when_its_parent_is_killed():
     token = f"lifeline-{os.getpid()}-{time.time()}"
-    child = ("import os, time; from nanorllm.pipeline.lifeline import die_with_parent; "
+    child = ("import os, time; from nanorllm.utils.lifeline import die_with_parent; "
              "die_with_parent(os.getppid()); time.sleep(60)")
     parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
               "print('started', flush=True); time.sleep(60)")

@@ -15,7 +15,7 @@ from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
 from nanorllm.chaos.process import PIPELINE, TrainProcess
 from nanorllm.chaos.procs import shm_entries
 from nanorllm.config import TrainConfig
-from nanorllm.ranks.start import start_ranks
+from nanorllm.run.ranks import start_ranks
 from nanorllm.utils.devices import DeviceError, resolve_devices
 from tests.procs import read_scalars
 from tests.test_train_step import build_results, config

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nanorllm.llm.gemini import (GeminiClient, GeminiError, GeminiPolicy, is_gemini_spec,
+from nanorllm.policy.gemini import (GeminiClient, GeminiError, GeminiPolicy, is_gemini_spec,
                                  policy_from_spec)
 from nanorllm.policy.base import SamplingParams
 
@@ -235,7 +235,6 @@ def test_blocked_prompt_names_block_reason(stub, client):
 def test_policy_marks_max_tokens_as_truncated_and_greedy_sends_zero_temperature(stub, client):
     stub.handler = lambda request: (200, ok_reply("cut off mid", "MAX_TOKENS"), {}, 0.0)
     policy = GeminiPolicy(MODEL, client=client)
-    assert policy.trainable is False
     [generation] = policy.generate([[{"role": "user", "content": "long story"}]], [[]],
                                    SamplingParams(max_new_tokens=5, temperature=0.8, greedy=True))
     assert generation.text == "cut off mid"

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
 from nanorllm.envs.grader import Verdict
-from nanorllm.trainer.lifecycle import main
+from nanorllm.run.lifecycle import main
 from tests.procs import ROOT, TINY_ARGS, child_env, read_scalars
 
 BASE = [*TINY_ARGS, "--serial", "--lr", "1e-3", "--no-drop-zero-std-groups"]

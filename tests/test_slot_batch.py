@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from families import FAMILIES, tiny_family_policy
+from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import DecodeGraphs, StepGraph
 from nanorllm.policy.sampler import counter_uniforms
@@ -19,12 +20,17 @@ JOINS = {0: [0, 1, 2], 2: [3], 3: [4, 5], 7: [6]}  # row k asks QUESTIONS[k % 4]
 AGAIN = (0, 3)  # these come back for a second turn on their state
 
 
+def on_engine(policy, engine: str):
+    """The policy on the slot engine ("slots") or on the reference DecodeBatch ("dynamic")."""
+    return ReferencePolicy(policy) if engine == "dynamic" else policy
+
+
 def run_rows(policy, params, engine, *, prefix: bool = False, on_batch=None, **cache):
     """{key: (Generation, state)} and the stats, for the JOINS schedule on `engine`."""
     prompts = {k: policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[k % 4]}])
                for joins in JOINS.values() for k in joins}
     out, pending, step = {}, [], 0
-    with policy.decode_batch(params, engine=engine, **cache) as batch:
+    with on_engine(policy, engine).decode_batch(params, **cache) as batch:
         if on_batch:
             on_batch(batch)
         start = batch.cache_prefix(shared_prefix(list(prompts.values()))) if prefix else None
@@ -151,24 +157,25 @@ def test_rollouts_on_either_engine_are_the_same_episodes(tiny_policy):
     runs, steps = {}, []
     try:
         for engine in ("dynamic", "slots"):
-            e = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=10), max_turns=3, max_batch_episodes=5,
-                              decode_engine=engine)
+            e = RolloutEngine(on_engine(policy, engine), sampling=SamplingParams(max_new_tokens=10), max_turns=3,
+                              max_batch_episodes=5)
             e.on_step = lambda: steps.append(engine)
             runs[engine] = e.run(tasks, num_samples=4, seed=1)
     finally:
         handle.remove()
-    episodes = {k: [[(s.prompt_ids, s.response_ids) for s in r.step_samples] for r in v] for k, v in runs.items()}
+    episodes = {k: [[(s.prompt_ids, s.response_ids) for s in r.step_samples] for r in v.results]
+                for k, v in runs.items()}
     assert episodes["slots"] == episodes["dynamic"]
     assert any(len(e) > 1 for e in episodes["slots"])
-    for a, b in zip(runs["dynamic"], runs["slots"]):
+    for a, b in zip(runs["dynamic"].results, runs["slots"].results):
         for sa, sb in zip(a.step_samples, b.step_samples):
             torch.testing.assert_close(sb.rollout_logprobs, sa.rollout_logprobs, rtol=0, atol=1e-5)
-    timings = runs["slots"][0].timings
+    timings = runs["slots"].timings
     m = decode_metrics([timings])
     assert m["perf/decode_useful_frac"] == 1.0 and m["perf/graphs"] == 0.0
     assert 0.5 < m["perf/decode_live_frac"] < 1.0  # the shared prefix's slot is computed idle in every step
     assert m["perf/decode_context"] == timings["attended_columns"] / timings["decode_steps"] > 0
-    assert timings["reused_tokens"] == runs["dynamic"][0].timings["reused_tokens"] > 0
+    assert timings["reused_tokens"] == runs["dynamic"].timings["reused_tokens"] > 0
     assert steps.count("slots") == steps.count("dynamic") > 0  # the heartbeat hook runs every step
     assert policy.slot_cache.free == list(range(policy.slot_cache.slots - 1, -1, -1))  # every slot back
 
@@ -284,7 +291,7 @@ def test_rows_left_high_at_a_rollouts_tail_move_down_to_a_smaller_slot_range():
     runs = {}
     for engine in ("dynamic", "slots"):
         out, rows_run = {}, []
-        with policy.decode_batch(params, engine=engine, slots=64, width=128) as batch:
+        with on_engine(policy, engine).decode_batch(params, slots=64, width=128) as batch:
             if engine == "slots":
                 step = batch.decode_step
                 batch.decode_step = lambda tok, *a: (rows_run.append(len(tok)), step(tok, *a))[1]
@@ -321,7 +328,7 @@ def test_eager_steps_close_every_hole_and_graph_steps_only_a_bucket_drop():
     runs, slots_seen = {}, []
     for engine in ("dynamic", "slots"):
         out = {}
-        with policy.decode_batch(params, engine=engine, slots=8, width=128) as batch:
+        with on_engine(policy, engine).decode_batch(params, slots=8, width=128) as batch:
             batch.join([(k, prompts[k], torch.Generator().manual_seed(k), None) for k in (0, 1)])
             for _ in range(2):
                 batch.step()

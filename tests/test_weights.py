@@ -189,7 +189,7 @@ def _gone(pid: int) -> bool:
 
 def _worker_loading(store: SharedWeights, learner_pid: int, device: str, out) -> None:
     """A pipeline worker's part: dies with its learner (lifeline.py), loads in a loop until then."""
-    from nanorllm.pipeline.lifeline import die_with_parent
+    from nanorllm.utils.lifeline import die_with_parent
 
     die_with_parent(learner_pid, poll_s=0.1)
     block = store.attach(_model(device=device))

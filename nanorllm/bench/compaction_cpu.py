@@ -14,6 +14,7 @@ import torch
 
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import slot_range
@@ -25,18 +26,18 @@ RULES = {"every_hole": SlotBatch.step_rows, "bucket_drop": lambda self, top: slo
 def compare(model: str = "smollm2-135m-instruct", runs: int = 4) -> dict:
     cfg = replace(TrainConfig(), model=model)
     policy = HFCausalPolicy.from_name(model)
-    tasks = load_tasks(cfg.tasks, limit=cfg.tasks_per_step)
+    tasks = load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step)
     seconds, rows, episodes = {r: [] for r in RULES}, {r: [] for r in RULES}, {}
     try:
         for run in range(runs):
             for name, rule in RULES.items():
                 SlotBatch.step_rows = rule
                 t0 = time.perf_counter()
-                results = training_engine(policy, cfg).run(tasks, num_samples=cfg.num_samples_per_task, seed=run)
+                batch = training_engine(policy, cfg).run(tasks, num_samples=cfg.num_samples_per_task, seed=run)
                 if run:  # the first run of each is warm-up
                     seconds[name].append(time.perf_counter() - t0)
-                    rows[name].append(results[0].timings["computed_rows"])
-                episodes[name, run] = [[s.response_ids for s in r.step_samples] for r in results]
+                    rows[name].append(batch.timings["computed_rows"])
+                episodes[name, run] = [[s.response_ids for s in r.step_samples] for r in batch.results]
     finally:
         SlotBatch.step_rows = RULES["every_hole"]
     median = {name: sorted(s)[len(s) // 2] for name, s in seconds.items()}

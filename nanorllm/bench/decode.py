@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from nanorllm.bench.decode_batch import cached_forward
 from nanorllm.config import TrainConfig
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -19,7 +20,7 @@ def bench_rollout_batching(policy: HFCausalPolicy, tasks: list[dict], max_new_to
     try:
         engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=max_new_tokens), max_turns=1)
         t0 = time.perf_counter()
-        results = engine.run(tasks, num_samples=1, seed=0)
+        results = engine.run(tasks, num_samples=1, seed=0).results
         batched_s = time.perf_counter() - t0
         tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
         t0 = time.perf_counter()
@@ -45,9 +46,9 @@ def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) ->
     engine = training_engine(policy, cfg)
     engine.run(tasks[:2], num_samples=1, seed=1)  # warm-up
     t0 = time.perf_counter()
-    results = engine.run(tasks[:cfg.tasks_per_step], num_samples=cfg.num_samples_per_task, seed=0)
+    batch = engine.run(tasks[:cfg.tasks_per_step], num_samples=cfg.num_samples_per_task, seed=0)
     step_s = time.perf_counter() - t0
-    st = results[0].timings
+    results, st = batch.results, batch.timings
     samples = [s for r in results for s in r.step_samples]
     batch = max(1, round(st["decode_rows"] / max(st["decode_steps"], 1)))
     context = round(sum(len(s.prompt_ids) + len(s.response_ids) / 2 for s in samples) / len(samples))
@@ -57,10 +58,10 @@ def bench_decode(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) ->
     pos = torch.arange(context + steps, device=policy.device).expand(batch, -1)
     with policy.decode_batch(SamplingParams()):  # eval mode, no grad, the policy's autocast
         cache = DynamicCache()
-        policy.cached_forward(ids[:, :context], mask[:, :context], pos[:, :context], cache)
+        cached_forward(policy, ids[:, :context], mask[:, :context], pos[:, :context], cache)
         t0 = time.perf_counter()
         for t in range(context, context + steps):  # attention over a growing cache, as in sampling
-            policy.cached_forward(ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], cache)
+            cached_forward(policy, ids[:, t:t + 1], mask[:, :t + 1], pos[:, t:t + 1], cache)
         bare_s = time.perf_counter() - t0
     gen_per_s, bare_per_s = st["tokens_kept"] / step_s, batch * steps / bare_s
     return {"decode_useful_frac": decode_useful_frac(st),

@@ -11,8 +11,10 @@ from dataclasses import replace
 
 import torch
 
+from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 
@@ -22,19 +24,18 @@ ENGINES = ("dynamic", "slots")
 def compare(model: str = "tiny-random", runs: int = 4) -> dict:
     cfg = replace(TrainConfig(), model=model)
     policy = HFCausalPolicy.from_name(model)
-    tasks = load_tasks(cfg.tasks, limit=cfg.tasks_per_step)
+    tasks = load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step)
     rates, episodes, useful = {e: [] for e in ENGINES}, {}, {}
     for run in range(runs):
         for name in ENGINES:
-            engine = training_engine(policy, cfg)
-            engine.decode_engine = name
+            engine = training_engine(ReferencePolicy(policy) if name == "dynamic" else policy, cfg)
             t0 = time.perf_counter()
-            results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=run)
+            batch = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=run)
             seconds = time.perf_counter() - t0
-            t = results[0].timings
+            t = batch.timings
             if run:  # the first run of each is warm-up
                 rates[name].append(t["gen_tokens"] / seconds)
-            episodes[name, run] = [[s.response_ids for s in r.step_samples] for r in results]
+            episodes[name, run] = [[s.response_ids for s in r.step_samples] for r in batch.results]
             useful[name] = (t["tokens_kept"] - t["prefills"]) / max(t["decode_rows"], 1)
     median = {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
     return {"tokens_per_s": median, "runs": rates, "decode_useful_frac": useful,

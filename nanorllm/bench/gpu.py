@@ -30,8 +30,10 @@ from pathlib import Path
 import torch
 
 from nanorllm.bench import gpu_learner, gpu_weights
+from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -78,7 +80,8 @@ def decode_ms(policy: HFCausalPolicy, engine: str, rows: int, prompt: list[int],
     """Median ms of one step() at `rows` rows that never finish (ignore_eos, a long max_new_tokens)."""
     params = SamplingParams(max_new_tokens=10_000, temperature=1.0, ignore_eos=True)
     times = []
-    with policy.decode_batch(params, engine=engine, slots=rows + 1, width=len(prompt) + 2 * steps + 16) as batch:
+    source = ReferencePolicy(policy) if engine == "dynamic" else policy
+    with source.decode_batch(params, slots=rows + 1, width=len(prompt) + 2 * steps + 16) as batch:
         batch.join([(i, prompt, torch.Generator().manual_seed(i), None) for i in range(rows)])
         for k in range(steps + 3):  # 3 warm-up steps (the graph engine captures its bucket here)
             _sync(policy.device.type)
@@ -92,13 +95,12 @@ def decode_ms(policy: HFCausalPolicy, engine: str, rows: int, prompt: list[int],
 
 def rollout_tokens_per_s(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], decode_engine: str) -> float:
     """tokens/s of one fixed-length rollout on `decode_engine`, after a warm-up one."""
-    engine = training_engine(policy, cfg)
-    engine.decode_engine = decode_engine
+    engine = training_engine(ReferencePolicy(policy) if decode_engine == "dynamic" else policy, cfg)
     engine.sampling = replace(engine.sampling, ignore_eos=True)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)
     _sync(policy.device.type)
     t0 = time.perf_counter()
-    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1).results
     _sync(policy.device.type)
     return sum(len(s.response_ids) for r in results for s in r.step_samples) / (time.perf_counter() - t0)
 
@@ -113,16 +115,16 @@ def rollout_figures(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict],
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
     _sync(dev)
     t0 = time.perf_counter()
-    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    batch = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    results, t = batch.results, batch.timings
     _sync(dev)
     wall = time.perf_counter() - t0
     tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
     out = {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "capture_s": capture_s,
            "turns_per_episode": sum(len(r.step_samples) for r in results) / len(results),
-           "graph_steps_frac": results[0].timings.get("graph_steps", 0) / max(results[0].timings["decode_steps"], 1)}
+           "graph_steps_frac": t.get("graph_steps", 0) / max(t["decode_steps"], 1)}
     if dev == "cuda":
         out["busy_frac"] = guarded(busy_fraction, lambda: engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=2))
-    t = results[0].timings
     out["decode_context"] = t.get("attended_columns", 0) / max(t["decode_steps"], 1)  # mean columns a step read
     out["upper_bound_tokens_per_s"] = guarded(replay_bound, policy, engine, tasks[0], rows=len(results),
                                               context=out["decode_context"])
@@ -218,7 +220,7 @@ def greedy_same(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict], n: 
     for graphs in (False, True):
         policy.graphs_enabled = graphs
         policy.decode_graphs = None
-        res = engine.run(tasks[:n], num_samples=1, seed=0)
+        res = engine.run(tasks[:n], num_samples=1, seed=0).results
         runs.append([[s.response_ids for s in r.step_samples] for r in res])
     policy.graphs_enabled = True
     return sum(a == b for a, b in zip(*runs))
@@ -241,7 +243,7 @@ def run(b: GpuBenchConfig) -> dict:
     cfg = replace(TrainConfig(), tasks_per_step=2 if dry else b.tasks_per_step,
                   num_samples_per_task=2 if dry else b.num_samples_per_task, max_new_tokens=6 if dry else 32,
                   max_turns=2, max_batch_episodes=4 if dry else 256)
-    tasks = load_tasks(cfg.tasks, limit=max(cfg.tasks_per_step, 32))
+    tasks = load_tasks(task_specs(cfg)[0], limit=max(cfg.tasks_per_step, 32))
     figures: dict = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "dry_run": dry,
                      "dtype": b.dtype, "versions": versions(), "rollout": {}, "decode_ms": {}}
     for i, model in enumerate(models):

@@ -15,7 +15,7 @@ from nanorllm.trainer.update import make_optimizer
 def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens,
                                                            temperature=cfg.temperature), max_turns=cfg.max_turns)
-    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
+    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1).results
     for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
         r.trajectory.final_reward = float(i % 2)
     cfg = replace(cfg, drop_zero_std_groups=False, micro_batch_tokens=10**9)

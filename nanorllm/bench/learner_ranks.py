@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 from nanorllm.bench.record import median, record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.ranks.group import LearnerRanks, free_port
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.policy.base import SamplingParams
@@ -193,7 +194,7 @@ def run_ranks_bench(b: RanksBenchConfig) -> int:
     policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=48 if b.quick else 32,
                                                            temperature=cfg.temperature), max_turns=cfg.max_turns)
-    results = engine.run(load_tasks(cfg.tasks, limit=cfg.tasks_per_step), num_samples=cfg.num_samples_per_task, seed=1)
+    results = engine.run(load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step), num_samples=cfg.num_samples_per_task, seed=1).results
     for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
         r.trajectory.final_reward = float(i % 2)
     print(f"[bench] learner step on 1 vs {b.world} ranks, {len(results)} episodes, then transfers ...", flush=True)

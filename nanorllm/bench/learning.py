@@ -39,7 +39,7 @@ import torch
 
 from nanorllm.bench.trial import checked
 from nanorllm.config import TrainConfig
-from nanorllm.trainer.lifecycle import run_training
+from nanorllm.run.lifecycle import run_training
 from nanorllm.trainer.loop import TrainingRun
 
 TARGET_POINTS = 0.10  # "time to +10 points" of held-out success
@@ -99,7 +99,7 @@ def configurations(b: LearningConfig) -> dict[str, dict]:
 
 
 class Snapshots:
-    """The run's hooks (trainer/lifecycle.py). `take_due`, after every eval_every-th update (and before
+    """The run's hooks (run/lifecycle.py). `take_due`, after every eval_every-th update (and before
     the first): a copy of the weights and the training wall time so far, the copies' own time left
     out. `evaluate`, once training is over and the workers are gone: every copy on the held-out set,
     with no worker competing and no time counted."""

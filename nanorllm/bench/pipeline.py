@@ -11,6 +11,7 @@ from nanorllm.bench.config import BenchConfig, on_cpu, train_config
 from nanorllm.bench.trial import run_trial
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
@@ -61,7 +62,7 @@ def _rollout_server(cfg: TrainConfig, commands, out) -> None:
     torch.set_flush_denormal(True)
     policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
     engine = training_engine(policy, cfg)
-    tasks = load_tasks(cfg.tasks, limit=cfg.tasks_per_step)
+    tasks = load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
     out.put(None)
     while (n := commands.get()) is not None:

@@ -35,6 +35,7 @@ from nanorllm.bench.pipeline import bench_broadcast, bench_pipeline, bench_worke
 from nanorllm.bench.record import record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
+from nanorllm.envs.registry import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 
 TARGETS = {  # (comparison, target)
@@ -61,7 +62,7 @@ def run_bench(b: BenchConfig) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = train_config(b)
     policy = HFCausalPolicy.from_name(cfg.model, device="cuda:0" if torch.cuda.is_available() else "cpu")
-    tasks = load_tasks(cfg.tasks, limit=32)  # 32 episodes: one default training step (8 tasks x 4)
+    tasks = load_tasks(task_specs(cfg)[0], limit=32)  # 32 episodes: one default training step (8 tasks x 4)
     default_step = replace(TrainConfig(), model=cfg.model)
     print("[bench] weight broadcast ...", flush=True)
     figures.update(bench_broadcast(policy))

@@ -1,6 +1,6 @@
 """A short, timed training run in this process, for benchmarks and worker-count tuning.
 
-Same lifecycle as launch/train.py (trainer/lifecycle.py) minus held-out evaluation and checkpoints,
+Same lifecycle as launch/train.py (run/lifecycle.py) minus held-out evaluation and checkpoints,
 so what is timed is exactly what a user's run does per step.
 """
 
@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import replace
 
 from nanorllm.config import TrainConfig
-from nanorllm.trainer.lifecycle import run_training
+from nanorllm.run.lifecycle import run_training
 
 
 def checked(code: int, what: str) -> None:

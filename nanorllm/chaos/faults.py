@@ -8,13 +8,17 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
                      result, padded to 8 MB (a worker killed while it writes a large message)
     learner_step:N   the learner raises an exception when it is about to train step N
     disk_full:N      writing step N's checkpoint fails with ENOSPC after the model files are written
-    nan_weights:N    step N's update leaves one weight NaN (an update that diverged)
-    grader_hang      every answer check sleeps for an hour (a grader stuck where no timeout reaches)
+    nan_weights:N    one weight turns NaN as step N's update starts (an update that diverged)
+    grader_hang      every env step sleeps for an hour (a grader stuck where no timeout reaches)
     fixed_answer:T   every response is graded as if it were T (a model that always answers T, e.g.
                      \\boxed{1}: the tiny random model never closes a box, so it never reaches the grader)
+
+Each phase has one hook: `before_update` in the training loop, `env_response` where the rollout
+engine hands a response to the env, and the worker's and checkpoint's own `fault(...)` checks.
 """
 
 import os
+import time
 
 
 def fault(name: str) -> str | None:
@@ -24,3 +28,22 @@ def fault(name: str) -> str | None:
         if key.strip() == name:
             return arg.strip()
     return None
+
+
+def before_update(step: int, model) -> None:
+    """The training loop's hook, just before step `step`'s update: learner_step:N raises, nan_weights:N
+    turns the model's first weight NaN."""
+    if fault("learner_step") == str(step):
+        raise RuntimeError(f"injected fault: learner_step {step}")
+    if fault("nan_weights") == str(step):
+        import torch
+
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float("nan")
+
+
+def env_response(response: str) -> str:
+    """The rollout engine's hook on what the env is handed: fixed_answer:T replaces it, grader_hang never returns."""
+    if fault("grader_hang") is not None:
+        time.sleep(3600)
+    return fault("fixed_answer") or response

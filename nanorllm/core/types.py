@@ -4,13 +4,14 @@ Two views of one episode travel together:
 - `Trajectory` / `Step`: what happened (interaction semantics, readable text). No tokens.
 - `StepSample`: what the trainer needs (token ids and the logprobs the sampler saw), one per turn.
 `RolloutResult` binds them, so a worker can ship an episode as one object and a learner can
-fill in advantages without losing which samples belong to which trajectory.
+fill in advantages without losing which samples belong to which trajectory. `RolloutBatch` is what
+one engine call returns: its episodes, and how the call spent its time (once, not per episode).
 
 Everything here is plain Python data (str, int, float, list, dict) so it pickles cheaply across
 a multiprocessing queue; only the learner turns samples into tensors.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -40,9 +41,6 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.steps)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -75,7 +73,6 @@ class RolloutResult:
     policy_version: int = 0
     worker_id: int = -1  # -1 = the serial loop
     group_id: str = ""  # the (task, round) group this episode belongs to
-    timings: dict = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
@@ -84,3 +81,11 @@ class RolloutResult:
     @property
     def reward(self) -> float:
         return self.trajectory.final_reward
+
+
+@dataclass
+class RolloutBatch:
+    """One RolloutEngine.run call: its episodes (task order, then sample order) and its counters."""
+
+    results: list[RolloutResult]
+    timings: dict = field(default_factory=dict)  # rollout_s, generate_s, gen_tokens + the decode engine's counters

@@ -133,11 +133,6 @@ def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0,
     return CHECKER.check(predicted, gold, cpu_limit_s, progress)
 
 
-def is_equivalent(predicted: str, gold: str, *, cpu_limit_s: float = 5.0) -> bool:
-    """True when the answer is right ('0.5' for gold '\\frac{1}{2}'; for a numeric gold only plain numbers)."""
-    return check_answer(predicted, gold, cpu_limit_s=cpu_limit_s)[0]
-
-
 def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0,
           progress: Callable[[], None] | None = None) -> Verdict:
     """Grade a whole response. A response without a closed \\boxed{} is wrong."""

@@ -8,15 +8,16 @@ The reward is terminal: only the last step's reward is the episode's reward.
 `MathSelfRefine` is the bundle `--env math` names (the default).
 """
 
-import time
 from typing import Callable
 
 from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT, MathAgent
-from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.grader import judge
-from nanorllm.chaos.faults import fault
 
+# The default task (docs/results.md): sums and differences of two numbers 0-20, 882 distinct problems;
+# the 200 held out are drawn by another seed and removed from training.
+DEFAULT_TASKS = "arith:max=20,terms=2,ops=+-,count=882,seed=1"
+DEFAULT_EVAL_TASKS = "arith:max=20,terms=2,ops=+-,count=200,seed=2"
 RETRY_FEEDBACK = ("Your answer is incorrect. Check your work and try again. "
                   "Put your final answer in \\boxed{}.")
 NO_BOX_FEEDBACK = ("I could not find a final answer. Solve it again and put your final answer "
@@ -42,9 +43,6 @@ class MathEnv:
         """Grade one response. Returns (feedback or None, reward, done, info)."""
         assert self.task is not None, "call reset(task) first"
         self.turn += 1
-        response = fault("fixed_answer") or response
-        if fault("grader_hang") is not None:
-            time.sleep(3600)  # a grader stuck in a call that never returns
         verdict = judge(response, self.task["answer"], cpu_limit_s=self.grader_timeout_s, progress=self.progress)
         correct = verdict.correct
         info = {"extracted": verdict.extracted, "correct": correct, "turn": self.turn}

@@ -123,6 +123,14 @@ def env_from_config(cfg) -> EnvBundle:
     return load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
 
 
+def task_specs(cfg, env: EnvBundle | None = None) -> tuple[str | None, str]:
+    """(training, held-out) task specs of a config: the fields it sets, else its env's own defaults
+    (held-out '' when the env has none)."""
+    env = env or env_from_config(cfg)
+    return (env.default_tasks if cfg.tasks is None else cfg.tasks,
+            (env.default_eval_tasks or "") if cfg.eval_tasks is None else cfg.eval_tasks)
+
+
 def describe(bundle: EnvBundle) -> str:
     """One line for the start of a run: the env and every option with its value."""
     opts = ", ".join(f"{k}={v!r}" for k, v in bundle.options.items()) or "no options"

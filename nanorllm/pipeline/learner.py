@@ -318,12 +318,11 @@ class PipelineSource:
             m["pipeline/weight_load_s"] = sum(t.load_s for t in times) / loads
         total_rate = 0.0
         for x in msgs:
-            tokens = x.results[0].timings["gen_tokens"] if x.results else 0
-            rate = tokens / max(x.times.rollout_s, 1e-9)
+            rate = x.timings.get("gen_tokens", 0) / max(x.times.rollout_s, 1e-9)
             m[f"pipeline/worker{x.worker_id}/gen_tokens_per_s"] = rate
             total_rate += rate
         m["perf/gen_tokens_per_s"] = total_rate
-        m.update(decode_metrics([x.results[0].timings for x in msgs if x.results]))
+        m.update(decode_metrics([x.timings for x in msgs]))
         m["perf/rollout_s"] = max((t.rollout_s for t in times), default=0.0)
         return m
 

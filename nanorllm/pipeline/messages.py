@@ -69,6 +69,7 @@ class JobDone:
     version: int  # the weights version that sampled them
     results: list[RolloutResult]  # task-major: every episode of the job's first task, then the next...
     times: JobTimes = field(default_factory=JobTimes)
+    timings: dict = field(default_factory=dict)  # the engine call's counters (RolloutBatch.timings)
 
 
 @dataclass

@@ -29,7 +29,7 @@ import traceback
 import torch
 
 from nanorllm.pipeline.channel import frame
-from nanorllm.pipeline.lifeline import die_with_parent
+from nanorllm.utils.lifeline import die_with_parent
 from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
@@ -144,9 +144,9 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
         t_run = time.perf_counter()
         try:
             out = engine.run(job.tasks, num_samples=job.num_samples, group_ids=job.group_ids, seed=job.seed)
-            for r in out:
+            for r in out.results:
                 r.worker_id = wid
-            msg = JobDone(job.job_id, wid, policy.version, out, acc)
+            msg = JobDone(job.job_id, wid, policy.version, out.results, acc, out.timings)
         except Exception:
             msg = JobFailed(job.job_id, wid, policy.version, traceback.format_exc(), acc)
         now = time.perf_counter()

@@ -5,7 +5,7 @@ extends, so the learner can score all turns of an episode with one forward pass.
 sees only chat messages and returns text; it has no token ids or logprobs and cannot be trained.
 The engine asks for both views and each policy uses the one it has.
 
-A local model may also offer `decode_batch(params)` (see policy/decode_batch.py): rows that join and
+A local model may also offer `decode_batch(params)` (see bench/decode_batch.py): rows that join and
 leave a running batch between decode steps. The engine uses it when it is there and falls back to
 one `generate` call per turn otherwise.
 """
@@ -33,9 +33,8 @@ class Generation:
 
 
 class Policy:
-    """Interface. `trainable` policies return token ids and logprobs."""
+    """Interface. Local policies return token ids and logprobs; API policies text only."""
 
-    trainable: bool = False
     version: int = 0
 
     def seed(self, seed: int) -> None:

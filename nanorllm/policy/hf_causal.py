@@ -3,11 +3,11 @@
 Why our own sampling loop instead of `model.generate`: we need, for every sampled token, its
 log-probability under exactly the distribution the learner will score (logits / temperature, full
 vocabulary), and `generate` would have to keep (B, T, V) logits around to give us that. The loop is
-a KV-cached decode (policy/decode_batch.py) in which a finished row leaves the batch at once
-and new rows can join between steps; `generate` is one such batch, the RolloutEngine keeps one
-running across turns. By default that batch is a SlotBatch (policy/slot_batch.py) over a preallocated
-slot KV cache the policy keeps between calls (its decode step is replayed from CUDA graphs on a GPU);
-`engine="dynamic"` gives the DecodeBatch it grew from, kept as the reference it is tested against.
+a KV-cached decode in which a finished row leaves the batch at once and new rows can join between
+steps; `generate` is one such batch, the RolloutEngine keeps one running across turns. That batch is
+a SlotBatch (policy/slot_batch.py) over a preallocated slot KV cache the policy keeps between calls
+(its decode step is replayed from CUDA graphs on a GPU). The DecodeBatch it grew from is the
+reference it is tested against (bench/decode_batch.py).
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
 and its state stay fp32, so a 6e-6 step is not rounded away below half a bf16 ulp) and runs every
@@ -31,7 +31,6 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
-from nanorllm.policy.decode_batch import DecodeBatch
 from nanorllm.policy.decode_graphs import DecodeGraphs
 from nanorllm.policy.models import load_model_and_tokenizer
 from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generators
@@ -52,7 +51,6 @@ class ForwardOutput:
 
 
 class HFCausalPolicy(Policy):
-    trainable = True
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", seed: int = 0,
                  compute_dtype: torch.dtype | None = None):
@@ -120,27 +118,23 @@ class HFCausalPolicy(Policy):
 
     @contextlib.contextmanager
     def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None,
-                     engine: str = "slots", slots: int = 8, width: int = 256):
-        """A batch to join rows into and step, in eval mode, no grad and the policy's autocast.
-        `engine`: "slots" (a SlotBatch over a cache of at least `slots` slots x `width` tokens; it grows
-        if rows need more) or "dynamic" (the DecodeBatch)."""
+                     slots: int = 8, width: int = 256):
+        """A SlotBatch to join rows into and step, over a cache of at least `slots` slots x `width`
+        tokens (it grows if rows need more), in eval mode, no grad and the policy's autocast."""
         was_training = self.model.training
         self.model.eval()
         batch = None
         try:
             with torch.no_grad(), self.autocast():
-                if engine == "dynamic":
-                    batch = DecodeBatch(self, params, keep_state=keep_state, stats=stats)
-                else:
-                    cache = self.ensure_slot_cache(slots, width)
-                    graphs = self.device.type == "cuda" and self.graphs_enabled
-                    if graphs and self.decode_graphs is None:
-                        self.decode_graphs = DecodeGraphs()
-                    batch = SlotBatch(self, params, cache=cache, keep_state=keep_state, stats=stats,
-                                      graphs=self.decode_graphs if graphs else None)
+                cache = self.ensure_slot_cache(slots, width)
+                graphs = self.device.type == "cuda" and self.graphs_enabled
+                if graphs and self.decode_graphs is None:
+                    self.decode_graphs = DecodeGraphs()
+                batch = SlotBatch(self, params, cache=cache, keep_state=keep_state, stats=stats,
+                                  graphs=self.decode_graphs if graphs else None)
                 yield batch
         finally:
-            if isinstance(batch, SlotBatch):
+            if batch is not None:
                 batch.close()
             self.model.train(was_training)
 
@@ -189,14 +183,6 @@ class HFCausalPolicy(Policy):
             while len(batch):
                 out.update((key, gen) for key, gen, _ in batch.step())
         return [out[i] for i in range(len(prompt_ids))]
-
-    def cached_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                       cache) -> torch.Tensor:
-        """(B, V) next-token logits after `input_ids` (B, T); `cache` (its keys/values for the first
-        L columns of the (B, L + T) `attention_mask`) is extended in place (the DecodeBatch's forward)."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        return out.logits[:, -1]
 
     def sample(self, logits: torch.Tensor, params: SamplingParams,
                rngs: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,6 @@ from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random"
-BUILTIN_MODELS = (SMOLLM2, TINY)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -26,9 +26,18 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.policy.base import Generation, SamplingParams
-from nanorllm.policy.decode_batch import new_stats
 from nanorllm.policy.sampler import counter_uniforms, row_seed, sample_with_uniforms, uniforms_from_generators
 from nanorllm.policy.slot_cache import MIN_CONTEXT, SlotCache, SlotForward, context_bucket, slot_range
+
+
+def new_stats() -> dict:
+    """Counters of what the model computed for one engine call."""
+    return {"decode_steps": 0, "decode_rows": 0, "tokens_kept": 0,
+            "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0,
+            "graph_steps": 0,  # decode steps replayed from a CUDA graph (policy/decode_graphs.py)
+            "slot_moves": 0,  # rows moved to a lower slot at a rollout's tail (SlotBatch._compact)
+            "computed_rows": 0,  # rows the decode steps computed, idle slots included (SlotBatch)
+            "attended_columns": 0}  # columns the decode steps read, summed over steps (SlotBatch)
 
 
 @dataclass

@@ -9,7 +9,7 @@ rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one 
   and checkpoints stay plain HF directories that any number of ranks can resume from.
 - every step rank 0 cuts the step's episodes into one share per rank, groups kept whole
   (ranks/split.py), and sends each rank its share with one `scatter_object_list`; a `None` share
-  tells the other ranks the run is over. Every rank trains its share (ranks/follower.py).
+  tells the other ranks the run is over. Every rank trains its share (run/follower.py).
 - the loss normaliser is global: train_step all-reduces the step's token and sample counts before
   the loss, and multiplies each rank's loss by the world size because DDP averages gradients. An
   N-rank step is then the 1-rank step on the same batch (tests/test_ranks.py holds them within 1e-5).
@@ -17,7 +17,7 @@ rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one 
 
 Ranks start one of two ways: under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR/PORT set, every process ran launch/train.py), or, with `--learner-devices` naming N > 1
-devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost); both in ranks/start.py.
+devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost); both in run/ranks.py.
 With one rank there is no process group and nothing here does anything.
 
 With `--learner-parallel fsdp` the ranks hold shards of the model and its optimizer state instead
@@ -29,7 +29,7 @@ rank stops the run instead of hanging it; a dead rank breaks the next collective
 connections close). `check` turns that into one clear error naming the rank and how it ended;
 the run then saves the last completed step like after any other error (under FSDP it cannot: the
 dead rank's shard of the optimizer state is gone, and `optimizer_state` says so instead). Spawned ranks die with rank
-0 (pipeline/lifeline.py) and `close` ends them; under torchrun the agent ends the others.
+0 (utils/lifeline.py) and `close` ends them; under torchrun the agent ends the others.
 """
 
 import contextlib
@@ -197,7 +197,7 @@ class LearnerRanks:
     def together(self, fn, policy, optimizer):
         """Rank 0, between steps: every rank runs fn(policy, optimizer, ranks) at once, for collectives
         outside a step (gathering the optimizer state for a checkpoint). The other ranks, waiting
-        in `begin`, get `fn` (a module-level function) instead of a step (ranks/follower.py)."""
+        in `begin`, get `fn` (a module-level function) instead of a step (run/follower.py)."""
         self.begin(fn)
         return fn(policy, optimizer, self)
 

@@ -25,11 +25,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+from nanorllm.chaos.faults import env_response
+from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory
 from nanorllm.envs.base import Agent, Env, EnvBundle, EpisodeSettings
 from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
-from nanorllm.policy.decode_batch import new_stats
+from nanorllm.policy.slot_batch import new_stats
 
 
 @dataclass
@@ -84,14 +85,13 @@ def report_env_error(spec: str, task_id: str, where: str) -> str:
 
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, env: EnvBundle | None = None,
-                 max_turns: int = 2, max_batch_episodes: int = 64, decode_engine: str = "slots"):
+                 max_turns: int = 2, max_batch_episodes: int = 64):
         """`env`: the episodes' bundle; without one, the default bundle with `max_turns`."""
         self.policy = policy
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
         self.max_batch_episodes = max_batch_episodes
-        self.decode_engine = decode_engine  # "slots" (policy/slot_batch.py) or "dynamic" (the DecodeBatch it replaced)
         self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
         # watch(activity, task_index): told when the env's reset or step ("grading") starts and ends (and
         # beaten while a check runs), so a hang detector can say whether generation or the env stands still,
@@ -99,8 +99,8 @@ class RolloutEngine:
         self.watch: Callable[[str, int], None] = lambda activity, task_index: None
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
-            seed: int | None = None, sampling: SamplingParams | None = None) -> list[RolloutResult]:
-        """num_samples episodes per task; results in task order, then sample order."""
+            seed: int | None = None, sampling: SamplingParams | None = None) -> RolloutBatch:
+        """num_samples episodes per task (results in task order, then sample order) and the call's timings."""
         t0 = time.perf_counter()
         if seed is not None:
             self.policy.seed(seed)
@@ -127,8 +127,8 @@ class RolloutEngine:
         version = getattr(self.policy, "version", 0)
         for ep in episodes:
             ep.result.policy_version = version
-            ep.result.timings = {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated, **stats}
-        return [ep.result for ep in episodes]
+        return RolloutBatch([ep.result for ep in episodes],
+                            {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated, **stats})
 
     def _run_in_flight(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One decode batch for the whole call; turns join and leave it between decode steps."""
@@ -138,8 +138,7 @@ class RolloutEngine:
         t0 = time.perf_counter()
         width = self.slot_width(max(len(ep.prompt_ids) for ep in episodes), params)
         rows = min(self.max_batch_episodes, len(episodes))
-        with self.policy.decode_batch(params, stats=stats, engine=self.decode_engine,
-                                      slots=rows + 1, width=width) as batch:  # + the shared prefix
+        with self.policy.decode_batch(params, stats=stats, slots=rows + 1, width=width) as batch:  # + the prefix
             shared = shared_prefix([ep.prompt_ids for ep in episodes])
             start = batch.cache_prefix(shared) if len(episodes) > 1 and len(shared) >= MIN_SHARED_PREFIX else None
             waiting = deque((ep, start) for ep in episodes)  # (episode, KV state its prompt extends)
@@ -152,7 +151,7 @@ class RolloutEngine:
                     n_generated += len(gen.response_ids)
                     if self._advance(ep, gen):
                         next_turns.append((ep, state))
-                    elif hasattr(batch, "release"):
+                    else:
                         batch.release(state)  # the episode ended: its slot is free
                 waiting.extendleft(reversed(next_turns))  # next turns go before episodes not yet started
         return n_generated, time.perf_counter() - t0, stats
@@ -216,7 +215,7 @@ class RolloutEngine:
             policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
         self.watch("grading", ep.task_index)
         try:
-            feedback, reward, done, info = env.step(gen.text)
+            feedback, reward, done, info = env.step(env_response(gen.text))
         except Exception:  # one bad episode must not stop the batch: end it, keep the reason
             agent.trajectory.steps[-1].info["error"] = report_env_error(self.env.spec, ep.task["task_id"], "step")
             self._finish(ep, terminated=False, reason="error")

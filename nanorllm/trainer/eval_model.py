@@ -13,8 +13,9 @@ from nanorllm.utils.devices import configure_threads
 
 @dataclass
 class EvalConfig:
-    tasks: str
-    """Tasks in the env's format (math: a JSONL file, seed schema or GSM8K format, or an arith:... spec)."""
+    tasks: str | None = None
+    """Tasks in the env's format (math: a JSONL file, seed schema or GSM8K format, or an arith:... spec).
+    None: the env's own default held-out tasks."""
     env: str = "math"
     """The environment bundle: math, calc, module.path:Name or path/to/file.py:Name."""
     env_arg: tuple[str, ...] = ()
@@ -40,7 +41,7 @@ class EvalConfig:
 
 
 def load_policy(cfg: EvalConfig):
-    from nanorllm.llm.gemini import is_gemini_spec, policy_from_spec
+    from nanorllm.policy.gemini import is_gemini_spec, policy_from_spec
 
     if is_gemini_spec(cfg.model):
         return policy_from_spec(cfg.model, concurrency=cfg.api_concurrency)
@@ -54,7 +55,11 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}). A bad task file
     raises TaskFileError, a bad env spec EnvSpecError, both before the model loads."""
     env = load_env(cfg.env, EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example), cfg.env_arg)
-    tasks = check_task_rows(env.load_tasks(cfg.tasks, limit=cfg.limit), cfg.tasks)
+    spec = cfg.tasks if cfg.tasks is not None else env.default_eval_tasks
+    if not spec:
+        raise ValueError(f"tasks: the env {cfg.env!r} has no default held-out tasks (EnvBundle.default_eval_tasks); "
+                         "give --tasks")
+    tasks = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
     policy = load_policy(cfg)
     return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens), env=env,
                     max_batch_episodes=cfg.max_batch_episodes)

@@ -18,7 +18,7 @@ optimizer step a stop abandons the step and the weights are still those of the l
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -26,16 +26,15 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from nanorllm.chaos.faults import fault
-from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS, ConfigError, TrainConfig, format_config
+from nanorllm.chaos.faults import before_update
+from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import describe, env_from_config
+from nanorllm.envs.registry import describe, env_from_config, task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
-from nanorllm.ranks.start import start_ranks
+from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
 from nanorllm.rollout.build import sampling_params
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
@@ -44,8 +43,9 @@ from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
+from nanorllm.trainer.step_metrics import derived_metrics
 from nanorllm.trainer.update import make_optimizer
-from nanorllm.utils.devices import DeviceMap, configure_threads, resolve_devices
+from nanorllm.utils.devices import DeviceMap, configure_threads
 from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
 
@@ -57,10 +57,8 @@ def default_run_name(cfg: TrainConfig) -> str:
 
 def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[dict], int, dict]:
     """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint),
-    loaded by the env; the task fields left at their defaults give the env's own default tasks."""
-    spec = env.default_tasks if cfg.tasks == DEFAULT_TASKS and env.default_tasks else cfg.tasks
-    eval_spec = env.default_eval_tasks if cfg.eval_tasks == DEFAULT_EVAL_TASKS and env.default_eval_tasks \
-        else cfg.eval_tasks
+    loaded by the env from `cfg`'s resolved task specs."""
+    spec, eval_spec = cfg.tasks, cfg.eval_tasks
     loaded = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
     heldout = check_task_rows(env.load_tasks(eval_spec, limit=cfg.eval_limit), eval_spec) if eval_spec else []
     train, dropped = remove_overlap(loaded, heldout)
@@ -120,15 +118,17 @@ class TrainingRun:
         self.last_save_t = time.monotonic()
 
     # ---- setup -----------------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, devices: DeviceMap, ranks: LearnerRanks) -> None:
+        """Everything before the first rollout, on `devices`, as rank 0 of `ranks` (started by the caller:
+        run/ranks.py; the other ranks load meanwhile)."""
         cfg = self.cfg
-        self.devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-        self.ranks = start_ranks(self.devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
-                                 parallel=cfg.learner_parallel)  # the other ranks load meanwhile
+        self.devices, self.ranks = devices, ranks
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.env = env_from_config(cfg)
+        tasks, eval_tasks = task_specs(cfg, self.env)
+        self.cfg = cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
         self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = \
             load_task_sets(cfg, self.env)
         state = None
@@ -263,33 +263,21 @@ class TrainingRun:
                 results, extra = source.next_batch(step)
                 if self.stop_requested or results is None:
                     break
-                if fault("learner_step") == str(step + 1):
-                    raise RuntimeError(f"injected fault: learner_step {step + 1}")
                 metrics = rollout_metrics(results, env=self.env)
                 metrics.update(extra)
                 self.report_grader_timeouts(results, step + 1)
+                before_update(step + 1, self.policy.model)  # the fault suite's hook (inert unless NANORLLM_FAULT)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
                                           ranks=self.ranks))
-                if fault("nan_weights") == str(step + 1):
-                    with torch.no_grad():
-                        next(self.policy.model.parameters()).view(-1)[0] = float("nan")
                 check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
             self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
             self.final_step = step + 1
             self.dirty = False
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
-            metrics["train/skipped_nan_total"] = self.totals["skipped_nan"]
-            metrics["perf/step_s"] = time.perf_counter() - t0
-            metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / max(metrics["perf/train_s"], 1e-9)
-            gen_tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
-            metrics["perf/tokens_per_s"] = (gen_tokens + metrics["train/padded_tokens"]) / metrics["perf/step_s"]
-            # approx_kl is measured before the update: sampler vs learner logprobs on the same tokens
-            # (policy lag plus numerical differences between the decode and the training forward).
-            metrics["pipeline/mismatch_kl"] = metrics["approx_kl"]
-            metrics["train/episodes"] = len(results)
-            metrics["perf/episodes_per_s"] = len(results) / metrics["perf/step_s"]
+            metrics.update(derived_metrics(metrics, results, step_s=time.perf_counter() - t0,
+                                           skipped_nan_total=self.totals["skipped_nan"]))
             self.logger.scalars(metrics, step + 1)
             self.history.append(metrics)
             del self.history[:-self.HISTORY]  # bounded: a week-long run must not grow

@@ -15,7 +15,6 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer.metrics import decode_metrics
-from nanorllm.trainer.step import collect_rollouts
 
 
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
@@ -57,12 +56,12 @@ class SerialSource:
         self.drawn_at = (step, self.stream.position)
         picked = self.stream.take(self.cfg.tasks_per_step)
         t0 = time.perf_counter()
-        results = collect_rollouts(self.engine, [t for t, _ in picked], self.cfg.num_samples_per_task,
-                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
+        out = self.engine.run([t for t, _ in picked], num_samples=self.cfg.num_samples_per_task,
+                              group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
         rollout_s = time.perf_counter() - t0
-        gen_tokens = results[0].timings["gen_tokens"] if results else 0
-        return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
-                         **decode_metrics([results[0].timings] if results else [])}
+        return out.results, {"perf/rollout_s": rollout_s,
+                             "perf/gen_tokens_per_s": out.timings["gen_tokens"] / max(rollout_s, 1e-9),
+                             **decode_metrics([out.timings])}
 
     def after_update(self, step: int) -> dict:
         self.policy.version = step + 1

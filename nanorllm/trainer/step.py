@@ -30,7 +30,7 @@ from nanorllm.trainer.update import update
 def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_task: int, *,
                      group_ids: list[str] | None = None, seed: int | None = None) -> list[RolloutResult]:
     """num_samples_per_task episodes for each task, all batched together by the engine."""
-    return engine.run(tasks, num_samples=num_samples_per_task, group_ids=group_ids, seed=seed)
+    return engine.run(tasks, num_samples=num_samples_per_task, group_ids=group_ids, seed=seed).results
 
 
 def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_policy=None, ranks=None) -> dict:

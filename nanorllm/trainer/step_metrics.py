@@ -1,4 +1,5 @@
-"""The update's metrics: summed as tensors inside the micro-batch loop, made numbers once per step.
+"""The step's metrics: the update's, summed as tensors inside the micro-batch loop and made numbers once per
+step, and the few a whole step derives from them (`derived_metrics`).
 
 A GPU runs ahead of the host until the host asks for a value; one `float()` per metric per
 micro-batch would stall it a dozen times a pass. So the loss's sums and counts (trainer/loss.py) add
@@ -76,3 +77,19 @@ def step_metrics(n: dict[str, float], *, correct: bool, kl: bool) -> dict:
                   "is_weight/truncated_frac": n["is_truncated"] / tokens,
                   "is_weight/masked_frac": n["is_masked"] / tokens})
     return m
+
+
+def derived_metrics(m: dict, results: list, *, step_s: float, skipped_nan_total: int) -> dict:
+    """The scalars a whole step adds to the update's and the rollout source's metrics `m`."""
+    gen_tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
+    return {
+        "train/skipped_nan_total": skipped_nan_total,
+        "perf/step_s": step_s,
+        "perf/train_tokens_per_s": m["train/tokens"] / max(m["perf/train_s"], 1e-9),
+        "perf/tokens_per_s": (gen_tokens + m["train/padded_tokens"]) / step_s,
+        # approx_kl is measured before the update: sampler vs learner logprobs on the same tokens
+        # (policy lag plus numerical differences between the decode and the training forward).
+        "pipeline/mismatch_kl": m["approx_kl"],
+        "train/episodes": len(results),
+        "perf/episodes_per_s": len(results) / step_s,
+    }

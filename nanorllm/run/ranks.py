@@ -1,6 +1,7 @@
 """How learner ranks come to be: rank 0 spawns ranks 1..N-1 (no torchrun), or torchrun started every
 process and each finds its rank in the environment. The ranks' work is ranks/group.py (rank 0's side)
-and ranks/follower.py (every other rank's)."""
+and run/follower.py (every other rank's). It is wiring: it starts the follower loop, so it sits
+here beside it, above the folders it uses."""
 
 import os
 import signal
@@ -9,10 +10,17 @@ import sys
 import torch.multiprocessing as mp
 
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.pipeline.lifeline import die_with_parent
-from nanorllm.ranks.follower import follow
+from nanorllm.utils.lifeline import die_with_parent
+from nanorllm.run.follower import follow
 from nanorllm.ranks.group import LearnerRanks, free_port, learner_spec, under_torchrun
 from nanorllm.utils.devices import DeviceError, DeviceMap, resolve_devices
+
+
+def start_learner(cfg) -> tuple[DeviceMap, LearnerRanks]:
+    """The run's devices and this process's learner ranks (the other ranks start loading now)."""
+    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
+    return devices, start_ranks(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
+                                parallel=cfg.learner_parallel)
 
 
 def start_ranks(devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0, *,
@@ -71,8 +79,7 @@ def follow_torchrun(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    ranks = start_ranks(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s, parallel=cfg.learner_parallel)
+    devices, ranks = start_learner(cfg)
     try:
         return follow(ranks, devices)
     finally:

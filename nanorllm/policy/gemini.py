@@ -2,7 +2,7 @@
 
 The model runs behind `generateContent`: it sees chat messages and returns text, but no token ids
 or logprobs. That is enough to play the policy in rollouts and evaluation (e.g. as a baseline next
-to the model being trained), but it can never be trained, so `GeminiPolicy.trainable` is False.
+to the model being trained), but it can never be trained: the config refuses a `gemini:` model for training.
 
 Only the standard library is used for HTTP. The API key travels in the `x-goog-api-key` header and
 is scrubbed from every error message.
@@ -200,7 +200,6 @@ class GeminiClient:
 class GeminiPolicy(Policy):
     """A Gemini model as an untrainable policy: text in, text out, several requests in flight."""
 
-    trainable = False
 
     def __init__(self, model: str, *, concurrency: int = 8, client: GeminiClient | None = None,
                  **client_kwargs):

@@ -18,14 +18,20 @@ next turn's prompt extends that turn token for token, so joining again only pref
 (the last sampled token, the end-of-turn marker, the env's feedback and the generation prompt).
 A first turn joins the same way from `cache_prefix`: the chat template and worked example that
 every episode's prompt starts with are computed once per batch.
+
+It is no longer the training engine (that is the SlotBatch, policy/slot_batch.py): it is the
+reference the slot engine is tested and benchmarked against. `ReferencePolicy(policy)` is the same
+policy with this engine behind `decode_batch`, so a RolloutEngine runs on it unchanged.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from nanorllm.policy.base import Generation, SamplingParams
+from nanorllm.policy.slot_batch import new_stats
 
 
 @dataclass
@@ -43,16 +49,6 @@ class _Row:
     rng: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-
-
-def new_stats() -> dict:
-    """Counters of what the model computed for one engine call."""
-    return {"decode_steps": 0, "decode_rows": 0, "tokens_kept": 0,
-            "prefill_tokens": 0, "reused_tokens": 0, "prefills": 0,
-            "graph_steps": 0,  # decode steps replayed from a CUDA graph (policy/decode_graphs.py)
-            "slot_moves": 0,  # rows moved to a lower slot at a rollout's tail (SlotBatch._compact)
-            "computed_rows": 0,  # rows the decode steps computed, idle slots included (SlotBatch)
-            "attended_columns": 0}  # columns the decode steps read, summed over steps (SlotBatch)
 
 
 class DecodeBatch:
@@ -108,7 +104,7 @@ class DecodeBatch:
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         cache = DynamicCache()
-        logits = self.policy.cached_forward(ids, attn, pos, cache)  # (B, V)
+        logits = cached_forward(self.policy, ids, attn, pos, cache)  # (B, V)
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
         return cache, attn, pos[:, -1] + 1, logits
 
@@ -134,7 +130,7 @@ class DecodeBatch:
                   for j in range(len(rows[0][1].layers))]
         cache = DynamicCache(ddp_cache_data=layers)
         ids, attn, pos = ids.to(dev), attn.to(dev), pos.to(dev)
-        logits = self.policy.cached_forward(ids, attn, pos, cache)  # (B, V)
+        logits = cached_forward(self.policy, ids, attn, pos, cache)  # (B, V)
         self.stats["prefill_tokens"] += sum(len(r) for r in rests)
         self.stats["reused_tokens"] += sum(cached)
         return cache, attn, pos[:, -1] + 1, logits
@@ -156,6 +152,9 @@ class DecodeBatch:
         self.rows += rows
 
     # ---- one step ----------------------------------------------------------------------------
+    def release(self, state: KVState | None) -> None:
+        """An episode ended: its state holds no slot, the garbage collector frees its tensors."""
+
     def step(self) -> list[tuple[object, Generation, KVState | None]]:
         """Sample one token for every row; rows that finished leave (key, Generation, KVState);
         the rest run one forward for their next logits."""
@@ -181,7 +180,7 @@ class DecodeBatch:
     def _decode(self, tok: torch.Tensor) -> torch.Tensor:
         """Feed each row its sampled token (B,); (B, V) next-token logits."""
         self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)  # (B, L + 1)
-        logits = self.policy.cached_forward(tok[:, None], self.attn, self.pos[:, None], self.cache)
+        logits = cached_forward(self.policy, tok[:, None], self.attn, self.pos[:, None], self.cache)
         self.pos = self.pos + 1
         return logits
 
@@ -192,15 +191,10 @@ class DecodeBatch:
 
     def _state(self, i: int, row: _Row) -> KVState:
         ids = row.prompt_ids + row.tokens[:-1]  # the last sampled token was never fed to the model
-        s = self._cache_row(i)
-        cols = self.attn[s].nonzero().squeeze(1)  # the columns holding this row's tokens, in order
+        cols = self.attn[i].nonzero().squeeze(1)  # the columns holding this row's tokens, in order
         assert len(cols) == len(ids), (len(cols), len(ids))
-        layers = [(layer.keys[s:s + 1, :, cols], layer.values[s:s + 1, :, cols]) for layer in self.cache.layers]
+        layers = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in self.cache.layers]
         return KVState(token_ids=ids, layers=layers)
-
-    def _cache_row(self, i: int) -> int:
-        """Where row i lives in the cache and the mask."""
-        return i
 
     def _select(self, keep: list[int]) -> None:
         """Keep these rows, then drop leading columns that are padding in all of them."""
@@ -226,3 +220,39 @@ def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] = missing
     return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def cached_forward(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                   cache: DynamicCache) -> torch.Tensor:
+    """(B, V) next-token logits after `input_ids` (B, T); `cache` (its keys/values for the first
+    L columns of the (B, L + T) `attention_mask`) is extended in place."""
+    out = policy.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=True, logits_to_keep=1, **{policy._cache_kw: cache})
+    return out.logits[:, -1]
+
+
+class ReferencePolicy:
+    """An HFCausalPolicy whose `decode_batch` is a DecodeBatch; every other attribute is the policy's."""
+
+    def __init__(self, policy):
+        self.__dict__["policy"] = policy
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.policy, name, value)
+
+    @contextlib.contextmanager
+    def decode_batch(self, params: SamplingParams, *, keep_state: bool = True, stats: dict | None = None,
+                     slots: int = 0, width: int = 0):
+        """HFCausalPolicy.decode_batch's contract (eval mode, no grad, the policy's autocast); the slot
+        sizes mean nothing here."""
+        policy = self.policy
+        was_training = policy.model.training
+        policy.model.eval()
+        try:
+            with torch.no_grad(), policy.autocast():
+                yield DecodeBatch(policy, params, keep_state=keep_state, stats=stats)
+        finally:
+            policy.model.train(was_training)

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from nanorllm.config import ConfigError, TrainConfig, parse_train_args
+from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.ranks.group import under_torchrun
-from nanorllm.ranks.start import follow_torchrun
+from nanorllm.run.args import parse_train_args
+from nanorllm.run.ranks import follow_torchrun, start_learner
 from nanorllm.trainer.checkpoint import CheckpointError
 from nanorllm.trainer.loop import TrainingRun
 from nanorllm.trainer.signals import StopSignals
@@ -84,7 +85,7 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     signals = StopSignals(run)
     source, status, out = None, "failed", RunOutcome(exit_code=1)
     try:
-        run.setup()
+        run.setup(*start_learner(cfg))  # this process's devices, and the learner ranks it is rank 0 of
         t0 = time.perf_counter()
         source = make_source(run)  # workers load while the eval runs
         t_eval = time.perf_counter()
