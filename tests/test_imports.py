@@ -1,5 +1,7 @@
 """The package's modules import each other without a cycle, counting imports inside functions: a lazy
-import only hides a cycle from the interpreter, not from a reader who has to hold both files at once."""
+import only hides a cycle from the interpreter, not from a reader who has to hold both files at once.
+Its folders do too: each subpackage (and each top-level module) is one node, so a folder can be read
+and changed knowing only the folders below it; the wiring that uses them all sits on top, in run/."""
 
 import ast
 from pathlib import Path
@@ -75,3 +77,31 @@ def test_the_checker_sees_a_cycle_through_a_lazy_import():
 def test_no_import_cycle_in_the_package():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def folder_of(module: str) -> str:
+    """`nanorllm.trainer.loop` -> `trainer`; a top-level module (`nanorllm.config`) is its own node."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        here = folder_of(module)
+        out.setdefault(here, set()).update(folder_of(m) for m in imports if folder_of(m) != here)
+    return out
+
+
+def test_the_folder_graph_joins_modules_by_folder():
+    graph = {"nanorllm.a.x": {"nanorllm.b.y"}, "nanorllm.b.y": {"nanorllm.top"}, "nanorllm.top": {"nanorllm.a.z"},
+             "nanorllm.a.z": set()}
+    assert folder_graph(graph) == {"a": {"b"}, "b": {"top"}, "top": {"a"}}
+    assert find_cycle(folder_graph(graph)) == ["a", "b", "top", "a"]  # no module cycle, but a folder one
+
+
+def test_no_import_cycle_between_the_package_folders():
+    folders = folder_graph(import_graph())
+    cycle = find_cycle(folders)
+    assert cycle is None, "folder import cycle: " + " -> ".join(cycle)
+    # the wiring is on top: only the benchmarks, which drive whole runs, use it
+    assert {folder for folder, imports in folders.items() if "run" in imports} == {"bench"}
