@@ -1,15 +1,18 @@
 """Benchmarks: each figure is a ratio of two things measured side by side in this one run.
 
-    python launch/bench.py --quick               # tiny-random model, a few minutes on 2 CPU cores
-    python launch/bench.py --json runs/bench.json  # the default model (slow on CPU)
-    python launch/bench.py --learning [--quick]  # held-out learning per update and per second (nanorllm/bench/learning.py)
-    python launch/bench.py --learner-ranks [--quick]  # learner step on 1 vs 2 ranks, parity, transfers (nanorllm/bench/learner_ranks.py)
-    python launch/bench.py --gpu [--dry-run]     # the decode engine on a GPU (nanorllm/bench/gpu.py)
+    python launch/bench.py --quick                     # speed figures, tiny-random model, minutes on 2 CPU cores
+    python launch/bench.py --json runs/bench.json      # speed figures, the default model (slow on CPU)
+    python launch/bench.py learning [--quick]          # held-out learning per update and per second
+    python launch/bench.py learner-ranks [--quick]     # learner step on 1 vs 2 ranks, parity, transfers
+    python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
+    python launch/bench.py MODE --help                 # that mode's flags
 
-The figures and their targets: nanorllm/bench/suite.py.
+`--learning`, `--learner-ranks` and `--gpu` name the same modes. The figures and their targets:
+nanorllm/bench/suite.py (speed), learning.py, learner_ranks.py, gpu.py.
 """
 
 import sys
+from typing import Annotated
 
 import tyro
 
@@ -19,15 +22,34 @@ from nanorllm.bench.learner_ranks import RanksBenchConfig, run_ranks_bench
 from nanorllm.bench.learning import LearningConfig, run_learning
 from nanorllm.bench.suite import run_bench
 
+MODES = {  # name: (its config, what runs it, one line for --help)
+    "speed": (BenchConfig, run_bench, "pipeline vs serial, decode efficiency, weight broadcast, worker scaling"),
+    "learning": (LearningConfig, run_learning, "held-out gain per update and per second, serial vs pipeline"),
+    "learner-ranks": (RanksBenchConfig, run_ranks_bench, "the learner step on 1 vs N ranks (DDP, FSDP)"),
+    "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
+}
+
+
+def mode_args(argv: list[str]) -> list[str]:
+    """The argv with its mode first: `--gpu ...` reads as `gpu ...`, and no mode is `speed`."""
+    for name in MODES:
+        if f"--{name}" in argv:
+            return [name] + [a for a in argv if a != f"--{name}"]
+    if argv and argv[0] in MODES:
+        return argv
+    if argv in ([], ["-h"], ["--help"]):  # the overview lists every mode
+        return argv
+    return ["speed", *argv]
+
 
 def main(argv: list[str]) -> int:
-    if "--learning" in argv:  # its own benchmark, with its own flags
-        return run_learning(tyro.cli(LearningConfig, args=[a for a in argv if a != "--learning"]))
-    if "--gpu" in argv:  # the decode engine's GPU figures
-        return run_gpu_bench(tyro.cli(GpuBenchConfig, args=[a for a in argv if a != "--gpu"]))
-    if "--learner-ranks" in argv:  # 1 vs N learner ranks
-        return run_ranks_bench(tyro.cli(RanksBenchConfig, args=[a for a in argv if a != "--learner-ranks"]))
-    return run_bench(tyro.cli(BenchConfig, args=argv))
+    modes = {name: Annotated[cls, tyro.conf.subcommand(name, description=line)]
+             for name, (cls, _, line) in MODES.items()}
+    args = mode_args(list(argv)) or ["speed"]
+    cfg = tyro.cli(modes["speed"] | modes["learning"] | modes["learner-ranks"] | modes["gpu"], args=args,
+                   description=__doc__)
+    run = next(fn for cls, fn, _ in MODES.values() if type(cfg) is cls)
+    return run(cfg)
 
 
 if __name__ == "__main__":

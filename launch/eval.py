@@ -21,7 +21,7 @@ from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
 
 def main(argv: list[str]) -> int:
     try:
-        result = evaluate_model(tyro.cli(EvalConfig, args=argv))
+        result = evaluate_model(tyro.cli(EvalConfig, args=argv, description=__doc__))
     except (TaskFileError, EnvSpecError, ValueError) as e:  # bad task spec or env: before the model loads
         print(f"error: {e}", file=sys.stderr)
         return 2

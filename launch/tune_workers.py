@@ -15,6 +15,12 @@ from nanorllm.bench.tune import tune_workers
 from nanorllm.config import ConfigError, parse_config
 
 
+OWN_FLAGS = ("Pick a worker count: a timed trial of the pipeline for N = 1..K workers, then the flags to use. "
+             "Its own flags: --max-workers K (3: the largest N tried), --trial-steps S (4: learner updates per "
+             "trial), --device-count D (0: also say how to split D devices). Every training flag below is passed "
+             "to the trials.")
+
+
 def main(argv: list[str]) -> int:
     own = {"--max-workers": 3, "--trial-steps": 4, "--device-count": 0}
     argv = list(argv)
@@ -24,7 +30,7 @@ def main(argv: list[str]) -> int:
             own[flag] = int(argv[i + 1])
             del argv[i:i + 2]
     try:
-        base = parse_config(argv)
+        base = parse_config(argv, description=OWN_FLAGS)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -300,8 +300,13 @@ def read_config_file(path: str) -> dict:
     return data
 
 
-def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = None) -> TrainConfig:
-    """--config FILE first, then flags on top; validated before returning."""
+TRAIN_DESCRIPTION = ("Train a causal LM with GRPO on multi-turn episodes of an environment (--env; math self-refine "
+                     "by default). Also: --config FILE (JSON/YAML defaults), --resume RUN_DIR (continue a run).")
+
+
+def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = None,
+                 description: str = TRAIN_DESCRIPTION) -> TrainConfig:
+    """--config FILE first, then flags on top; validated before returning. `description` heads --help."""
     import argparse
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -311,10 +316,7 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     if known.config:
         base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
     base, rest, off_choice = _set_aside_off_choice(base, rest)
-    cfg = tyro.cli(TrainConfig, default=base, args=rest,
-                   description="Train a causal LM with GRPO on multi-turn episodes of an environment (--env; math self-refine "
-                               "by default). "
-                               "Also: --config FILE (JSON/YAML defaults), --resume RUN_DIR (continue a run).")
+    cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
     problems = cfg.validate()
     if problems:
