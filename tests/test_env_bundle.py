@@ -1,6 +1,7 @@
 """Bring your own environment: --env specs, their refusal, env faults, rewards at any step, and the
 example of docs/environments.md trained from a file outside the package, serial and in the pipeline."""
 
+import json
 import re
 import textwrap
 
@@ -10,12 +11,14 @@ from helpers import ScriptedPolicy
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.run.lifecycle import main
 from nanorllm.algos.grpo import drop_env_errors, turn_returns
-from nanorllm.config import parse_config
+from nanorllm.config import ConfigError, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
-from nanorllm.envs.registry import EnvSpecError, load_env
+from nanorllm.envs.math_env import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
+from nanorllm.envs.registry import EnvSpecError, load_env, task_specs
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
 from tests.procs import ROOT, read_rollouts, read_scalars, run_train
 
 DOC = ROOT / "docs" / "environments.md"
@@ -182,6 +185,33 @@ def test_the_doc_example_trains_two_steps_from_a_file(tmp_path, rhyme_file, mode
     episodes = read_rollouts(tmp_path / "runs" / "r")
     assert len(episodes) == 2 * TASKS_PER_STEP * SAMPLES and all(e["task_id"].startswith("rhyme-") for e in episodes)
     assert [v for _, v in read_scalars(tmp_path / "runs" / "r")["rollout/env_errors"]] == [0, 0]
+    saved = json.loads((tmp_path / "runs" / "r" / "config.json").read_text())
+    assert (saved["tasks"], saved["eval_tasks"]) == ("rhymes:train", "rhymes:eval")  # what it trained on
+
+
+def test_task_fields_left_unset_are_the_envs_own_and_given_ones_win(rhyme_file, tmp_path):
+    spec = f"{rhyme_file}:Rhymes"
+    cfg = parse_config(["--env", spec])
+    assert (cfg.tasks, cfg.eval_tasks) == (None, None)
+    assert task_specs(cfg) == ("rhymes:train", "rhymes:eval")
+    assert task_specs(parse_config(["--env", spec, "--tasks", "rhymes:eval"])) == ("rhymes:eval", "rhymes:eval")
+    assert task_specs(parse_config([])) == (DEFAULT_TASKS, DEFAULT_EVAL_TASKS)  # math's own
+    bare = _module(tmp_path, "bare", """
+        class BareEnv:
+            def __init__(self, *, max_turns): pass
+            def reset(self, task): return task["question"]
+            def step(self, response): return None, 0.0, True, {}
+        class Bare(EnvBundle):
+            env_class = BareEnv
+    """) + ":Bare"
+    with pytest.raises(ConfigError, match=r"tasks: the env .*bare.py:Bare' has no default tasks .*give --tasks"):
+        parse_config(["--env", bare])
+    assert task_specs(parse_config(["--env", bare, "--tasks", "arith:count=4"])) == ("arith:count=4", "")
+
+
+def test_eval_without_tasks_evaluates_the_envs_own_held_out_set(rhyme_file):
+    out = evaluate_model(EvalConfig(env=f"{rhyme_file}:Rhymes", model="tiny-random", max_new_tokens=4))
+    assert out["n"] == 6  # the example's held-out words
 
 
 @pytest.mark.slow
@@ -198,7 +228,8 @@ def test_a_worker_hanging_in_the_env_is_reported_with_the_env_name(tmp_path):
         class Hang(EnvBundle):
             env_class = HangEnv
     """) + ":Hang"
-    rc, out, _ = run_train(["--num-workers", "1", "--env", spec, "--max-steps", "1", "--run-name", "h",
+    rc, out, _ = run_train(["--num-workers", "1", "--env", spec, "--tasks", "arith:count=40,seed=1",
+                            "--max-steps", "1", "--run-name", "h",
                             "--worker-timeout-s", "4", "--max-restarts-per-worker", "0"], tmp_path / "runs")
     assert rc == 1, out
     assert "hung" in out and f"in the env {spec}" in out
