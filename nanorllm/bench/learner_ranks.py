@@ -194,7 +194,8 @@ def run_ranks_bench(b: RanksBenchConfig) -> int:
     policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=48 if b.quick else 32,
                                                            temperature=cfg.temperature), max_turns=cfg.max_turns)
-    results = engine.run(load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step), num_samples=cfg.num_samples_per_task, seed=1).results
+    tasks = load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step)
+    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1).results
     for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
         r.trajectory.final_reward = float(i % 2)
     print(f"[bench] learner step on 1 vs {b.world} ranks, {len(results)} episodes, then transfers ...", flush=True)
