@@ -31,7 +31,7 @@ from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.ranks.group import under_torchrun
 from nanorllm.ranks.start import follow_torchrun
 from nanorllm.trainer.checkpoint import CheckpointError
-from nanorllm.trainer.loop import TrainingRun
+from nanorllm.trainer.loop import TrainedNothing, TrainingRun
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
 from nanorllm.utils.devices import DeviceError
@@ -108,6 +108,9 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     except KeyboardInterrupt:
         signals.may_raise = False
         status = "stopped"
+    except TrainedNothing as e:
+        signals.may_raise = False
+        print(f"[failed] {e}", file=sys.stderr, flush=True)
     except BaseException:
         signals.may_raise = False
         traceback.print_exc()

@@ -30,7 +30,7 @@ from nanorllm.chaos.faults import fault
 from nanorllm.config import DEFAULT_EVAL_TASKS, DEFAULT_TASKS, ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
-from nanorllm.datasets.tasks import check_task_rows, remove_overlap
+from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import describe, env_from_config
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -61,14 +61,29 @@ def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[d
     spec = env.default_tasks if cfg.tasks == DEFAULT_TASKS and env.default_tasks else cfg.tasks
     eval_spec = env.default_eval_tasks if cfg.eval_tasks == DEFAULT_EVAL_TASKS and env.default_eval_tasks \
         else cfg.eval_tasks
-    loaded = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
-    heldout = check_task_rows(env.load_tasks(eval_spec, limit=cfg.eval_limit), eval_spec) if eval_spec else []
+    loaded = check_task_rows(env_tasks(env, spec, cfg.limit), spec)
+    heldout = check_task_rows(env_tasks(env, eval_spec, cfg.eval_limit), eval_spec) if eval_spec else []
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
-        raise ValueError(f"no training tasks left after removing the {dropped} that are held out")
+        raise TaskFileError(spec, [f"{spec}: no training tasks left after removing the {dropped} that are also "
+                                   f"held out (--eval-tasks {eval_spec})"])
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return train, heldout, dropped, order
+
+
+def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
+    """`env.load_tasks(spec)`; whatever it raises is bad input (TaskFileError naming the env and the spec)."""
+    try:
+        return env.load_tasks(spec, limit=limit)
+    except TaskFileError:
+        raise
+    except Exception as e:
+        raise TaskFileError(spec, [f"{spec}: the env {env.spec}'s load_tasks raised {type(e).__name__}: {e}"]) from e
+
+
+class TrainedNothing(RuntimeError):
+    """Too many of the run's updates trained nothing: it must not end as a finished run."""
 
 
 class NonFiniteWeights(RuntimeError):
@@ -103,7 +118,7 @@ class TrainingRun:
         self.final_step = 0
         self.source: RolloutSource | None = None  # while training: checkpoints ask it for the stream position
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
-        self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
+        self.totals = {"skipped_nan": 0, "dropped_heldout": 0, "env_error_steps": 0}
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
         self.devices: DeviceMap | None = None
@@ -133,7 +148,11 @@ class TrainingRun:
             load_task_sets(cfg, self.env)
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError([f"output_dir: cannot create {self.run_dir} ({type(e).__name__}: {e.strerror or e})"],
+                              "--output-dir / --run-name") from None
         self.lock = RunLock(self.run_dir).acquire()  # before anything in the folder is read, cleaned or written
         if self.resume_dir:
             for p in checkpoint.clean_stale(self.run_dir):
@@ -281,6 +300,9 @@ class TrainingRun:
             self.dirty = False
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
             metrics["train/skipped_nan_total"] = self.totals["skipped_nan"]
+            self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (
+                bool(results) and metrics["rollout/env_errors"] == len(results))
+            metrics["train/env_error_steps_total"] = self.totals["env_error_steps"]
             metrics["perf/step_s"] = time.perf_counter() - t0
             metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / max(metrics["perf/train_s"], 1e-9)
             gen_tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
@@ -306,13 +328,27 @@ class TrainingRun:
                 on_step(self, step + 1)
             if self.stop_requested:
                 break
+            self.check_trained(at_end=False)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
         bar.close()
+        if not self.stop_requested and self.final_step == cfg.max_steps:
+            self.check_trained(at_end=True)
         if self.ranks.parallel == "fsdp":  # the last checkpoint's optimizer state needs the ranks: before they go
             self.save_last()
         self.ranks.release()
         return {"step": self.final_step}
+
+    def check_trained(self, *, at_end: bool) -> None:
+        """Raise TrainedNothing once more than --max-skipped-frac of --max-steps updates trained nothing (the
+        share is out of reach: stop now), or at the end if every update did."""
+        nan, env = self.totals["skipped_nan"], self.totals.get("env_error_steps", 0)
+        skipped, limit = nan + env, self.cfg.max_skipped_frac
+        if skipped > limit * self.cfg.max_steps or (at_end and skipped >= self.final_step > 0):
+            raise TrainedNothing(
+                f"{skipped} of {self.final_step} updates trained nothing ({nan} skipped for a non-finite loss or "
+                f"gradient, {env} with every episode an env error: see the [env] lines above), more than "
+                f"--max-skipped-frac {limit:g} of --max-steps {self.cfg.max_steps}; the run is not done")
 
     def report_grader_timeouts(self, results: list[RolloutResult], step: int) -> None:
         """The first step with answer checks out of CPU time says so, with a task (then only the scalar)."""
