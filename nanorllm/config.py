@@ -181,7 +181,8 @@ class TrainConfig:
     """Also checkpoint when this many minutes passed since the last one (0: off): a hard kill loses at most that."""
     worker_timeout_s: float | None = None
     """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the
-    longest job); also the limit for held-out eval without progress (None: 600 s). inf: no limit."""
+    longest job); also the limit for held-out eval and --serial rollouts without progress (None: 600 s). inf: no
+    limit."""
     worker_start_timeout_s: float = 600.0
     """Longest a worker (or a learner rank) may take to load its model and say it is ready. inf: no limit."""
     restart_backoff_s: float = 1.0

@@ -165,8 +165,12 @@ class TrainingRun:
                 raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
                                       "to continue it or choose another --run-name")
             model_source = cfg.model
-        self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
-                                               seed=cfg.seed)
+        try:
+            self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
+                                                   seed=cfg.seed)
+        except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         if cfg.kl_coef > 0:  # the only case a reference model is loaded

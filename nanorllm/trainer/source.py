@@ -16,6 +16,9 @@ from nanorllm.rollout.build import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer.metrics import decode_metrics
 from nanorllm.trainer.step import collect_rollouts
+from nanorllm.trainer.watchdog import Watchdog
+
+SERIAL_HANG_S = 600.0  # a serial rollout without progress this long is hung, unless --worker-timeout-s says
 
 
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
@@ -57,8 +60,15 @@ class SerialSource:
         self.drawn_at = (step, self.stream.position)
         picked = self.stream.take(self.cfg.tasks_per_step)
         t0 = time.perf_counter()
-        results = collect_rollouts(self.engine, [t for t, _ in picked], self.cfg.num_samples_per_task,
-                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
+        tasks = [t for t, _ in picked]
+        # the pipeline's workers have a heartbeat; here the same limit stops a decode step or an env call
+        # that never returns (Hung: exit 1, the last completed step saved)
+        with Watchdog("serial rollout", self.cfg.worker_timeout_s or SERIAL_HANG_S, env_name=self.engine.env.spec) as dog:
+            dog.beat("generating")
+            self.engine.on_step = dog.beat
+            self.engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+            results = collect_rollouts(self.engine, tasks, self.cfg.num_samples_per_task,
+                                       group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
         rollout_s = time.perf_counter() - t0
         gen_tokens = results[0].timings["gen_tokens"] if results else 0
         return results, {"perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),

@@ -1,4 +1,5 @@
-"""A hang detector for work the learner does itself (held-out evaluation), like the workers' heartbeat.
+"""A hang detector for work the learner does itself (held-out evaluation, --serial rollouts), like the
+workers' heartbeat.
 
 The work beats `Watchdog.beat(activity, task_id)` on every decode step and every look at a
 running answer check. A thread notes when the count last moved; past `timeout_s` of silence it
@@ -20,8 +21,10 @@ class Hung(BaseException):
 
 
 class Watchdog:
-    def __init__(self, what: str, timeout_s: float, *, grace_s: float = 30.0, poll_s: float = 0.5):
+    def __init__(self, what: str, timeout_s: float, *, grace_s: float = 30.0, poll_s: float = 0.5,
+                 env_name: str | None = None):
         self.what, self.timeout_s, self.grace_s, self.poll_s = what, timeout_s, grace_s, poll_s
+        self.env_name = env_name  # named in the report when the work stands still inside the env
         self.beats, self.activity, self.task_id = 0, "starting", None
         self.report: str | None = None
         self._done = threading.Event()
@@ -55,6 +58,8 @@ class Watchdog:
             silent = time.monotonic() - since
             if silent > self.timeout_s:
                 task = f" (task {self.task_id})" if self.task_id is not None else ""
+                if self.activity == "grading" and self.env_name:
+                    task += f" in the env {self.env_name}"
                 self.report = (f"{self.what} hung: no progress for {silent:.1f} s (limit {self.timeout_s:.0f} s) "
                                f"while {self.activity}{task}")
                 print(f"[watchdog] {self.report}", file=sys.stderr, flush=True)
