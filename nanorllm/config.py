@@ -48,6 +48,11 @@ class TrainConfig:
     """Use only the first N training tasks."""
     eval_limit: int | None = None
     """Use only the first N held-out tasks."""
+    max_prompt_tokens: int | None = None
+    """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
+    refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
+    drop_long_prompts: bool = False
+    """Leave tasks whose prompt is over the limit out (counted, the first named) instead of refusing the run."""
     # --- episodes ---
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
@@ -216,7 +221,7 @@ class TrainConfig:
                      "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker", "max_restarts_per_run"]:
             if getattr(self, name) < 0:
                 p.append(f"{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ["limit", "eval_limit", "threads"]:
+        for name in ["limit", "eval_limit", "threads", "max_prompt_tokens"]:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 p.append(f"{name}: must be >= 1 or unset, got {getattr(self, name)}")
         for name in ["worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s"]:

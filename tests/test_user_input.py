@@ -326,3 +326,37 @@ def test_a_worker_that_exits_inside_the_env_is_reported_as_grading(tmp_path):
                             "--max-restarts-per-worker", "0"], tmp_path / "runs")
     assert rc == 1, out
     assert "worker 0 on cpu died" in out and f"while grading (job 0.0, task " in out and f"in the env {env}" in out
+
+
+# ---- 6: prompts longer than the model reads are measured at load --------------------------------------
+
+def _tasks_with_a_long_question(tmp_path, chars: int):
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"task_id": "long", "question": "What is " + "1 + " * (chars // 4) + "1?", "answer": "1"}]
+    rows += [{"task_id": f"t{i}", "question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("chars, extra, tokens", [(4_000_000, [], "more than "), (3000, ["--max-prompt-tokens", "500"], "")])
+def test_a_task_whose_prompt_does_not_fit_is_refused_at_start_naming_it(tmp_path, capsys, chars, extra, tokens):
+    tasks = _tasks_with_a_long_question(tmp_path, chars)
+    out = tmp_path / "out"
+    assert main([*TINY_ARGS, "--serial", "--tasks", str(tasks), "--output-dir", str(out), "--run-name", "r",
+                 *extra]) == 2
+    err = capsys.readouterr().err
+    limit = extra[1] if extra else "1904"  # tiny-random's 2048 less 2 turns of 8 tokens and one feedback's 128
+    assert f"training task 'long': its prompt holds {tokens}" in err and f"tokens, more than {limit} " in err
+    assert "--drop-long-prompts" in err and "Traceback" not in err
+    assert [p.name for p in (out / "r").iterdir()] == [".lock"]  # the run folder's lock, nothing else
+
+
+@pytest.mark.slow
+def test_drop_long_prompts_leaves_them_out_counted_and_trains(tmp_path):
+    tasks = _tasks_with_a_long_question(tmp_path, 3000)
+    rc, out, _ = run_train(["--serial", "--tasks", str(tasks), "--max-prompt-tokens", "500", "--drop-long-prompts",
+                            "--max-steps", "1", "--run-name", "d", "--no-save-model"], tmp_path / "runs")
+    assert rc == 0, out
+    assert "[tasks] left out 1 training task(s) whose prompt is longer than 500 tokens (--drop-long-prompts; first: " \
+           "long, " in out
+    assert "train tasks 6 " in out

@@ -37,6 +37,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.ranks.start import start_ranks
 from nanorllm.rollout.build import sampling_params
+from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
@@ -172,6 +173,7 @@ class TrainingRun:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
+        self.check_prompt_lengths()
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         if cfg.kl_coef > 0:  # the only case a reference model is loaded
             self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
@@ -205,6 +207,31 @@ class TrainingRun:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
         write_atomic(self.run_dir / "config.json", json.dumps(cfg.saved(), indent=2) + "\n")  # setup succeeded
+
+    def check_prompt_lengths(self) -> None:
+        """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
+        with --drop-long-prompts leave them out, counted."""
+        limit = prompt_limit(self.policy, self.cfg)
+        if limit is None:
+            return
+        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit)
+                 for what, tasks in (("training", self.train_tasks), ("held-out", self.eval_tasks))}
+        if not any(found.values()):
+            return
+        if not self.cfg.drop_long_prompts:
+            problems = [line for what, f in found.items() for line in describe_long(f, limit, what)]
+            source = " and ".join(s for s, what in ((self.cfg.tasks, "training"), (self.cfg.eval_tasks, "held-out"))
+                                  if found[what])
+            raise TaskFileError(source, problems + ["pass --drop-long-prompts to leave them out"])
+        for what, attr in (("training", "train_tasks"), ("held-out", "eval_tasks")):
+            if found[what]:
+                long_ids = {id(t) for t, _, _ in found[what]}
+                setattr(self, attr, [t for t in getattr(self, attr) if id(t) not in long_ids])
+                t, n, _ = found[what][0]
+                self.say(f"[tasks] left out {len(found[what])} {what} task(s) whose prompt is longer than {limit} "
+                         f"tokens (--drop-long-prompts; first: {t['task_id']}, {n} tokens)")
+        if not self.train_tasks:
+            raise TaskFileError("--tasks", [f"every training task's prompt is longer than {limit} tokens"])
 
     def check_resumable(self, state: dict) -> None:
         """Refuse (ConfigError, exit 2) a resume that would change the model or, unless accepted, the task order."""
