@@ -360,3 +360,20 @@ def test_drop_long_prompts_leaves_them_out_counted_and_trains(tmp_path):
     assert "[tasks] left out 1 training task(s) whose prompt is longer than 500 tokens (--drop-long-prompts; first: " \
            "long, " in out
     assert "train tasks 6 " in out
+
+
+def test_the_prompt_limit_cannot_change_on_resume():
+    from nanorllm.trainer.fingerprint import fixed_changes
+
+    saved = {"model": "tiny-random", "dtype": "float32", "max_prompt_tokens": None, "drop_long_prompts": True}
+    now = {**saved, "max_prompt_tokens": 500, "drop_long_prompts": False}
+    assert [line.split(":")[0] for line in fixed_changes(saved, now)] == ["max_prompt_tokens", "drop_long_prompts"]
+    assert fixed_changes({"model": "tiny-random", "dtype": "float32"}, now) == []  # a checkpoint from before them
+
+
+def test_a_json_config_file_names_lines_too(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{\n  "max_steps": 3,\n  "lr": "fast",\n  "serial": 1\n}\n')
+    problems = load_config_file(str(path)).problems
+    assert problems == [f"lr: expected a number, got 'fast' (str) ({path}:3)",
+                        f"serial: expected true or false, got 1 (int) ({path}:4)"]
