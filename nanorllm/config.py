@@ -347,7 +347,8 @@ def load_config_file(path: str) -> ConfigFile:
     try:  # YAML is a superset of JSON: its nodes carry each key's line for either format
         for key, _ in yaml.compose(text).value:
             if key.value in out.lines:
-                repeated.append(f"{key.value}: given twice (lines {out.lines[key.value]} and {key.start_mark.line + 1})")
+                repeated.append(f"{key.value}: given twice (lines {out.lines[key.value]} and "
+                                f"{key.start_mark.line + 1})")
             out.lines.setdefault(str(key.value), key.start_mark.line + 1)
     except (yaml.YAMLError, AttributeError):  # JSON that PyYAML's YAML 1.1 reads differently: no line numbers
         pass

@@ -338,7 +338,8 @@ def _tasks_with_a_long_question(tmp_path, chars: int):
     return path
 
 
-@pytest.mark.parametrize("chars, extra, tokens", [(4_000_000, [], "more than "), (3000, ["--max-prompt-tokens", "500"], "")])
+@pytest.mark.parametrize("chars, extra, tokens", [(4_000_000, [], "more than "),
+                                                   (3000, ["--max-prompt-tokens", "500"], "")])
 def test_a_task_whose_prompt_does_not_fit_is_refused_at_start_naming_it(tmp_path, capsys, chars, extra, tokens):
     tasks = _tasks_with_a_long_question(tmp_path, chars)
     out = tmp_path / "out"

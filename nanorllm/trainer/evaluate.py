@@ -25,9 +25,7 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
                            max_batch_episodes=max_batch_episodes)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
-        dog.beat("generating")
-        engine.on_step = dog.beat  # every decode step (replayed CUDA graphs run no forward hooks)
-        engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+        dog.follow(engine, tasks)
         results = engine.run(tasks, num_samples=1)
     n = len(results)
     timeouts, first_timeout = grader_timeouts(results)

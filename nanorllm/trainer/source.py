@@ -63,10 +63,9 @@ class SerialSource:
         tasks = [t for t, _ in picked]
         # the pipeline's workers have a heartbeat; here the same limit stops a decode step or an env call
         # that never returns (Hung: exit 1, the last completed step saved)
-        with Watchdog("serial rollout", self.cfg.worker_timeout_s or SERIAL_HANG_S, env_name=self.engine.env.spec) as dog:
-            dog.beat("generating")
-            self.engine.on_step = dog.beat
-            self.engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+        limit = self.cfg.worker_timeout_s or SERIAL_HANG_S
+        with Watchdog("serial rollout", limit, env_name=self.engine.env.spec) as dog:
+            dog.follow(self.engine, tasks)
             results = collect_rollouts(self.engine, tasks, self.cfg.num_samples_per_task,
                                        group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
         rollout_s = time.perf_counter() - t0

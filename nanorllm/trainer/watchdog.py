@@ -34,6 +34,13 @@ class Watchdog:
         if activity is not None:
             self.activity, self.task_id = activity, task_id
 
+    def follow(self, engine, tasks: list[dict]) -> None:
+        """Beat on every decode step of a RolloutEngine running `tasks` and around each of its env calls,
+        naming the task ("grading") or none ("generating")."""
+        self.beat("generating")
+        engine.on_step = self.beat  # every decode step (replayed CUDA graphs run no forward hooks)
+        engine.watch = lambda activity, i: self.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+
     def __enter__(self) -> "Watchdog":
         self._armed = threading.current_thread() is threading.main_thread()
         if self._armed:  # signal handlers only exist in the main thread
