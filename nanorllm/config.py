@@ -5,11 +5,14 @@ Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by c
 `validate()` reports every problem at once, naming the field, before any model or file is loaded.
 """
 
+import difflib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 
 import tyro
 
@@ -44,6 +47,11 @@ class TrainConfig:
     """Use only the first N training tasks."""
     eval_limit: int | None = None
     """Use only the first N held-out tasks."""
+    max_prompt_tokens: int | None = None
+    """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
+    refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
+    drop_long_prompts: bool = False
+    """Leave tasks whose prompt is over the limit out (counted, the first named) instead of refusing the run."""
     # --- episodes ---
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
@@ -177,7 +185,8 @@ class TrainConfig:
     """Also checkpoint when this many minutes passed since the last one (0: off): a hard kill loses at most that."""
     worker_timeout_s: float | None = None
     """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the
-    longest job); also the limit for held-out eval without progress (None: 600 s). inf: no limit."""
+    longest job); also the limit for held-out eval and --serial rollouts without progress (None: 600 s). inf: no
+    limit."""
     worker_start_timeout_s: float = 600.0
     """Longest a worker (or a learner rank) may take to load its model and say it is ready. inf: no limit."""
     restart_backoff_s: float = 1.0
@@ -186,6 +195,10 @@ class TrainConfig:
     """A worker that fails this many times in a row without finishing a job stops the run."""
     max_restarts_per_run: int = 50
     """Worker restarts allowed in the whole run before it stops."""
+    max_skipped_frac: float = 0.5
+    """Share of updates that may train nothing (a non-finite loss or gradient, or a step whose every episode was an
+    env error) before the run stops as failed (exit 1) instead of done; a run that trained nothing at all always
+    fails."""
 
     def __post_init__(self):
         self.is_band = tuple(self.is_band)  # a JSON/YAML file or a saved config gives a list
@@ -207,12 +220,14 @@ class TrainConfig:
                      "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker", "max_restarts_per_run"]:
             if getattr(self, name) < 0:
                 p.append(f"{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ["limit", "eval_limit", "threads"]:
+        for name in ["limit", "eval_limit", "threads", "max_prompt_tokens"]:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 p.append(f"{name}: must be >= 1 or unset, got {getattr(self, name)}")
         for name in ["worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s"]:
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 p.append(f"{name}: must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.max_skipped_frac <= 1:
+            p.append(f"max_skipped_frac: must be in [0, 1], got {self.max_skipped_frac}")
         if self.max_pad_frac is not None and not 0 <= self.max_pad_frac <= 1:
             p.append(f"max_pad_frac: must be in [0, 1] or unset, got {self.max_pad_frac}")
         if not self.lr > 0:
@@ -256,6 +271,13 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if self.tasks == "":
             p.append("tasks: empty")
+        if self.run_name is not None:
+            parts = self.run_name.replace("\\", "/").split("/")
+            if Path(self.run_name).is_absolute() or ".." in parts or all(x in ("", ".") for x in parts):
+                p.append(f"run_name: must be one or more plain folder names under --output-dir (no '..', not "
+                         f"absolute), got {self.run_name!r}")
+        if (why := unwritable_dir(self.output_dir)) is not None:
+            p.append(f"output_dir: {self.output_dir!r} {why}")
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
         try:
@@ -283,21 +305,141 @@ class TrainConfig:
         return {**asdict(self), "resume_new_data": False}
 
 
-def read_config_file(path: str) -> dict:
-    """A JSON or YAML mapping of TrainConfig fields; unknown keys are errors (typos must not pass)."""
-    text = Path(path).read_text(encoding="utf-8")
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+@dataclass
+class ConfigFile:
+    """A --config file read field by field: typed values, what is wrong with it, and each key's line."""
+
+    path: str
+    values: dict
+    problems: list[str]
+    lines: dict[str, int]
+
+    def where(self, name: str) -> str:
+        return f"{self.path}:{self.lines[name]}" if name in self.lines else self.path
+
+
+def load_config_file(path: str) -> ConfigFile:
+    """Read a JSON or YAML mapping of TrainConfig fields, each value converted by its field's type as a flag's
+    would be (`lr: 1e-5`, which YAML reads as text, is the float 1e-5). Every wrong type, unknown key and
+    repeated key is a problem naming the field, the file and the line; the good values are kept, so the
+    caller can report them beside the other problems. A file that cannot be read or parsed raises
+    ConfigError at once."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"--config {path}: cannot read it ({type(e).__name__}: {e})"], path) from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"{path}:{e.lineno}: invalid JSON: {e.msg}"], path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise ConfigError([f"{at}: invalid YAML: {getattr(e, 'problem', None) or e}"], path) from None
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError([f"expected a mapping of fields, got {type(data).__name__}"], path)
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = [f"{k}: unknown field" for k in data if k not in known]
-    if unknown:
-        raise ConfigError(unknown, path)
-    return data
+        raise ConfigError([f"{path}: expected a mapping of fields, got {type(data).__name__}"], path)
+    out = ConfigFile(path, {}, [], {})
+    repeated = []
+    try:  # YAML is a superset of JSON: its nodes carry each key's line for either format
+        for key, _ in yaml.compose(text).value:
+            if key.value in out.lines:
+                repeated.append(f"{key.value}: given twice (lines {out.lines[key.value]} and "
+                                f"{key.start_mark.line + 1})")
+            out.lines.setdefault(str(key.value), key.start_mark.line + 1)
+    except (yaml.YAMLError, AttributeError):  # JSON that PyYAML's YAML 1.1 reads differently: no line numbers
+        pass
+    hints = get_type_hints(TrainConfig)
+    for key, value in data.items():
+        name = str(key)
+        if name not in hints:
+            close = difflib.get_close_matches(name, list(hints), n=1, cutoff=0.8)
+            out.problems.append(f"{name}: unknown field{f' (did you mean {close[0]}?)' if close else ''} "
+                                f"({out.where(name)})")
+            continue
+        try:
+            out.values[name] = convert_field(value, hints[name])
+        except ValueError as e:
+            out.problems.append(f"{name}: {e} ({out.where(name)})")
+    out.problems += [f"{r} in {path}" for r in repeated]
+    return out
+
+
+def unwritable_dir(path: str) -> str | None:
+    """Why a run folder could not be made under `path` (None: it could), found without writing anything."""
+    here = Path(path).absolute()
+    while not here.exists():
+        if here.is_symlink():
+            return f"cannot be created: {here} is a broken link"
+        here = here.parent
+    if not here.is_dir():
+        return f"cannot be created: {here} is not a folder"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"cannot be created or written: {here} is not writable"
+    return None
+
+
+def read_config_file(path: str) -> dict:
+    """A JSON or YAML mapping of TrainConfig fields, typed; any problem raises ConfigError listing them all."""
+    f = load_config_file(path)
+    if f.problems:
+        raise ConfigError(f.problems, path)
+    return f.values
+
+
+def _got(value: object) -> str:
+    return f"got {value!r} ({'null' if value is None else type(value).__name__})"
+
+
+def convert_field(value: object, hint: object) -> object:
+    """A config file's value as the field typed `hint` holds it, converted the way its flag's text would be
+    (numbers may be written as text: "1e-5"); ValueError says what was expected and what came."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        if type(None) in args and (value is None or value in ("None", "null")):
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        try:
+            return convert_field(value, inner)
+        except ValueError as e:
+            raise ValueError(f"{e}; or null to leave it unset") from None
+    if origin is Literal:
+        if isinstance(value, str):
+            return value  # off the choices: validate() names it beside the other problems
+        raise ValueError(f"expected one of {', '.join(args)}, {_got(value)}")
+    if origin is tuple:
+        if args[-1] is Ellipsis and isinstance(value, dict):  # env_arg as a mapping of the env's options
+            return tuple(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in value.items())
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expected a list, {_got(value)}")
+        types = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
+        if len(types) != len(value):
+            raise ValueError(f"expected a list of {len(types)}, {_got(value)}")
+        return tuple(convert_field(v, t) for v, t in zip(value, types))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"expected true or false, {_got(value)}")
+    if hint in (int, float):
+        if isinstance(value, str):
+            try:
+                return hint(value.strip())
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return hint(value)
+        elif isinstance(value, float) and hint is float:
+            return value
+        raise ValueError(f"expected {'an integer' if hint is int else 'a number'}, {_got(value)}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"expected text, {_got(value)} (quote it to mean the text)")
+    raise ValueError(f"cannot be set from a file ({hint})")
 
 
 TRAIN_DESCRIPTION = ("Train a causal LM with GRPO on multi-turn episodes of an environment (--env; math self-refine "
@@ -306,19 +448,27 @@ TRAIN_DESCRIPTION = ("Train a causal LM with GRPO on multi-turn episodes of an e
 
 def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = None,
                  description: str = TRAIN_DESCRIPTION) -> TrainConfig:
-    """--config FILE first, then flags on top; validated before returning. `description` heads --help."""
+    """--config FILE first, then flags on top; validated before returning. Every problem of the file and of
+    the flags is reported at once; one of a value the file set names the file and its line. `description`
+    heads --help."""
     import argparse
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     base = base or TrainConfig()
+    file = None
     if known.config:
-        base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
+        file = load_config_file(known.config)
+        base = TrainConfig(**{**asdict(base), **file.values})
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
     problems = cfg.validate()
+    if file is not None:
+        from_file = {n for n, v in file.values.items() if getattr(cfg, n) == v}  # not changed by a flag
+        problems = file.problems + [f"{p} ({file.where(p.split(':')[0])})" if p.split(":")[0] in from_file else p
+                                    for p in problems]
     if problems:
         raise ConfigError(problems, known.config or "command-line flags")
     return cfg

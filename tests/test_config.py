@@ -45,7 +45,7 @@ def test_choices_off_the_list_are_reported_with_the_other_problems(tmp_path):
                       "--dtype", "bf16"])
     assert sorted(err.value.problems) == sorted([
         "max_turns: must be >= 1, got 0",
-        "turn_credit: must be 'episode' or 'turn', got 'step'",
+        f"turn_credit: must be 'episode' or 'turn', got 'step' ({path}:1)",
         "loss_agg: must be 'token-mean' or 'seq-mean', got 'sum'",
         "learner_parallel: must be 'ddp' or 'fsdp', got 'tp'"])
 
@@ -91,7 +91,8 @@ def test_unknown_key_in_file_is_named(tmp_path):
     path.write_text("max_step: 4\nlr: 0.1\nlearning_rate: 2\n")
     with pytest.raises(ConfigError) as err:
         parse_config(["--config", str(path)])
-    assert err.value.problems == ["max_step: unknown field", "learning_rate: unknown field"]
+    assert err.value.problems == [f"max_step: unknown field (did you mean max_steps?) ({path}:1)",
+                                  f"learning_rate: unknown field ({path}:3)"]
     assert str(path) in str(err.value)
 
 
@@ -107,7 +108,7 @@ def test_invalid_value_in_file_names_the_file(tmp_path):
     path.write_text(json.dumps({"micro_batch_tokens": 0}))
     with pytest.raises(ConfigError) as err:
         parse_config(["--config", str(path)])
-    assert err.value.problems == ["micro_batch_tokens: must be >= 1, got 0"]
+    assert err.value.problems == [f"micro_batch_tokens: must be >= 1, got 0 ({path}:1)"]
     assert str(path) in str(err.value)
 
 

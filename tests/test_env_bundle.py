@@ -87,7 +87,7 @@ def test_a_module_that_raises_and_a_class_missing_a_method_are_refused(tmp_path)
 def test_unknown_or_mistyped_env_args_list_the_valid_ones():
     with pytest.raises(EnvSpecError, match=r"unknown --env-arg 'max_char' \(valid: max_chars=100\)"):
         load_env("calc", env_args=["max_char=5"])
-    with pytest.raises(EnvSpecError, match="expected a int"):
+    with pytest.raises(EnvSpecError, match="expected an int"):
         load_env("calc", env_args=["max_chars=lots"])
     with pytest.raises(EnvSpecError, match="not key=value"):
         load_env("calc", env_args=["max_chars"])

@@ -133,6 +133,22 @@ def test_a_full_disk_at_a_periodic_save_in_a_pipeline_run(tmp_path):
     _assert_ok(o)
 
 
+@pytest.mark.slow
+def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(tmp_path):
+    o, = chaos.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3
+    _assert_ok(o)
+    report = next(line for line in o.output.splitlines() if "[watchdog] serial rollout hung" in line)
+    assert re.search(r"\(limit 3 s\) while grading \(task arith-s1-\d+\) in the env \S+stuck.py:Stuck$", report), report
+    assert "[checkpoint]" in o.output and "[failed]" in o.output
+
+
+@pytest.mark.slow
+def test_processes_an_env_starts_in_a_worker_end_with_the_worker(tmp_path):
+    o, = chaos.env_forks(tmp_path)  # each step starts a `sleep 600`; processes left is counted by the token
+    _assert_ok(o)
+    assert o.procs_left == 0
+
+
 # ---- the pieces ----------------------------------------------------------------------------------
 def _pipe():
     r, w = mp.get_context("spawn").Pipe(duplex=False)

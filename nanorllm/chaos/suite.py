@@ -259,6 +259,71 @@ def learner_exception(out: Path) -> list[Outcome]:
     return [_finish(o, run, run_dir, shm)]
 
 
+# Envs a user might write, saved as files of the run (--env path/to/file.py:Name).
+HANGING_ENV = """
+import time
+from nanorllm.envs.base import EnvBundle
+
+class StuckEnv:
+    def __init__(self, *, max_turns): pass
+    def reset(self, task): return task["question"]
+    def step(self, response):
+        while True:  # an env whose step never returns
+            time.sleep(1)
+
+class Stuck(EnvBundle):
+    env_class = StuckEnv
+"""
+FORKING_ENV = """
+import multiprocessing, subprocess
+from nanorllm.envs.base import EnvBundle
+
+class ForkingEnv:
+    def __init__(self, *, max_turns): pass
+    def reset(self, task): return task["question"]
+    def step(self, response):
+        if multiprocessing.current_process().name.startswith("nanorllm-worker"):
+            subprocess.Popen(["sleep", "600"])  # a helper the env starts and never stops
+        return None, 0.0, True, {}
+
+class Forking(EnvBundle):
+    env_class = ForkingEnv
+"""
+
+
+def _env_file(out: Path, name: str, code: str) -> str:
+    path = out / f"{name}.py"
+    path.write_text(code)
+    return f"{path}:{name.capitalize()}"
+
+
+def serial_env_hang(out: Path) -> list[Outcome]:
+    """--serial with an env whose step never returns: the serial watchdog reports a hang in the env with the
+    task, the run stops (exit 1) with step 0 saved, nothing left running."""
+    shm = shm_entries()
+    env = _env_file(out, "stuck", HANGING_ENV)
+    run = TrainProcess(["--serial", "--env", env, "--eval-tasks", "", "--max-steps", "4", "--worker-timeout-s", "3",
+                        "--run-name", "serial_env_hang"], out)
+    rc = run.wait()
+    t_seen = run.seen("serial rollout hung: no progress")
+    o = Outcome("serial rollout hung in the env", t_seen and t_seen - run.t0,
+                rc == 1 and t_seen is not None and f"in the env {env}" in run.output()
+                and checkpoint_steps(out / "serial_env_hang") == [0] and "[done]" not in run.output())
+    return [_finish(o, run, out / "serial_env_hang", shm)]
+
+
+def env_forks(out: Path) -> list[Outcome]:
+    """An env whose step starts a process it never stops, in 2 workers: the run finishes and, as each worker
+    leads its own process group, stopping the workers ends those processes too (processes left: 0)."""
+    shm = shm_entries()
+    env = _env_file(out, "forking", FORKING_ENV)
+    run = TrainProcess([*PIPELINE, "--env", env, "--max-steps", "3", "--eval-tasks", "", "--run-name", "env_forks"],
+                       out)
+    rc = run.wait()
+    o = Outcome("env starts processes in the workers", None, rc == 0 and "step 3/3" in run.output())
+    return [_finish(o, run, out / "env_forks", shm)]
+
+
 def _stop_a_rank(out: Path, name: str, label: str, sig: int, report: str, extra: list[str]) -> list[Outcome]:
     """Signal learner rank 1 of two mid-run: one error naming it, exit 1, the last completed step saved,
     nothing left; then resume on one rank: every group trained once."""
@@ -299,7 +364,8 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "sigterm_then_kill": sigterm_then_kill, "learner_exception": learner_exception, "rank_kill": rank_kill,
           "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner,
           "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
-          "eval_grader_hang": eval_grader_hang, "disk_full": disk_full}
+          "eval_grader_hang": eval_grader_hang, "disk_full": disk_full, "serial_env_hang": serial_env_hang,
+          "env_forks": env_forks}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:

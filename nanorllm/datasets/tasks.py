@@ -194,6 +194,9 @@ def load_tasks(spec: str, *, limit: int | None = None) -> list[dict]:
 
 def check_task_rows(rows: list[dict], source: str) -> list[dict]:
     """Any env's task rows: dicts with a unique, non-empty string task_id (all problems at once)."""
+    if not isinstance(rows, list):
+        raise TaskFileError(source, [f"{source}: the env's load_tasks must return a list of task dicts, got "
+                                     f"{_type_name(rows)}"])
     problems, seen = [], {}
     for i, row in enumerate(rows):
         task_id = row.get("task_id") if isinstance(row, dict) else None

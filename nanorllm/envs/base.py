@@ -19,8 +19,12 @@ env's own options (`--env-arg key=value`, typed by their defaults), and where it
 (rows with a unique string `task_id`; the rest of a row is the env's business).
 """
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
 
 from nanorllm.agents.chat_agent import ChatAgent
 from nanorllm.core.types import RolloutResult, Trajectory
@@ -38,6 +42,45 @@ class Env(Protocol):
         """(next observation or None, this step's reward, done, info). info may carry "action" (what
         was graded), "reason" (why the episode ended) and numbers the bundle's `metrics` reads."""
         ...
+
+
+class EnvProtocolError(TypeError):
+    """What `env.reset` or `env.step` returned breaks the protocol above. The engine treats it like an
+    exception in the env: that episode ends as an env error (`rollout/env_errors`), the others go on."""
+
+    def __init__(self, field: str, expected: str, value: object):
+        self.key = (field, type(value).__name__)  # one report per field and type, however many episodes
+        super().__init__(f"{field}: expected {expected}, got {value!r:.80} ({type(value).__name__})")
+
+
+def check_reset(observation: object) -> Observation:
+    """`env.reset`'s result, if it is an observation (text, or a dict whose "question" is text)."""
+    if isinstance(observation, str) or (isinstance(observation, dict) and isinstance(observation.get("question"), str)):
+        return observation
+    if isinstance(observation, dict):
+        raise EnvProtocolError("observation['question']", "text", observation.get("question"))
+    raise EnvProtocolError("observation", "text or a dict with a 'question' text", observation)
+
+
+def check_step(result: object) -> tuple[str | None, float, bool, dict]:
+    """`env.step`'s result, checked field by field: (text or None, a finite number, a bool, a dict whose
+    "reason", if any, is text). The reward comes back as a float and `done` as a bool."""
+    if not isinstance(result, (tuple, list)) or len(result) != 4:
+        raise EnvProtocolError("env.step's result", "a tuple (observation, reward, done, info)", result)
+    observation, reward, done, info = result
+    if observation is not None and not isinstance(observation, str):
+        raise EnvProtocolError("observation", "text or None", observation)
+    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
+        raise EnvProtocolError("reward", "a number", reward)
+    if not math.isfinite(reward):
+        raise EnvProtocolError("reward", "a finite number", reward)
+    if not isinstance(done, (bool, np.bool_)):
+        raise EnvProtocolError("done", "True or False", done)
+    if not isinstance(info, dict):
+        raise EnvProtocolError("info", "a dict", info)
+    if not isinstance(info.get("reason", ""), str):
+        raise EnvProtocolError("info['reason']", "text", info["reason"])
+    return observation, float(reward), bool(done), info
 
 
 @runtime_checkable

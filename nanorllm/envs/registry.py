@@ -1,7 +1,8 @@
 """Finding the bundle `--env` names: a built-in name, `module.path:Name`, or `path/to/file.py:Name`.
 
 The spec string, never the class, is what travels: a spawned worker imports the same module again
-from it. `--env-arg key=value` values are typed by the bundle's defaults (int, float, bool, str).
+from it. `--env-arg key=value` values are typed by the bundle's defaults (int, finite float, bool, str; JSON or
+a comma list for a list or tuple, JSON for a dict).
 Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason and the valid options,
 raised at start before any model loads.
 """
@@ -9,6 +10,8 @@ raised at start before any model loads.
 import hashlib
 import importlib
 import importlib.util
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -78,14 +81,44 @@ def bundle_class(spec: str) -> type[EnvBundle]:
 
 
 def _typed(value: str, default, key: str, spec: str):
-    try:
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        return type(default)(value) if default is not None else value
-    except ValueError:
-        raise EnvSpecError(f"{spec!r}: --env-arg {key}={value}: expected a {type(default).__name__}") from None
+    """`value` as the type of the option's default: bool (true/false/1/0), int, a finite float, text; a list,
+    tuple or dict default takes JSON (`[1, 2]`, `{"a": 1}`) and a list or tuple also a comma list (`a,b`),
+    each item typed like the default's first one. Any other default type cannot be set from the command line."""
+    def refuse(expected: str):
+        return EnvSpecError(f"{spec!r}: --env-arg {key}={value}: expected {expected}")
+
+    if default is None or isinstance(default, str):
+        return value
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise refuse("true or false")
+        return value.lower() in ("true", "1")
+    if isinstance(default, (int, float)):
+        try:
+            out = type(default)(value)
+        except ValueError:
+            raise refuse(f"a{'n' if isinstance(default, int) else ''} {type(default).__name__}") from None
+        if not math.isfinite(out):
+            raise refuse("a finite number")
+        return out
+    if isinstance(default, (list, tuple, dict)):
+        kind = type(default).__name__
+        if value.startswith(("[", "{")):
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise refuse(f"a {kind} as JSON ({e.msg})") from None
+            if not isinstance(parsed, dict if isinstance(default, dict) else list):
+                raise refuse(f"a {kind}, got JSON {type(parsed).__name__}")
+            return type(default)(parsed)
+        if isinstance(default, dict):
+            raise refuse('a dict as JSON, e.g. {"a": 1}')
+        items = [v.strip() for v in value.split(",")] if value else []
+        if default:
+            items = [_typed(v, default[0], key, spec) for v in items]
+        return type(default)(items)
+    raise EnvSpecError(f"{spec!r}: --env-arg {key}: its default {default!r} ({type(default).__name__}) cannot be set "
+                       "from the command line")
 
 
 def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | list[str]) -> dict:

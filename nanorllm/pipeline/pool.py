@@ -9,6 +9,7 @@ CUDA state.
 """
 
 import os
+import signal
 import time
 from multiprocessing.connection import wait
 
@@ -19,6 +20,14 @@ from nanorllm.pipeline.channel import Inbox, Outbox
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.pipeline.messages import Job, Stop, WorkerMessage
 from nanorllm.pipeline.worker import worker_main
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the process group `pgid` (none, or one that is not ours: nothing)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class WorkerPool:
@@ -66,6 +75,7 @@ class WorkerPool:
         if p.is_alive():
             p.kill()
         p.join(timeout=5)
+        kill_group(p.pid)  # what the worker's env started (the worker leads its group: worker_main)
         inbox, outbox = self.inbox.pop(wid), self.outbox.pop(wid)
         msgs = inbox.read()
         inbox.close()

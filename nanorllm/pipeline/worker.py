@@ -14,7 +14,8 @@ Staying honest with the learner, which must be able to tell a slow worker from a
 - the stop signal is a flag in shared memory, so there is no lock for a dying process to hold;
 - any exception outside an episode is sent to the learner as a message and printed here, so a
   worker that cannot start still says why. An exception inside a job fails only that job.
-Workers ignore SIGINT: Ctrl-C goes to the launcher, which saves, then stops them.
+Workers ignore SIGINT: Ctrl-C goes to the launcher, which saves, then stops them. Each worker leads its
+own process group, so the processes an env's code starts go with it when the pool stops it.
 """
 
 import os
@@ -80,6 +81,7 @@ class _Sender:
 def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int | None, num_processes: int,
                 jobs, results, weights, heartbeat, stop: torch.Tensor, parent_pid: int) -> None:
     die_with_parent(parent_pid)
+    os.setpgid(0, 0)  # its own process group: stopping it also ends whatever an env started (WorkerPool.remove)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sender = _Sender(results, cfg.queue_size, torn=fault("torn_result") is not None and worker_id == 0
                      and incarnation == 0)

@@ -49,8 +49,9 @@ def ensure_smollm2() -> Path:
         return target
     src = smollm2_gguf_dir()
     print(f"[models] converting {src / SMOLLM2_GGUF} to safetensors in {target} (once, ~30 s)", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF, trust_remote_code=False)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32,
+                                                      trust_remote_code=False)
     config = gguf_model.config
     follow_config_eos(tokenizer, config)
     # save_pretrained refuses a GGUF-loaded model, and a config that still names a quantization
@@ -102,6 +103,7 @@ def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32, d
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(dtype), tokenizer
     path = ensure_smollm2() if name == SMOLLM2 else name
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # Never the code a model folder names in its auto_map: an unknown type is refused, not asked about.
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     return model, tokenizer

@@ -13,8 +13,10 @@ get the env's feedback and go again.
 
 The env and the agent of each episode come from an `EnvBundle` (envs/base.py; `--env`), the math
 self-refine bundle by default. An episode's reward is the sum of its steps' rewards. An exception in
-`env.reset` or `env.step` ends only that episode (reason "error", its traceback printed once per
-distinct error); the trainer leaves such episodes out of their groups. `watch` hears "grading" around
+`env.reset` or `env.step`, or a result the protocol does not allow (envs/base.py `check_reset` /
+`check_step`: a reward that is not a finite number, a `done` that is not a bool, ...), ends only that
+episode (reason "error", printed once per distinct error); the trainer leaves such episodes out of
+their groups. `watch` hears "grading" around
 each env call (reset and step) and "generating" after it: a worker's heartbeat.
 """
 
@@ -27,7 +29,7 @@ from typing import Callable
 
 from nanorllm.chaos.faults import env_response
 from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory
-from nanorllm.envs.base import Agent, Env, EnvBundle, EpisodeSettings
+from nanorllm.envs.base import Agent, Env, EnvBundle, EnvProtocolError, EpisodeSettings, check_reset, check_step
 from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
@@ -71,15 +73,22 @@ _reported_errors: set[tuple] = set()  # (exception type, file, line): printed on
 
 
 def report_env_error(spec: str, task_id: str, where: str) -> str:
-    """The current exception's traceback; printed to stderr the first time this error is seen."""
+    """The current exception's traceback (for a protocol violation, its one line); printed to stderr the
+    first time this error is seen."""
     exc_type, exc, tb = sys.exc_info()
-    frames = traceback.extract_tb(tb)
-    key = (exc_type.__name__, frames[-1].filename, frames[-1].lineno) if frames else (exc_type.__name__,)
-    text = traceback.format_exc(limit=-8)
+    dropped = "the episode is dropped (counted in rollout/env_errors; this error is printed once)"
+    if isinstance(exc, EnvProtocolError):
+        key, text = (where, *exc.key), str(exc)
+        line = f"env.{where} on task {task_id} returned what the env protocol (envs/base.py) does not allow: " \
+               f"{text}; {dropped}"
+    else:
+        frames = traceback.extract_tb(tb)
+        key = (exc_type.__name__, frames[-1].filename, frames[-1].lineno) if frames else (exc_type.__name__,)
+        text = traceback.format_exc(limit=-8)
+        line = f"env.{where} raised on task {task_id}; {dropped}:\n{text}"
     if key not in _reported_errors:
         _reported_errors.add(key)
-        print(f"[env] {spec}: env.{where} raised on task {task_id}; the episode is dropped (counted in "
-              f"rollout/env_errors; this error is printed once):\n{text}", file=sys.stderr, flush=True)
+        print(f"[env] {spec}: {line}", file=sys.stderr, flush=True)
     return text
 
 
@@ -193,17 +202,16 @@ class RolloutEngine:
 
     def _reset(self, ep: _Episode) -> bool:
         """Open the episode. False (and the episode ended as an error) if the env raised."""
+        self.watch("grading", ep.task_index)
         try:
-            self.watch("grading", ep.task_index)
-            ep.agent.reset(ep.task, ep.env.reset(ep.task))
-            return True
+            ep.agent.reset(ep.task, check_reset(ep.env.reset(ep.task)))
         except Exception:
             report_env_error(self.env.spec, ep.task["task_id"], "reset")
             traj = Trajectory(task_id=ep.task["task_id"], task=dict(ep.task), termination_reason="error")
             ep.result = RolloutResult(trajectory=traj, step_samples=[], group_id=ep.group_id)
-            return False
-        finally:
-            self.watch("generating", -1)
+        # not in a `finally`: a process that dies inside the env (sys.exit, a hang's kill) is reported as grading
+        self.watch("generating", -1)
+        return ep.result is None
 
     def _advance(self, ep: _Episode, gen) -> bool:
         """Apply one response to its episode. True if the episode goes on to another turn."""
@@ -215,13 +223,13 @@ class RolloutEngine:
             policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
         self.watch("grading", ep.task_index)
         try:
-            feedback, reward, done, info = env.step(env_response(gen.text))
+            feedback, reward, done, info = check_step(env.step(env_response(gen.text)))
         except Exception:  # one bad episode must not stop the batch: end it, keep the reason
             agent.trajectory.steps[-1].info["error"] = report_env_error(self.env.spec, ep.task["task_id"], "step")
+            self.watch("generating", -1)
             self._finish(ep, terminated=False, reason="error")
             return False
-        finally:
-            self.watch("generating", -1)
+        self.watch("generating", -1)
         if done:
             agent.update_from_env(feedback, reward, done, info)
             self._finish(ep, terminated=True, reason=info.get("reason") or ("correct" if reward > 0 else "max_turns"))

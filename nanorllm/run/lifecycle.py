@@ -32,7 +32,7 @@ from nanorllm.ranks.group import under_torchrun
 from nanorllm.run.args import parse_train_args
 from nanorllm.run.ranks import follow_torchrun, start_learner
 from nanorllm.trainer.checkpoint import CheckpointError
-from nanorllm.trainer.loop import TrainingRun
+from nanorllm.trainer.loop import TrainedNothing, TrainingRun
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
 from nanorllm.utils.devices import DeviceError
@@ -109,6 +109,9 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     except KeyboardInterrupt:
         signals.may_raise = False
         status = "stopped"
+    except TrainedNothing as e:
+        signals.may_raise = False
+        print(f"[failed] {e}", file=sys.stderr, flush=True)
     except BaseException:
         signals.may_raise = False
         traceback.print_exc()

@@ -24,10 +24,8 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns, grader_timeout_s=grader_timeout_s))
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
                            max_batch_episodes=max_batch_episodes)
-    with Watchdog("held-out evaluation", hang_timeout_s) as dog:
-        dog.beat("generating")
-        engine.on_step = dog.beat  # every decode step (replayed CUDA graphs run no forward hooks)
-        engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
+    with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
+        dog.follow(engine, tasks)
         results = engine.run(tasks, num_samples=1).results
     n = len(results)
     timeouts, first_timeout = grader_timeouts(results)

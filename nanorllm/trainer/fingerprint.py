@@ -8,13 +8,15 @@ what changed, unless `--resume-new-data` accepts it: the new order then starts a
 
 The model's weights and tokenizer come from the checkpoint, so `--model` and `--dtype` cannot change
 on resume: given anyway, they are refused rather than half-applied (workers loading one model while
-the learner trains another).
+the learner trains another). Nor can `--max-prompt-tokens` and `--drop-long-prompts`: they decide which
+tasks are left out of the stream after its fingerprint is taken.
 """
 
 import hashlib
 import json
 
-FIXED_ON_RESUME = ("model", "dtype")
+# the prompt limit decides which tasks the stream holds after the order's fingerprint is taken
+FIXED_ON_RESUME = ("model", "dtype", "max_prompt_tokens", "drop_long_prompts")
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _LABELS = {"tasks": "training tasks (--tasks, --limit)",
            "held_out_removed": "training tasks removed as held out (--eval-tasks, --eval-limit)",

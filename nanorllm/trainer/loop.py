@@ -30,12 +30,13 @@ from nanorllm.chaos.faults import before_update
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
-from nanorllm.datasets.tasks import check_task_rows, remove_overlap
+from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import describe, env_from_config, task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
 from nanorllm.rollout.build import sampling_params
+from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
@@ -59,14 +60,29 @@ def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[d
     """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint),
     loaded by the env from `cfg`'s resolved task specs."""
     spec, eval_spec = cfg.tasks, cfg.eval_tasks
-    loaded = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
-    heldout = check_task_rows(env.load_tasks(eval_spec, limit=cfg.eval_limit), eval_spec) if eval_spec else []
+    loaded = check_task_rows(env_tasks(env, spec, cfg.limit), spec)
+    heldout = check_task_rows(env_tasks(env, eval_spec, cfg.eval_limit), eval_spec) if eval_spec else []
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
-        raise ValueError(f"no training tasks left after removing the {dropped} that are held out")
+        raise TaskFileError(spec, [f"{spec}: no training tasks left after removing the {dropped} that are also "
+                                   f"held out (--eval-tasks {eval_spec})"])
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return train, heldout, dropped, order
+
+
+def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
+    """`env.load_tasks(spec)`; whatever it raises is bad input (TaskFileError naming the env and the spec)."""
+    try:
+        return env.load_tasks(spec, limit=limit)
+    except TaskFileError:
+        raise
+    except Exception as e:
+        raise TaskFileError(spec, [f"{spec}: the env {env.spec}'s load_tasks raised {type(e).__name__}: {e}"]) from e
+
+
+class TrainedNothing(RuntimeError):
+    """Too many of the run's updates trained nothing: it must not end as a finished run."""
 
 
 class NonFiniteWeights(RuntimeError):
@@ -101,7 +117,7 @@ class TrainingRun:
         self.final_step = 0
         self.source: RolloutSource | None = None  # while training: checkpoints ask it for the stream position
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
-        self.totals = {"skipped_nan": 0, "dropped_heldout": 0}
+        self.totals = {"skipped_nan": 0, "dropped_heldout": 0, "env_error_steps": 0}
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
         self.devices: DeviceMap | None = None
@@ -133,7 +149,11 @@ class TrainingRun:
             load_task_sets(cfg, self.env)
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError([f"output_dir: cannot create {self.run_dir} ({type(e).__name__}: {e.strerror or e})"],
+                              "--output-dir / --run-name") from None
         self.lock = RunLock(self.run_dir).acquire()  # before anything in the folder is read, cleaned or written
         if self.resume_dir:
             for p in checkpoint.clean_stale(self.run_dir):
@@ -146,9 +166,14 @@ class TrainingRun:
                 raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
                                       "to continue it or choose another --run-name")
             model_source = cfg.model
-        self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
-                                               seed=cfg.seed)
+        try:
+            self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
+                                                   seed=cfg.seed)
+        except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
+        self.check_prompt_lengths()
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         if cfg.kl_coef > 0:  # the only case a reference model is loaded
             self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
@@ -182,6 +207,31 @@ class TrainingRun:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
         write_atomic(self.run_dir / "config.json", json.dumps(cfg.saved(), indent=2) + "\n")  # setup succeeded
+
+    def check_prompt_lengths(self) -> None:
+        """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
+        with --drop-long-prompts leave them out, counted."""
+        limit = prompt_limit(self.policy, self.cfg)
+        if limit is None:
+            return
+        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit)
+                 for what, tasks in (("training", self.train_tasks), ("held-out", self.eval_tasks))}
+        if not any(found.values()):
+            return
+        if not self.cfg.drop_long_prompts:
+            problems = [line for what, f in found.items() for line in describe_long(f, limit, what)]
+            source = " and ".join(s for s, what in ((self.cfg.tasks, "training"), (self.cfg.eval_tasks, "held-out"))
+                                  if found[what])
+            raise TaskFileError(source, problems + ["pass --drop-long-prompts to leave them out"])
+        for what, attr in (("training", "train_tasks"), ("held-out", "eval_tasks")):
+            if found[what]:
+                long_ids = {id(t) for t, _, _ in found[what]}
+                setattr(self, attr, [t for t in getattr(self, attr) if id(t) not in long_ids])
+                t, n, _ = found[what][0]
+                self.say(f"[tasks] left out {len(found[what])} {what} task(s) whose prompt is longer than {limit} "
+                         f"tokens (--drop-long-prompts; first: {t['task_id']}, {n} tokens)")
+        if not self.train_tasks:
+            raise TaskFileError("--tasks", [f"every training task's prompt is longer than {limit} tokens"])
 
     def check_resumable(self, state: dict) -> None:
         """Refuse (ConfigError, exit 2) a resume that would change the model or, unless accepted, the task order."""
@@ -276,6 +326,9 @@ class TrainingRun:
             self.final_step = step + 1
             self.dirty = False
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
+            self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (
+                bool(results) and metrics["rollout/env_errors"] == len(results))
+            metrics["train/env_error_steps_total"] = self.totals["env_error_steps"]
             metrics.update(derived_metrics(metrics, results, step_s=time.perf_counter() - t0,
                                            skipped_nan_total=self.totals["skipped_nan"]))
             self.logger.scalars(metrics, step + 1)
@@ -294,13 +347,27 @@ class TrainingRun:
                 on_step(self, step + 1)
             if self.stop_requested:
                 break
+            self.check_trained(at_end=False)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
         bar.close()
+        if not self.stop_requested and self.final_step == cfg.max_steps:
+            self.check_trained(at_end=True)
         if self.ranks.parallel == "fsdp":  # the last checkpoint's optimizer state needs the ranks: before they go
             self.save_last()
         self.ranks.release()
         return {"step": self.final_step}
+
+    def check_trained(self, *, at_end: bool) -> None:
+        """Raise TrainedNothing once more than --max-skipped-frac of --max-steps updates trained nothing (the
+        share is out of reach: stop now), or at the end if every update did."""
+        nan, env = self.totals["skipped_nan"], self.totals.get("env_error_steps", 0)
+        skipped, limit = nan + env, self.cfg.max_skipped_frac
+        if skipped > limit * self.cfg.max_steps or (at_end and skipped >= self.final_step > 0):
+            raise TrainedNothing(
+                f"{skipped} of {self.final_step} updates trained nothing ({nan} skipped for a non-finite loss or "
+                f"gradient, {env} with every episode an env error: see the [env] lines above), more than "
+                f"--max-skipped-frac {limit:g} of --max-steps {self.cfg.max_steps}; the run is not done")
 
     def report_grader_timeouts(self, results: list[RolloutResult], step: int) -> None:
         """The first step with answer checks out of CPU time says so, with a task (then only the scalar)."""

@@ -15,6 +15,9 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer.metrics import decode_metrics
+from nanorllm.trainer.watchdog import Watchdog
+
+SERIAL_HANG_S = 600.0  # a serial rollout without progress this long is hung, unless --worker-timeout-s says
 
 
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
@@ -56,8 +59,14 @@ class SerialSource:
         self.drawn_at = (step, self.stream.position)
         picked = self.stream.take(self.cfg.tasks_per_step)
         t0 = time.perf_counter()
-        out = self.engine.run([t for t, _ in picked], num_samples=self.cfg.num_samples_per_task,
-                              group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
+        tasks = [t for t, _ in picked]
+        # the pipeline's workers have a heartbeat; here the same limit stops a decode step or an env call
+        # that never returns (Hung: exit 1, the last completed step saved)
+        limit = self.cfg.worker_timeout_s or SERIAL_HANG_S
+        with Watchdog("serial rollout", limit, env_name=self.engine.env.spec) as dog:
+            dog.follow(self.engine, tasks)
+            out = self.engine.run(tasks, num_samples=self.cfg.num_samples_per_task,
+                                  group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
         rollout_s = time.perf_counter() - t0
         return out.results, {"perf/rollout_s": rollout_s,
                              "perf/gen_tokens_per_s": out.timings["gen_tokens"] / max(rollout_s, 1e-9),

@@ -1,4 +1,5 @@
-"""A hang detector for work the learner does itself (held-out evaluation), like the workers' heartbeat.
+"""A hang detector for work the learner does itself (held-out evaluation, --serial rollouts), like the
+workers' heartbeat.
 
 The work beats `Watchdog.beat(activity, task_id)` on every decode step and every look at a
 running answer check. A thread notes when the count last moved; past `timeout_s` of silence it
@@ -20,8 +21,10 @@ class Hung(BaseException):
 
 
 class Watchdog:
-    def __init__(self, what: str, timeout_s: float, *, grace_s: float = 30.0, poll_s: float = 0.5):
+    def __init__(self, what: str, timeout_s: float, *, grace_s: float = 30.0, poll_s: float = 0.5,
+                 env_name: str | None = None):
         self.what, self.timeout_s, self.grace_s, self.poll_s = what, timeout_s, grace_s, poll_s
+        self.env_name = env_name  # named in the report when the work stands still inside the env
         self.beats, self.activity, self.task_id = 0, "starting", None
         self.report: str | None = None
         self._done = threading.Event()
@@ -30,6 +33,13 @@ class Watchdog:
         self.beats += 1
         if activity is not None:
             self.activity, self.task_id = activity, task_id
+
+    def follow(self, engine, tasks: list[dict]) -> None:
+        """Beat on every decode step of a RolloutEngine running `tasks` and around each of its env calls,
+        naming the task ("grading") or none ("generating")."""
+        self.beat("generating")
+        engine.on_step = self.beat  # every decode step (replayed CUDA graphs run no forward hooks)
+        engine.watch = lambda activity, i: self.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
 
     def __enter__(self) -> "Watchdog":
         self._armed = threading.current_thread() is threading.main_thread()
@@ -55,6 +65,8 @@ class Watchdog:
             silent = time.monotonic() - since
             if silent > self.timeout_s:
                 task = f" (task {self.task_id})" if self.task_id is not None else ""
+                if self.activity == "grading" and self.env_name:
+                    task += f" in the env {self.env_name}"
                 self.report = (f"{self.what} hung: no progress for {silent:.1f} s (limit {self.timeout_s:.0f} s) "
                                f"while {self.activity}{task}")
                 print(f"[watchdog] {self.report}", file=sys.stderr, flush=True)
