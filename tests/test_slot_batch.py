@@ -10,7 +10,8 @@ from families import FAMILIES, tiny_family_policy
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import DecodeGraphs, StepGraph
 from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import CacheTooLarge, buckets, check_fits, context_bucket, context_buckets, slot_ranges
+from nanorllm.policy.slot_cache import (CacheTooLarge, buckets, check_fits, context_bucket, context_buckets, model_shape,
+                                        slot_ranges)
 from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.metrics import decode_metrics
 
@@ -406,3 +407,36 @@ def test_the_compaction_benchmark_compares_both_rules_and_puts_the_engine_back()
     from nanorllm.policy.slot_batch import SlotBatch
 
     assert SlotBatch.step_rows is RULES["every_hole"]  # the engine's own rule again after the comparison
+
+
+def test_attention_reads_the_cache_in_its_own_dtype_with_a_kv_heads_queries_as_its_rows(monkeypatch):
+    """fp32 parameters under bf16 autocast (the learner's own evaluation, `--serial --dtype bf16`): the
+    query comes out of RoPE in fp32 and takes the bf16 cache's dtype, never the attended keys the
+    query's (a copy of every column read, every layer, every step). Prefill and decode alike hand SDPA
+    as many query heads as key heads (a kv head's queries as its rows), never `enable_gqa` with a
+    mask, which no memory-efficient or flash kernel takes."""
+    import torch.nn.functional as F
+
+    policy = tiny_family_policy("llama")
+    policy.compute_dtype = torch.bfloat16  # fp32 masters, bf16 compute: HFCausalPolicy.from_name(dtype="bf16")
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kw):
+        calls.append((q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], q.shape[2], kw.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    prompt = policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[2]}])
+    with policy.decode_batch(SamplingParams(max_new_tokens=3, temperature=0.7)) as batch:
+        assert batch.cache.dtype == torch.bfloat16
+        batch.join([(k, prompt, torch.Generator().manual_seed(k), None) for k in range(2)])
+        while len(batch):
+            batch.step()
+    monkeypatch.undo()
+    layers, kv_heads, _ = model_shape(policy.model)
+    assert len(calls) >= 3 * layers  # the prefill and two decode steps, every layer
+    assert {c[:3] for c in calls} == {(torch.bfloat16,) * 3}
+    assert {(c[3], c[4], c[6]) for c in calls} == {(kv_heads, kv_heads, False)}
+    groups = policy.model.config.num_attention_heads // kv_heads
+    assert {c[5] for c in calls} == {groups * len(prompt), groups}  # prefill rows, then one query per head a step
+
