@@ -440,3 +440,46 @@ def test_attention_reads_the_cache_in_its_own_dtype_with_a_kv_heads_queries_as_i
     groups = policy.model.config.num_attention_heads // kv_heads
     assert {c[5] for c in calls} == {groups * len(prompt), groups}  # prefill rows, then one query per head a step
 
+
+def test_graphs_captured_before_the_parameters_move_are_recaptured_not_replayed():
+    """The learner's startup parity check decodes (graphs captured), then the shared weight store
+    moves every parameter into its block. A CUDA graph replays the addresses it recorded, so a graph
+    from before the move would read freed memory. The stand-in here holds that contract (it records
+    the parameters' addresses at capture and refuses a replay after they moved): after the move every
+    step runs on a graph captured anew and samples what eager samples."""
+    from nanorllm.pipeline.weights import SharedWeights
+
+    policy = tiny_family_policy("qwen2")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+
+    class AddressBoundStepGraph(EagerStepGraph):
+        def capture(self, step, pool) -> None:
+            self.addresses = [p.data_ptr() for p in policy.model.parameters()]
+            super().capture(step, pool)
+
+        def replay(self) -> None:
+            assert [p.data_ptr() for p in policy.model.parameters()] == self.addresses, "a graph's weights moved"
+            super().replay()
+
+    graphs = DecodeGraphs()
+    graphs.graph_type = AddressBoundStepGraph
+
+    def counter(batch):
+        batch.counter_rng = True
+
+    def graphed(batch):
+        counter(batch)
+        batch.graphs = graphs
+
+    eager, _ = run_rows(policy, params, "slots", on_batch=counter, slots=20)
+    first, _ = run_rows(policy, params, "slots", on_batch=graphed, slots=20)
+    captured = set(graphs.graphs)
+    weights = SharedWeights(policy.model, version=0, readers=None)  # what PipelineSource does to the learner's model
+    try:
+        moved, stats = run_rows(policy, params, "slots", on_batch=graphed, slots=20)
+    finally:
+        weights.close()
+    assert_same(first, eager)
+    assert_same(moved, eager)
+    assert stats["graph_steps"] == stats["decode_steps"] > 0
+    assert captured and set(graphs.graphs) and not captured & set(graphs.graphs)  # all captured anew

@@ -33,7 +33,7 @@ from nanorllm.bench import gpu_learner, gpu_weights
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.policy.base import SamplingParams
-from nanorllm.policy.decode_graphs import params_key
+from nanorllm.policy.decode_graphs import layout, params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
 from nanorllm.rollout.build import training_engine
@@ -159,8 +159,9 @@ def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, conte
     the rollout's mean context (`context` columns), replayed back to back (on CPU, the eager step
     function run back to back)."""
     graphs = policy.decode_graphs
+    live = layout(policy.slot_cache, policy.model)
     ours = {k[:2]: g for k, g in (graphs.graphs.items() if graphs else ())
-            if k[2:] == (params_key(engine.sampling), policy.slot_cache.version)}  # the rollout's sampling, live cache
+            if k[2:] == (params_key(engine.sampling), live)}  # the rollout's sampling, live cache and weights
     if ours:
         most = max(n for n, _ in ours)
         widths = sorted(w for n, w in ours if n == most)
