@@ -483,3 +483,20 @@ def test_graphs_captured_before_the_parameters_move_are_recaptured_not_replayed(
     assert_same(moved, eager)
     assert stats["graph_steps"] == stats["decode_steps"] > 0
     assert captured and set(graphs.graphs) and not captured & set(graphs.graphs)  # all captured anew
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_graphs_capture_on_a_gpu_that_is_not_the_current_device():
+    """A policy on cuda:1 while cuda:0 is current (a single-rank learner placed there before it set its
+    device): the capture stream is made on the policy's device, so its steps replay, not fall back."""
+    policy = tiny_family_policy("llama")
+    policy.model.to("cuda:1")
+    policy.device = torch.device("cuda:1")
+    torch.cuda.set_device(0)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    policy.graphs_enabled = False
+    eager, _ = run_rows(policy, params, "slots")
+    policy.graphs_enabled = True
+    replayed, stats = run_rows(policy, params, "slots")
+    assert not policy.decode_graphs.failed and stats["graph_steps"] > 0
+    assert_same(replayed, eager, atol=1e-3)

@@ -47,17 +47,22 @@ class StepGraph:
         self.graph = None
 
     def capture(self, step, pool) -> None:
-        """Warm `step` up on a side stream (lazy inits and autotuning stay outside), then record it."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = step()
-        torch.cuda.synchronize()
+        """Warm `step` up on a side stream made on the step's device (lazy inits and autotuning stay
+        outside), then record it on that same stream. Not torch.cuda.graph's own capture stream: that
+        one is made once per process on whichever device was current, and a policy on cuda:N that
+        never became the current device would capture on cuda:0's stream (and fall back to eager)."""
+        device = self.tok.device
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, stream=side):
+                self.out = step()
+            torch.cuda.synchronize(device)
 
     def replay(self) -> None:
         self.graph.replay()
