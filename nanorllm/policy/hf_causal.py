@@ -157,6 +157,8 @@ class HFCausalPolicy(Policy):
             width = max(width, cache.width if cache else 0)
             dtype = self.compute_dtype or next(self.model.parameters()).dtype
             self.slot_cache = cache = None  # let the old buffers go before the new ones are counted
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # and back to the device: cached blocks count as used in mem_get_info
             nbytes = check_fits(self.model, slots=slots, width=width, dtype=dtype, device=self.device)
             layers, kv_heads, head_dim = model_shape(self.model)
             cache = SlotCache(layers, kv_heads, head_dim, slots=slots, width=width, dtype=dtype, device=self.device)
