@@ -32,6 +32,7 @@ GPU_TESTS="tests/test_slot_batch.py::test_graph_replay_matches_eager_before_and_
   tests/test_micro_batches.py::test_on_cuda_unset_micro_batch_tokens_follow_free_memory
   tests/test_precision.py::test_tf32_is_the_updates_on_cuda_only_and_nothing_on_cpu
   tests/test_precision.py::test_adamw_is_fused_only_where_every_parameter_is_on_cuda"
+if ! command -v "$PY" >/dev/null 2>&1; then echo "[gpu_smoke] no $PY on PATH (set PYTHON=...)" >&2; exit 1; fi
 if [ -n "${WHEELS:-}" ]; then
   site=$(mktemp -d)
   trap 'rm -rf "$site"' EXIT
@@ -39,7 +40,6 @@ if [ -n "${WHEELS:-}" ]; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's nanorllm, installed or not
-if ! command -v "$PY" >/dev/null 2>&1; then echo "[gpu_smoke] no $PY on PATH (set PYTHON=...)" >&2; exit 1; fi
 # every module a check imports (and what they import in turn), named by the wheel that provides it
 missing=$($PY - <<'PY'
 import importlib
@@ -78,7 +78,8 @@ except Exception: print('preset:smollm2-135m')" 2>/dev/null || echo preset:smoll
 sizes="--max-steps 6 --tasks-per-step 32 --num-samples-per-task 8 --max-batch-episodes 256 --eval-limit 16"
 if [ "$dry" = 1 ]; then
   model=${SMOKE_MODEL:-tiny-random}
-  sizes="--max-steps 1 --tasks-per-step 2 --num-samples-per-task 2 --max-batch-episodes 8 --eval-limit 4"
+  sizes="--max-steps 1 --tasks-per-step 2 --num-samples-per-task 2 --max-batch-episodes 8 --eval-limit 4 --max-new-tokens 16"
+  limit=${SMOKE_LIMIT_S:-300}  # a CPU's start-up and evaluation, not a GPU's
 fi
 failed=()
 

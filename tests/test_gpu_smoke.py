@@ -1,8 +1,7 @@
 """launch/gpu_smoke.sh on CPU: it finds python3 where there is no `python`, names the wheels an image
 lacks before any check starts, and (DRY_RUN=1) runs its checks' plumbing: the GPU tests it names exist,
-the bench's JSON and the training runs' figures land in $OUT."""
+the training runs' figures land in $OUT."""
 
-import json
 import os
 import subprocess
 import sys
@@ -48,12 +47,13 @@ def test_the_smoke_script_names_a_missing_wheel_before_any_check_starts(tmp_path
 
 
 @pytest.mark.slow
-def test_a_dry_smoke_run_writes_the_bench_json_and_both_training_runs_figures(tmp_path):
-    proc = smoke(tmp_path, "bench steps", timeout=900)
+def test_a_dry_smoke_run_writes_both_training_runs_and_their_figures(tmp_path):
+    """The `steps` check (serial, then pipeline, bf16) at tiny sizes on CPU: both runs finish under the
+    script's limit and their TensorBoard figures are read back into their logs. (The bench's dry run
+    is tests/test_bench_gpu.py's.)"""
+    proc = smoke(tmp_path, "steps", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
-    record = json.loads((out / "bench_gpu.json").read_text())
-    assert record["complete"] and record["figures"]["dry_run"]
     for run in ("steps-serial", "steps-pipeline"):
         log = (out / f"{run}.txt").read_text()
         assert "perf/step_s" in log and f"[gpu_smoke] {run}: exit 0" in proc.stdout, run

@@ -286,12 +286,15 @@ def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
     evaluates `fast_all(padding_mask)` as a Python bool, one device read per forward. A prebuilt 4-D
     mask is used as it is; a model with sliding-window layers takes one per layer type (its
     `causal_mask_mapping`). Where its layers are of other types, or its attention takes no 4-D mask
-    (flash attention), the (B, T) mask is returned for transformers to handle."""
+    (flash attention), or its transformers builds masks with other arguments (before 5.0: a
+    `cache_position`, no `allow_is_causal_skip`), the (B, T) mask is returned for transformers to handle."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     config = model.config
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if config._attn_implementation not in ("sdpa", "eager") or not types <= {"full_attention", "sliding_attention"}:
+    names = list(inspect.signature(create_causal_mask).parameters)
+    if (config._attn_implementation not in ("sdpa", "eager") or not types <= {"full_attention", "sliding_attention"}
+            or names[3:4] not in (["past_key_values"], ["cache"]) or "allow_is_causal_skip" not in names):
         return attention_mask
     B, T = attention_mask.shape
     embeds = torch.empty((B, T, 0), dtype=next(model.parameters()).dtype, device=attention_mask.device)  # shapes only
