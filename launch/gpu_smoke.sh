@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
 # Every GPU check, in one command that fits a 10-minute slot on one GPU; each check has its own time
 # limit and a check that fails or runs out does not stop the next. In order:
-#   tests    the tests that only run on a GPU: CUDA-graph replay after a reload (slot engine), torn reads
-#            and GPU memory released through CUDA IPC (weights), device-sized micro-batches, TF32/fused AdamW
+#   tests    the tests that only run on a GPU, by name (GPU_TESTS): CUDA-graph replay after a reload and on
+#            a GPU that is not the current one (slot engine), torn reads and GPU memory released through
+#            CUDA IPC (weights), device-sized micro-batches, TF32/fused AdamW; not the files' CPU tests
 #   bench    launch/bench.py --gpu: decode ms/step vs rows (eager vs graphs), rollout tokens/s for the
 #            default model (when installed) and the presets, the transformers reference, the replayed-step
 #            upper bound, GPU busy fraction, capture time, greedy agreement, the update (fp32/TF32/bf16,
 #            MFU) and the weight publish + load beside one copy
 #   steps    serial vs pipeline step time on the GPUs (learner and one worker sharing cuda:0 on one GPU)
 #   ranks    with 2 GPUs or more: the learner as 2 ranks, DDP and FSDP
-# Figures and logs go to $OUT when set (else a temporary folder).
+# Figures and logs go to $OUT when set (else a temporary folder). It first checks that every wheel a run
+# imports is there and names the missing ones (exit 1), before any check starts.
 #   bash launch/gpu_smoke.sh                      # everything
 #   CHECKS="bench" bash launch/gpu_smoke.sh       # some of it (tests bench steps ranks)
 #   SMOKE_MODEL=preset:qwen2.5-0.5b bash launch/gpu_smoke.sh [extra train.py flags]
 #   WHEELS=dir bash launch/gpu_smoke.sh           # offline machine: install the wheels in dir first (into
 #                                                 # a temporary folder put on PYTHONPATH, nothing system-wide)
+#   DRY_RUN=1 bash launch/gpu_smoke.sh            # on CPU, tiny-random, tiny sizes: the script's plumbing only
+#                                                 # (tests are collected, not run; no figure means anything)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 >/dev/null 2>&1 && echo python3 || echo python)}
+dry=${DRY_RUN:-0}
+GPU_TESTS="tests/test_slot_batch.py::test_graph_replay_matches_eager_before_and_after_a_reload
+  tests/test_slot_batch.py::test_graphs_capture_on_a_gpu_that_is_not_the_current_device
+  tests/test_weights.py::test_no_torn_reads_while_publishing[cuda]
+  tests/test_weights.py::test_a_worker_killed_holding_the_gpu_block_leaves_no_gpu_memory_held
+  tests/test_weights.py::test_a_learner_killed_while_publishing_takes_its_worker_and_the_memory_with_it[cuda]
+  tests/test_weights.py::test_a_gpu_learner_with_cuda_readers_keeps_no_host_copy_until_a_reader_falls_back
+  tests/test_micro_batches.py::test_on_cuda_unset_micro_batch_tokens_follow_free_memory
+  tests/test_precision.py::test_tf32_is_the_updates_on_cuda_only_and_nothing_on_cpu
+  tests/test_precision.py::test_adamw_is_fused_only_where_every_parameter_is_on_cuda"
+if ! command -v "$PY" >/dev/null 2>&1; then echo "[gpu_smoke] no $PY on PATH (set PYTHON=...)" >&2; exit 1; fi
 if [ -n "${WHEELS:-}" ]; then
   site=$(mktemp -d)
   trap 'rm -rf "$site"' EXIT
@@ -25,9 +40,33 @@ if [ -n "${WHEELS:-}" ]; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's nanorllm, installed or not
-n=$($PY -c "import torch; print(torch.cuda.device_count())")
-if [ "$n" -lt 1 ]; then echo "no GPU visible" >&2; exit 1; fi
-devices=$(seq -s, 0 $((n - 1)) | sed 's/\([0-9]\+\)/cuda:\1/g')
+# every module a check imports (and what they import in turn), named by the wheel that provides it
+missing=$($PY - <<'PY'
+import importlib
+modules = ["torch", "transformers", "tokenizers", "safetensors", "accelerate", "gguf", "math_verify", "tyro", "yaml",
+           "tqdm", "tensorboard", "pytest"]
+wheels = {"math_verify": "math-verify", "antlr4": "antlr4-python3-runtime", "yaml": "pyyaml"}
+missing = []
+for module in modules:
+    try:
+        importlib.import_module(module)
+    except ImportError as e:  # the module that is not there may be one this one imports
+        name = (getattr(e, "name", None) or module).split(".")[0]
+        missing.append(wheels.get(name, name))
+print(" ".join(dict.fromkeys(missing)))
+PY
+)
+if [ -n "$missing" ]; then
+  echo "[gpu_smoke] missing wheels: $missing (pip install them, or put their wheels in a folder: WHEELS=dir)" >&2
+  exit 1
+fi
+if [ "$dry" = 1 ]; then
+  n=0 devices=cpu
+else
+  n=$($PY -c "import torch; print(torch.cuda.device_count())")
+  if [ "$n" -lt 1 ]; then echo "no GPU visible" >&2; exit 1; fi
+  devices=$(seq -s, 0 $((n - 1)) | sed 's/\([0-9]\+\)/cuda:\1/g')
+fi
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 checks=${CHECKS:-tests bench steps ranks}
@@ -36,6 +75,12 @@ limit=${SMOKE_LIMIT_S:-75}  # seconds per training run
 model=${SMOKE_MODEL:-$($PY -c "from nanorllm.policy.models import smollm2_gguf_dir as d
 try: d(); print('smollm2-135m-instruct')
 except Exception: print('preset:smollm2-135m')" 2>/dev/null || echo preset:smollm2-135m)}
+sizes="--max-steps 6 --tasks-per-step 32 --num-samples-per-task 8 --max-batch-episodes 256 --eval-limit 16"
+if [ "$dry" = 1 ]; then
+  model=${SMOKE_MODEL:-tiny-random}
+  sizes="--max-steps 1 --tasks-per-step 2 --num-samples-per-task 2 --max-batch-episodes 8 --eval-limit 4 --max-new-tokens 16"
+  limit=${SMOKE_LIMIT_S:-300}  # a CPU's start-up and evaluation, not a GPU's
+fi
 failed=()
 
 check() {  # check NAME SECONDS COMMAND...: run it under its limit, log it, remember a failure
@@ -64,20 +109,19 @@ for tag in ["perf/step_s", "perf/rollout_s", "perf/train_s", "perf/gen_tokens_pe
 PY
 }
 
-train() {  # train NAME [train.py flags]: 6 steps of 32 tasks x 8 samples, then its figures
+train() {  # train NAME [train.py flags]: 6 steps of 32 tasks x 8 samples ($sizes), then its figures
   local name=$1
   shift
-  check "$name" "$limit" $PY launch/train.py --model "$model" --devices "$devices" --max-steps 6 \
-    --tasks-per-step 32 --num-samples-per-task 8 --max-batch-episodes 256 --eval-limit 16 --output-dir "$out" \
+  check "$name" "$limit" $PY launch/train.py --model "$model" --devices "$devices" $sizes --output-dir "$out" \
     --run-name "$name" --no-save-model "$@"
   [ -d "$out/$name" ] && run_figures "$name" | tee -a "$out/$name.txt"
 }
 
 for c in $checks; do
   case $c in
-    tests) check tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_slot_batch.py tests/test_weights.py \
-             tests/test_micro_batches.py tests/test_precision.py ;;
-    bench) check bench 330 $PY launch/bench.py --gpu --json "$out/bench_gpu.json" ;;
+    tests) if [ "$dry" = 1 ]; then check tests 100 $PY -m pytest -q -p no:cacheprovider --collect-only $GPU_TESTS
+           else check tests 100 $PY -m pytest -q -p no:cacheprovider $GPU_TESTS; fi ;;
+    bench) check bench 330 $PY launch/bench.py --gpu --json "$out/bench_gpu.json" $([ "$dry" = 1 ] && echo --dry-run) ;;
     steps) train steps-serial --serial --dtype bf16 "$@"
            train steps-pipeline --num-workers $(( n > 1 ? n - 1 : 1 )) --dtype bf16 "$@" ;;
     ranks) if [ "$n" -ge 2 ]; then

@@ -78,6 +78,29 @@ def test_a_gpu_pass_is_sized_by_free_memory_and_the_models_shape():
     assert fitting_micro_batch_tokens(1e13, dtype_bytes=2, **smollm2) == 65536  # nor past compute-bound
 
 
+def test_a_gpu_pass_counts_the_allocators_free_blocks_but_not_a_graph_pools(monkeypatch):
+    """On cuda:0 the driver has 60 GiB free; torch's default pool holds 10 GiB free in its segments, a
+    decode engine's graph pool 30 GiB (only its replays can use them) and cuda:1's pool 5 GiB: a pass is
+    sized for 70 GiB."""
+    from types import SimpleNamespace
+
+    GiB = 2**30
+    segments = [dict(device=0, segment_pool_id=(0, 0), total_size=16 * GiB, allocated_size=6 * GiB),
+                dict(device=0, segment_pool_id=(1, 0), total_size=32 * GiB, allocated_size=2 * GiB),
+                dict(device=1, segment_pool_id=(0, 0), total_size=5 * GiB, allocated_size=0)]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * GiB, 141 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *a, **k: segments)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 48 * GiB)  # device 0's segments
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 8 * GiB)
+    shape = dict(layers=24, hidden=1024, intermediate=4096, vocab=32000)
+    config = SimpleNamespace(num_hidden_layers=24, hidden_size=1024, intermediate_size=4096, vocab_size=32000)
+    policy = SimpleNamespace(device=torch.device("cuda:0"), compute_dtype=None,
+                             model=SimpleNamespace(config=config, parameters=lambda: iter([torch.zeros(1)])))
+    expected = fitting_micro_batch_tokens(70 * GiB, dtype_bytes=4, **shape)
+    assert expected != fitting_micro_batch_tokens(100 * GiB, dtype_bytes=4, **shape)  # what reserved - allocated gives
+    assert step_micro_batch_tokens(policy, None) == expected
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_unset_micro_batch_tokens_follow_free_memory():
     from nanorllm.policy.hf_causal import HFCausalPolicy

@@ -11,7 +11,8 @@ from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import DecodeGraphs, StepGraph
 from nanorllm.policy.sampler import counter_uniforms
-from nanorllm.policy.slot_cache import CacheTooLarge, buckets, check_fits, context_bucket, context_buckets, slot_ranges
+from nanorllm.policy.slot_cache import (CacheTooLarge, buckets, check_fits, context_bucket, context_buckets, model_shape,
+                                        slot_ranges)
 from nanorllm.rollout.engine import RolloutEngine, shared_prefix
 from nanorllm.trainer.metrics import decode_metrics
 
@@ -413,3 +414,96 @@ def test_the_compaction_benchmark_compares_both_rules_and_puts_the_engine_back()
     from nanorllm.policy.slot_batch import SlotBatch
 
     assert SlotBatch.step_rows is RULES["every_hole"]  # the engine's own rule again after the comparison
+
+
+def test_attention_reads_the_cache_in_its_own_dtype_with_a_kv_heads_queries_as_its_rows(monkeypatch):
+    """fp32 parameters under bf16 autocast (the learner's own evaluation, `--serial --dtype bf16`): the
+    query comes out of RoPE in fp32 and takes the bf16 cache's dtype, never the attended keys the
+    query's (a copy of every column read, every layer, every step). Prefill and decode alike hand SDPA
+    as many query heads as key heads (a kv head's queries as its rows), never `enable_gqa` with a
+    mask, which no memory-efficient or flash kernel takes."""
+    import torch.nn.functional as F
+
+    policy = tiny_family_policy("llama")
+    policy.compute_dtype = torch.bfloat16  # fp32 masters, bf16 compute: HFCausalPolicy.from_name(dtype="bf16")
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kw):
+        calls.append((q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], q.shape[2], kw.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    prompt = policy.first_prompt_ids([{"role": "user", "content": QUESTIONS[2]}])
+    with policy.decode_batch(SamplingParams(max_new_tokens=3, temperature=0.7)) as batch:
+        assert batch.cache.dtype == torch.bfloat16
+        batch.join([(k, prompt, torch.Generator().manual_seed(k), None) for k in range(2)])
+        while len(batch):
+            batch.step()
+    monkeypatch.undo()
+    layers, kv_heads, _ = model_shape(policy.model)
+    assert len(calls) >= 3 * layers  # the prefill and two decode steps, every layer
+    assert {c[:3] for c in calls} == {(torch.bfloat16,) * 3}
+    assert {(c[3], c[4], c[6]) for c in calls} == {(kv_heads, kv_heads, False)}
+    groups = policy.model.config.num_attention_heads // kv_heads
+    assert {c[5] for c in calls} == {groups * len(prompt), groups}  # prefill rows, then one query per head a step
+
+
+def test_graphs_captured_before_the_parameters_move_are_recaptured_not_replayed():
+    """The learner's startup parity check decodes (graphs captured), then the shared weight store
+    moves every parameter into its block. A CUDA graph replays the addresses it recorded, so a graph
+    from before the move would read freed memory. The stand-in here holds that contract (it records
+    the parameters' addresses at capture and refuses a replay after they moved): after the move every
+    step runs on a graph captured anew and samples what eager samples."""
+    from nanorllm.pipeline.weights import SharedWeights
+
+    policy = tiny_family_policy("qwen2")
+    params = SamplingParams(max_new_tokens=6, temperature=0.7)
+
+    class AddressBoundStepGraph(EagerStepGraph):
+        def capture(self, step, pool) -> None:
+            self.addresses = [p.data_ptr() for p in policy.model.parameters()]
+            super().capture(step, pool)
+
+        def replay(self) -> None:
+            assert [p.data_ptr() for p in policy.model.parameters()] == self.addresses, "a graph's weights moved"
+            super().replay()
+
+    graphs = DecodeGraphs()
+    graphs.graph_type = AddressBoundStepGraph
+
+    def counter(batch):
+        batch.counter_rng = True
+
+    def graphed(batch):
+        counter(batch)
+        batch.graphs = graphs
+
+    eager, _ = run_rows(policy, params, "slots", on_batch=counter, slots=20)
+    first, _ = run_rows(policy, params, "slots", on_batch=graphed, slots=20)
+    captured = set(graphs.graphs)
+    weights = SharedWeights(policy.model, version=0, readers=None)  # what PipelineSource does to the learner's model
+    try:
+        moved, stats = run_rows(policy, params, "slots", on_batch=graphed, slots=20)
+    finally:
+        weights.close()
+    assert_same(first, eager)
+    assert_same(moved, eager)
+    assert stats["graph_steps"] == stats["decode_steps"] > 0
+    assert captured and set(graphs.graphs) and not captured & set(graphs.graphs)  # all captured anew
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_graphs_capture_on_a_gpu_that_is_not_the_current_device():
+    """A policy on cuda:1 while cuda:0 is current (a single-rank learner placed there before it set its
+    device): the capture stream is made on the policy's device, so its steps replay, not fall back."""
+    policy = tiny_family_policy("llama")
+    policy.model.to("cuda:1")
+    policy.device = torch.device("cuda:1")
+    torch.cuda.set_device(0)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    policy.graphs_enabled = False
+    eager, _ = run_rows(policy, params, "slots")
+    policy.graphs_enabled = True
+    replayed, stats = run_rows(policy, params, "slots")
+    assert not policy.decode_graphs.failed and stats["graph_steps"] > 0
+    assert_same(replayed, eager, atol=1e-3)

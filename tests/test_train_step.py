@@ -4,6 +4,7 @@ from collections import Counter
 import pytest
 import torch
 
+from families import FAMILIES, tiny_family_policy
 from helpers import HostReads
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
@@ -333,10 +334,14 @@ def count_host_syncs(monkeypatch, fn) -> list[str]:
 
 
 @pytest.mark.parametrize("off_policy_correction", ["none", "tis"])
-def test_the_micro_batch_loop_asks_the_device_for_no_number(tiny_policy_factory, monkeypatch, off_policy_correction):
+@pytest.mark.parametrize("prefix", [True, False])
+def test_the_micro_batch_loop_asks_the_device_for_no_number(tiny_policy_factory, monkeypatch, off_policy_correction,
+                                                            prefix):
     """More micro-batches, not more host reads: metrics stay tensors until the step's one transfer
     (its tolist), the forward's shared-prefix count comes from collate, and the head's rows are
-    gathered by indices computed on the device."""
+    gathered by indices computed on the device. Without a shared prefix (dropout on, one row, a short
+    common prompt), the forward passes its causal masks built, as on CUDA: transformers' own check
+    whether it may skip them would read the device once a micro-batch."""
     reads = {}
     for tokens in (4096, 256):
         policy = tiny_policy_factory()
@@ -347,9 +352,28 @@ def test_the_micro_batch_loop_asks_the_device_for_no_number(tiny_policy_factory,
         # SGD: the CPU AdamW reads each parameter's step count (the fused CUDA one, make_optimizer's there, does not)
         opt, ref = torch.optim.SGD(policy.model.parameters(), lr=cfg.lr), tiny_policy_factory()
         ref.model.requires_grad_(False).eval()  # as the run holds its reference
+        for p in (policy, ref):
+            p.share_prefix, p.prebuilt_masks = prefix, True  # the learner's and the reference's forward, as on CUDA
         out = {}
         reads[len(chunks)] = Counter(count_host_syncs(monkeypatch, lambda: out.update(
             train_step(policy, opt, results, cfg, ref_policy=ref))))
         assert out["train/skipped_nan"] == 0 and out["perf/micro_batches"] == len(chunks)
     assert sorted(reads) == [1, 3]
     assert reads[1] == reads[3] == Counter({"tolist": 1}), reads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prebuilt_masks_give_the_logits_transformers_own_masks_give(family):
+    """`full_masks` builds what the model would: padded and unpadded rows, and Gemma2's sliding-window
+    layers (a window shorter than the rows) their own mask."""
+    policy = tiny_family_policy(family, **({"sliding_window": 4} if family == "gemma2" else {}))
+    ids = torch.randint(3, 200, (3, 12))
+    for mask in (torch.ones(3, 12, dtype=torch.long), (torch.arange(12) < torch.tensor([[12], [7], [9]])).long()):
+        positions = mask.nonzero()[:, :2]  # every real token
+        policy.share_prefix = False
+        logits = {}
+        for prebuilt in (False, True):
+            policy.prebuilt_masks = prebuilt
+            with torch.no_grad():
+                logits[prebuilt] = policy.forward(ids, mask, positions).logits
+        torch.testing.assert_close(logits[True], logits[False], rtol=0, atol=1e-4)

@@ -280,3 +280,56 @@ def test_a_reader_that_falls_back_to_host_memory_gets_the_current_weights():
         learner[0].weight.fill_(3.0)
     store.publish(version=2)  # from now on every publish fills the host buffer too
     assert reader.load_into(block)[0] == 2 and bool((replica[0].weight == 3.0).all())
+
+
+def test_with_every_reader_on_cuda_ipc_the_host_buffer_is_made_only_when_a_reader_falls_back():
+    """The learner's side of a GPU store whose readers all map its block (a CPU stand-in for that block,
+    as above): no host buffer while none is needed, through publishes too; once a worker could not open
+    its handle (it sets host_wanted and restarts), the next worker's weights carry a host buffer filled
+    with the current version, no IPC handle, and later publishes keep it filled."""
+    learner, replica = _model(1.0), _model()
+    learner.replica_dtype = torch.bfloat16
+    store = SharedWeights(learner, readers=["cuda"])
+    store.device_flat, store.ipc, store._host_readers = torch.empty(store.numel, dtype=torch.bfloat16), True, False
+    store.flat = None  # what a CUDA learner with CUDA readers allocates
+    with torch.no_grad():
+        learner[0].weight.fill_(2.0)
+    store.publish(version=1)
+    assert store.flat is None and store.version == 1 and store.nbytes == 2 * store.numel
+    store.state[3] = 1  # host_wanted: what attach() sets in a worker that cannot open the handle
+    reader = store.reader("cuda")
+    assert reader._share is None and reader.flat is not None and store.flat is reader.flat
+    block = reader.attach(replica)
+    assert reader.load_into(block)[0] == 1 and bool((replica[0].weight == 2.0).all())
+    with torch.no_grad():
+        learner[0].weight.fill_(3.0)
+    store.publish(version=2)
+    assert reader.load_into(block)[0] == 2 and bool((replica[0].weight == 3.0).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_learner_with_cuda_readers_keeps_no_host_copy_until_a_reader_falls_back():
+    """On a GPU, in one process: every reader on CUDA IPC leaves no host buffer; a reader whose handle
+    cannot be opened fails with the reason, and the worker started after it loads through a host buffer
+    made then, with the current weights."""
+    learner = _model(1.0, device="cuda")
+    store = SharedWeights(learner, readers=["cuda"])
+    try:
+        assert store.ipc and store.flat is None
+        mapped = store.reader("cuda")
+        block = mapped.attach(_model(device="cuda"))
+        assert mapped.reads_gpu and mapped.load_into(block)[0] == 0 and float(block[0]) == 1.0
+        broken = store.reader("cuda")
+        broken._share = (lambda: (_ for _ in ()).throw(RuntimeError("no IPC here")), ())
+        with pytest.raises(RuntimeError, match="no IPC here"):
+            broken.attach(_model(device="cuda"))
+        with torch.no_grad():
+            learner[0].weight.fill_(2.0)
+        store.publish(version=1)
+        restarted = store.reader("cuda")
+        replica = _model(device="cuda")
+        block = restarted.attach(replica)
+        assert store.flat is not None and not restarted.reads_gpu
+        assert restarted.load_into(block)[0] == 1 and bool((replica[0].weight == 2.0).all())
+    finally:
+        store.close()

@@ -8,8 +8,10 @@ Each figure is measured beside what bounds it, in this one run:
   rollout[model]         generated tokens/s of a 256-episode two-turn rollout (32 tasks x 8 samples, the
                          training engine) for the default model (when installed) and each preset, with
                          the transformers reference (static-cache `generate` on the same first prompts) and
-                         the upper bound (the captured 256-row step replayed back to back: 256 tokens a replay)
-  busy_frac              GPU kernel time / wall time over one rollout (torch.profiler)
+                         the upper bound (the captured 256-row step replayed back to back: a token a live row
+                         a replay, the idle shared-prefix slot not counted)
+  busy_frac              GPU kernel time / wall time over one rollout under torch.profiler, whose own
+                         overhead is in that wall time: a lower bound on how busy the unprofiled GPU is
   capture_s              time to capture every batch-size bucket's graph
   greedy_same            of 32 greedy episodes, how many the graph engine samples exactly as eager does
   learner                the update of 256 episodes: seconds, tokens/s and MFU for fp32, TF32 and bf16
@@ -19,10 +21,14 @@ Each figure is measured beside what bounds it, in this one run:
 
 `--dry-run` (or `--device cpu`): tiny-random, tiny sizes, CPU, under a minute: checks that every
 measurement runs. Its numbers say nothing about a GPU.
+
+The JSON is rewritten (atomically) after every figure, with `"complete": false` until the last: a run
+stopped by its time limit keeps every figure it measured.
 """
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,10 +41,11 @@ from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.envs.registry import task_specs
 from nanorllm.policy.base import SamplingParams
-from nanorllm.policy.decode_graphs import params_key
+from nanorllm.policy.decode_graphs import layout, params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
 from nanorllm.rollout.build import training_engine
+from nanorllm.utils.files import write_atomic
 
 PRESETS = ("preset:smollm2-135m", "preset:qwen2.5-0.5b", "preset:qwen2.5-1.5b")
 
@@ -142,7 +149,7 @@ def guarded(fn, *args, **kwargs):
 
 
 def busy_fraction(fn) -> float:
-    """CUDA kernel time / wall time while `fn` runs."""
+    """CUDA kernel time / wall time while `fn` runs under the profiler (its overhead is in the wall time)."""
     from torch.profiler import ProfilerActivity, profile
 
     t0 = time.perf_counter()
@@ -157,23 +164,25 @@ def busy_fraction(fn) -> float:
 
 def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, context: float,
                  replays: int = 50) -> float:
-    """rows tokens per step: the captured step with the most rows, at the context bucket that covers
+    """`rows` tokens per step: the captured step with the most rows, at the context bucket that covers
     the rollout's mean context (`context` columns), replayed back to back (on CPU, the eager step
-    function run back to back)."""
+    function run back to back). A step over n slots makes a token for each of the `rows` live ones
+    only: the shared prompt prefix's slot (the n-th at 256 episodes) is idle in every step."""
     graphs = policy.decode_graphs
+    live = layout(policy.slot_cache, policy.model)
     ours = {k[:2]: g for k, g in (graphs.graphs.items() if graphs else ())
-            if k[2:] == (params_key(engine.sampling), policy.slot_cache.version)}  # the rollout's sampling, live cache
+            if k[2:] == (params_key(engine.sampling), live)}  # the rollout's sampling, live cache and weights
     if ours:
         most = max(n for n, _ in ours)
         widths = sorted(w for n, w in ours if n == most)
         g = ours[most, next((w for w in widths if w >= context), widths[-1])]
         g.replay()
-        torch.cuda.synchronize()
+        _sync(policy.device.type)
         t0 = time.perf_counter()
         for _ in range(replays):
             g.replay()
-        torch.cuda.synchronize()
-        return g.n * replays / (time.perf_counter() - t0)
+        _sync(policy.device.type)
+        return min(g.n, rows) * replays / (time.perf_counter() - t0)
     width = engine.slot_width(64)
     with policy.decode_batch(engine.sampling, slots=rows + 1, width=width) as batch:
         dev = batch.device
@@ -190,7 +199,9 @@ def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, conte
 
 def hf_reference(policy: HFCausalPolicy, engine, tasks: list[dict], cfg: TrainConfig, *, dry: bool) -> float:
     """tokens/s of transformers' own `generate` (static cache, sampling, fixed length) on the same
-    first-turn prompts, in chunks of max_batch_episodes."""
+    first-turn prompts, in chunks of max_batch_episodes. Eager: with a static cache on CUDA, transformers
+    would compile the decode forward (`_valid_auto_compile_criteria`), an inductor compile inside the
+    timed call."""
     prompts = []
     for task in tasks:
         agent = engine.env.make_agent()
@@ -206,7 +217,8 @@ def hf_reference(policy: HFCausalPolicy, engine, tasks: list[dict], cfg: TrainCo
             mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in chunk], device=policy.device)
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new,
                                  do_sample=True, temperature=cfg.temperature, top_k=0, pad_token_id=pad,
-                                 cache_implementation="static" if not dry else None)
+                                 cache_implementation="static" if not dry else None,
+                                 disable_compile=True)  # a static cache on CUDA auto-compiles the forward
             tokens += (out.shape[1] - T) * len(chunk)
     _sync(policy.device.type)
     return tokens / (time.perf_counter() - t0)
@@ -233,7 +245,8 @@ def versions() -> dict:
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__}
 
 
-def run(b: GpuBenchConfig) -> dict:
+def run(b: GpuBenchConfig, on_figure: Callable[[dict], None] = lambda figures: None) -> dict:
+    """Every figure; `on_figure(figures)` after each one is measured."""
     dry = b.dry_run or b.device == "cpu"
     device = "cpu" if dry else b.device
     if not dry and not torch.cuda.is_available():
@@ -251,34 +264,47 @@ def run(b: GpuBenchConfig) -> dict:
         t0 = time.perf_counter()
         policy = HFCausalPolicy.from_name(model, device=device, dtype="float32" if dry else b.dtype, replica=True)
         figures.setdefault("load_s", {})[model] = time.perf_counter() - t0
+        on_figure(figures)
         if i == 0:  # the sweep, agreement and capture on the first model (the default one when installed)
             prompt = policy.first_prompt_ids([{"role": "user", "content": tasks[0]["question"]}])
             for engine in ("dynamic", "slots"):
                 figures["decode_ms"][{"dynamic": "eager", "slots": "graphs"}[engine]] = {
                     rows: guarded(decode_ms, policy, engine, rows, prompt, steps=3 if dry else 10) for rows in sizes}
+                on_figure(figures)
             figures["greedy_same_of_32"] = guarded(greedy_same, policy, cfg, tasks, n=4 if dry else 32)
+            on_figure(figures)
             figures["eager_rollout_tokens_per_s"] = guarded(rollout_tokens_per_s, policy, cfg,
                                                             tasks[:cfg.tasks_per_step], "dynamic")
+            on_figure(figures)
         policy.decode_graphs = None  # capture for the rollout's sizes
         figures["rollout"][model] = guarded(rollout_figures, policy, cfg, tasks[:cfg.tasks_per_step], dry=dry)
         print(f"[bench gpu] {model}: {json.dumps(figures['rollout'][model], default=float)}", flush=True)
+        on_figure(figures)
         del policy
         if device == "cuda":
             torch.cuda.empty_cache()
     print("[bench gpu] learner update and weight broadcast ...", flush=True)
     figures["learner"] = guarded(gpu_learner.figures, device, dry)  # update s, tokens/s, MFU per precision
+    on_figure(figures)
     figures["weights"] = guarded(gpu_weights.figures, device, dry)  # publish + load ms beside one copy
     return figures
 
 
 def run_gpu_bench(b: GpuBenchConfig) -> int:
-    """Every figure, printed and (with b.json) recorded with the date and the total time."""
+    """Every figure, printed and (with b.json) recorded with the date and the total time, the file
+    rewritten after each figure (`complete` false until the last)."""
     t0 = time.perf_counter()
-    figures = run(b)
-    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "total_s": time.perf_counter() - t0,
-              "figures": figures}
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "complete": False, "total_s": 0.0,
+              "figures": {}}
+
+    def save(figures: dict) -> None:
+        record["figures"], record["total_s"] = figures, time.perf_counter() - t0
+        if b.json:
+            Path(b.json).parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(Path(b.json), json.dumps(record, indent=2, default=float) + "\n")
+
+    figures = run(b, on_figure=save)
+    record["complete"] = True
+    save(figures)
     print(json.dumps(record, indent=2, default=float))
-    if b.json:
-        Path(b.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(b.json).write_text(json.dumps(record, indent=2, default=float) + "\n")
     return 0

@@ -72,7 +72,7 @@ def _one(device: str, dtype: torch.dtype, layers: int, n: int) -> dict:
         if proc.is_alive():
             proc.kill()
         store.close()
-    src = torch.empty(store.flat.numel(), dtype=dtype, device=device)
+    src = torch.empty(store.numel, dtype=dtype, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch, outside the timing
     copies = []

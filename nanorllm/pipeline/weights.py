@@ -22,7 +22,10 @@ round trip. Host shared memory stays the path for CPU workers, and the fallback 
 unavailable: sharing fails in the learner (said once at start) or opening the handle fails in a
 worker (said once by that worker, which then asks the learner to keep filling the host buffer). The
 host buffer carries its own version (`host_version`), since while no reader needs it the learner
-leaves it behind.
+leaves it behind. When every reader is on CUDA IPC there is no host buffer at all (it would be the
+whole model again in host memory: 269 MB for the default model in bf16, ~3 GB for 1.5B); a worker
+that then cannot open its handle asks for one and restarts, and the learner makes it (once) before
+it hands the restarted worker, and every worker after it, its weights.
 
 Teardown order with CUDA IPC: torch counts every handle given out (`reader`) and keeps the
 producer's block allocated while a count is up, and the producer must outlive its consumers' use.
@@ -157,12 +160,9 @@ class SharedWeights:
                  version: int = 0, readers: list[str] | None = None):
         self.layout = _layout(model)
         first = next(model.parameters())
-        dtype = getattr(model, "replica_dtype", first.dtype)  # what the workers' replicas store
-        numel = sum(p.numel() for p in model.parameters())
-        self.flat = torch.empty(numel, dtype=dtype).share_memory_()  # made once, reused
+        self.dtype = dtype = getattr(model, "replica_dtype", first.dtype)  # what the workers' replicas store
+        self.numel = numel = sum(p.numel() for p in model.parameters())
         self.state = torch.zeros(4, dtype=torch.int64).share_memory_()  # [sequence, version, host_version, host_wanted]
-        shares = first.device.type == "cpu" and first.dtype == dtype
-        self._source = flatten_parameters(model, into=self.flat if shares else None)
         gpu_readers = first.device.type == "cuda" and any(_is_cuda(d) for d in readers or [])
         self._host_readers = readers is None or not all(_is_cuda(d) for d in readers)
         # On a CUDA learner: the block in the replica dtype on its GPU, cast there; shared when a reader is on CUDA.
@@ -170,6 +170,13 @@ class SharedWeights:
         if first.device.type == "cuda" and (gpu_readers or first.dtype != dtype):
             self.device_flat = torch.empty(numel, dtype=dtype, device=first.device)
         self.ipc = gpu_readers and self._can_share()
+        # The host buffer, made once, reused: only where a reader needs it (every reader on CUDA IPC: none,
+        # until one cannot open its handle: `host_buffer`)
+        self.flat = None
+        if first.device.type != "cuda" or self._host_readers or not self.ipc:
+            self.flat = torch.empty(numel, dtype=dtype).share_memory_()
+        shares = first.device.type == "cpu" and first.dtype == dtype
+        self._source = flatten_parameters(model, into=self.flat if shares else None)
         self._share = None  # a CUDA worker's side: (rebuild, args) of its CUDA IPC handle of device_flat
         self._sent: list[tuple] = []  # learner side: the IPC reference count of every handle given out
         self._reader_gpu = None  # a reader's view of the learner's GPU block (mapped through CUDA IPC in a worker)
@@ -177,7 +184,7 @@ class SharedWeights:
         self._hook = None
         if self.in_place and optimizer is not None:  # in-place updates of the shared block are writes
             self._hook = optimizer.register_step_pre_hook(lambda *_: self.begin_write())
-        self.publish(version, host=True)  # the host buffer starts filled: a fallback reader can begin
+        self.publish(version, host=True)  # a host buffer starts filled: a fallback reader can begin
 
     def _can_share(self) -> bool:
         """Learner side: can this GPU block be shared? Says which path CUDA workers take, once."""
@@ -192,10 +199,14 @@ class SharedWeights:
         return True
 
     def reader(self, device: str) -> "SharedWeights":
-        """Learner side: what the worker on `device` gets (pickled to it); a CUDA worker gets a CUDA IPC handle."""
+        """Learner side: what the worker on `device` gets (pickled to it); a CUDA worker gets a CUDA IPC
+        handle, unless a worker could not open one: from then on new workers load through host memory."""
+        fell_back = bool(self.state[HOST_WANTED])
+        if fell_back:
+            self.refresh_host()  # the host buffer exists and holds the current version before it is pickled
         out = SharedWeights.__new__(SharedWeights)
         out.__setstate__(self.__getstate__())  # exactly what the worker unpickles: no learner-side tensor
-        if self.ipc and _is_cuda(device):
+        if self.ipc and _is_cuda(device) and not fell_back:
             out._share = reduce_tensor(self.device_flat)  # (rebuild, args): one reference count per handle
             self._sent.append(_ipc_counter(out._share))
         return out
@@ -204,7 +215,8 @@ class SharedWeights:
         self.__dict__.update(state)
 
     def __getstate__(self) -> dict:  # workers get the shared buffers and counters, not the learner's side
-        return {"layout": self.layout, "flat": self.flat, "state": self.state, "_source": None, "_hook": None,
+        return {"layout": self.layout, "dtype": self.dtype, "numel": self.numel, "flat": self.flat, "state": self.state,
+                "_source": None, "_hook": None,
                 "device_flat": None, "ipc": self.ipc, "_host_readers": True, "_share": self._share, "_sent": [],
                 "_reader_gpu": None, "_slot": HOST_VERSION}
 
@@ -215,12 +227,12 @@ class SharedWeights:
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        return self.numel * self.dtype.itemsize
 
     @property
     def in_place(self) -> bool:
         """True when the learner's parameters are the shared buffer (publish copies nothing)."""
-        return self._source is not None and self._source.data_ptr() == self.flat.data_ptr()
+        return self._source is not None and self.flat is not None and self._source.data_ptr() == self.flat.data_ptr()
 
     def begin_write(self) -> None:
         """Mark the buffer as being written: readers wait until the next publish."""
@@ -235,7 +247,9 @@ class SharedWeights:
         The host buffer is written when a reader needs it (`host`, a CPU reader, no CUDA IPC, or a
         worker that fell back to it)."""
         t0 = time.perf_counter()
-        host = host or self._host_readers or not self.ipc or bool(self.state[HOST_WANTED])
+        if self.flat is None and int(self.state[HOST_WANTED]):
+            self._make_host_buffer()
+        host = self.flat is not None and (host or self._host_readers or not self.ipc or bool(self.state[HOST_WANTED]))
         self.begin_write()
         if self.device_flat is not None:
             self.device_flat.copy_(self._source)  # on the learner's GPU: the bf16 cast runs there
@@ -254,15 +268,26 @@ class SharedWeights:
     def refresh_host(self) -> None:
         """Learner side, called while it waits: a worker that fell back to host memory asked for it,
         so the host buffer catches up with the GPU block now rather than at the next publish (whose
-        update may be waiting for that worker's episodes)."""
+        update may be waiting for that worker's episodes). Where there was none (every reader was on
+        CUDA IPC), it is made now, for the workers started from here on (`reader`)."""
         version = int(self.state[VERSION])
-        if self.device_flat is None or not int(self.state[HOST_WANTED]) or int(self.state[HOST_VERSION]) == version:
+        if self.device_flat is None or not int(self.state[HOST_WANTED]):
+            return
+        if self.flat is None:
+            self._make_host_buffer()
+        elif int(self.state[HOST_VERSION]) == version:
             return
         self.begin_write()
         self.flat.copy_(self.device_flat)  # the GPU block holds the current version's bytes
         _fence()
         self.state[HOST_VERSION] = version
         self.state[SEQ] += 1
+
+    def _make_host_buffer(self) -> None:
+        """Learner side: the host buffer, late (a worker could not open its CUDA IPC handle); once."""
+        print(f"[weights] a worker cannot use CUDA IPC: keeping a host copy of the weights "
+              f"({self.nbytes / 2**20:.0f} MiB of shared memory) from now on", flush=True)
+        self.flat = torch.empty(self.numel, dtype=self.dtype).share_memory_()
 
     def attach(self, model: torch.nn.Module) -> torch.Tensor:
         """Worker side: flatten a replica of the learner's model; returns the block `load_into` fills.
@@ -280,7 +305,12 @@ class SharedWeights:
                 self._reader_gpu = rebuild(*args)  # maps the learner's GPU block; no copy
                 self._slot = VERSION
             except Exception as e:
-                self.fall_back_to_host(f"cannot open the learner's CUDA IPC block ({type(e).__name__}: {e})")
+                reason = f"cannot open the learner's CUDA IPC block ({type(e).__name__}: {e})"
+                if self.flat is None:  # every reader was on CUDA IPC: the learner kept no host copy
+                    self.state[HOST_WANTED] = 1  # it makes one; the restarted worker loads through it
+                    raise RuntimeError(f"{reason} and the learner keeps no host copy of the weights yet; it "
+                                       "makes one now, and this worker, restarted, loads through it") from e
+                self.fall_back_to_host(reason)
         return block
 
     def fall_back_to_host(self, reason: str) -> None:

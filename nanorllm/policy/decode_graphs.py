@@ -13,8 +13,10 @@ the same tensors, shapes and sampling parameters every replay. So:
   moves the step to the next bucket's graph, a row past the width grows the cache (below);
 - weights are read where they are: a reload copies into the parameters (pipeline/weights.py), it never
   rebinds them, so the graphs see new weights with no recapture;
-- a cache that grows (more slots or columns: policy/slot_cache.py) makes the graphs stale; the next step
-  of that bucket recaptures them (one line on the console);
+- a cache that grows (more slots or columns: policy/slot_cache.py) makes the graphs stale, and so do
+  parameters that move to new memory (the learner's, flattened into the shared weight block after its
+  startup parity check captured graphs: `flatten_parameters`): both are part of the key (`layout`),
+  and the next step recaptures (one line on the console);
 - sampling parameters are part of the key: greedy evaluation and the training temperature each get
   their own graphs, captured on first use;
 - if a capture fails, the engine says so in one line and runs eager from then on (`perf/graphs` 0).
@@ -45,24 +47,29 @@ class StepGraph:
         self.graph = None
 
     def capture(self, step, pool) -> None:
-        """Warm `step` up on a side stream (lazy inits and autotuning stay outside), then record it."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = step()
-        torch.cuda.synchronize()
+        """Warm `step` up on a side stream made on the step's device (lazy inits and autotuning stay
+        outside), then record it on that same stream. Not torch.cuda.graph's own capture stream: that
+        one is made once per process on whichever device was current, and a policy on cuda:N that
+        never became the current device would capture on cuda:0's stream (and fall back to eager)."""
+        device = self.tok.device
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, stream=side):
+                self.out = step()
+            torch.cuda.synchronize(device)
 
     def replay(self) -> None:
         self.graph.replay()
 
 
 class DecodeGraphs:
-    """Captured decode steps keyed by (slot range, context, sampling params, cache layout)."""
+    """Captured decode steps keyed by (slot range, context, sampling params, memory layout)."""
 
     graph_type = StepGraph  # what records and replays a step (tests swap in an eager stand-in on CPU)
 
@@ -78,10 +85,11 @@ class DecodeGraphs:
         (next tokens, logprobs) of the rows, or None to run eager."""
         if self.failed or not slots:
             return None
-        key = (batch.step_rows(max(slots) + 1), width, params_key(batch.params), batch.cache.version)
+        key = (batch.step_rows(max(slots) + 1), width, params_key(batch.params),
+               layout(batch.cache, batch.policy.model))
         g = self.graphs.get(key)
         if g is None:
-            self._drop_stale(batch.cache.version)
+            self._drop_stale(key[3])
             g = self._capture(batch, key)
             if g is None:
                 return None
@@ -104,7 +112,7 @@ class DecodeGraphs:
         largest first (a graph needed later is captured on first use); seconds taken."""
         for size in reversed(slot_ranges(batch.cache.slots)):
             for width in reversed(context_buckets(batch.cache.width, batch.min_context or MIN_CONTEXT)):
-                key = (size, width, params_key(batch.params), batch.cache.version)
+                key = (size, width, params_key(batch.params), layout(batch.cache, batch.policy.model))
                 if key not in self.graphs and self._capture(batch, key) is None:
                     return self.capture_s
                 self.on_progress()
@@ -136,12 +144,19 @@ class DecodeGraphs:
         self.capture_s += time.perf_counter() - t0
         return g
 
-    def _drop_stale(self, version: int) -> None:
-        stale = [k for k in self.graphs if k[3] != version]
+    def _drop_stale(self, current: tuple) -> None:
+        stale = [k for k in self.graphs if k[3] != current]
         if stale:
-            print(f"[engine] the slot cache grew: recapturing {len(stale)} decode graph(s)", flush=True)
+            print(f"[engine] the slot cache grew or the weights moved: recapturing {len(stale)} decode graph(s)",
+                  flush=True)
         for k in stale:
             del self.graphs[k]
+
+
+def layout(cache, model: torch.nn.Module) -> tuple[int, int]:
+    """The memory a captured step reads: the cache's buffers (their version) and the parameters' storage
+    (the first one's address: rebinding, as `flatten_parameters` does, moves every parameter)."""
+    return cache.version, next(model.parameters()).data_ptr()
 
 
 def params_key(params) -> tuple:

@@ -75,6 +75,10 @@ class HFCausalPolicy(Policy):
         self.slot_cache: SlotCache | None = None  # the decode engine's KV cache, kept between calls
         self.graphs_enabled = True  # on CUDA, replay decode steps from CUDA graphs (TrainConfig.cuda_graphs)
         self.decode_graphs: DecodeGraphs | None = None  # built on the first CUDA decode batch
+        # a learner forward with no shared prefix passes its causal masks built (`full_masks`): transformers'
+        # own check whether it may skip them reads the device. Off on CPU, where there is no device to wait
+        # for and an unpadded batch keeps the kernel transformers picks for it.
+        self.prebuilt_masks = self.device.type == "cuda"
 
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
@@ -147,6 +151,8 @@ class HFCausalPolicy(Policy):
             width = max(width, cache.width if cache else 0)
             dtype = self.compute_dtype or next(self.model.parameters()).dtype
             self.slot_cache = cache = None  # let the old buffers go before the new ones are counted
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # and back to the device: cached blocks count as used in mem_get_info
             nbytes = check_fits(self.model, slots=slots, width=width, dtype=dtype, device=self.device)
             layers, kv_heads, head_dim = model_shape(self.model)
             cache = SlotCache(layers, kv_heads, head_dim, slots=slots, width=width, dtype=dtype, device=self.device)
@@ -210,7 +216,8 @@ class HFCausalPolicy(Policy):
         example) are computed once and their keys/values expanded to every row; gradients flow back
         through that one copy. Not while the model trains in train mode: rows must not share dropout.
         `shared` is their count (collate_train_batch counts it on the host); without it, it is counted
-        from the tensors, which reads them.
+        from the tensors, which reads them. Without a shared prefix the causal masks come prebuilt on
+        CUDA (`full_masks`), so that forward reads nothing back either.
         """
         P = 0
         if self.share_prefix and not self.train_module.training:
@@ -228,6 +235,8 @@ class HFCausalPolicy(Policy):
                 kwargs["use_cache"] = True
             else:
                 kwargs["use_cache"] = False
+                if self.prebuilt_masks:
+                    kwargs["attention_mask"] = full_masks(self.model, attention_mask)
             ids = input_ids[:, P:]
             rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) rows of the flat (B * (T - P)) states
             net = self._trained_model()
@@ -255,6 +264,31 @@ class HFCausalPolicy(Policy):
     def save(self, path: str) -> None:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
+    """The causal masks transformers builds for a forward over (B, T) rows with no cache, built without
+    its check whether SDPA's `is_causal` could stand in for them: `masking_utils._ignore_causal_mask_sdpa`
+    evaluates `fast_all(padding_mask)` as a Python bool, one device read per forward. A prebuilt 4-D
+    mask is used as it is; a model with sliding-window layers takes one per layer type (its
+    `causal_mask_mapping`). Where its layers are of other types, or its attention takes no 4-D mask
+    (flash attention), or its transformers builds masks with other arguments (before 5.0: a
+    `cache_position`, no `allow_is_causal_skip`), the (B, T) mask is returned for transformers to handle."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    config = model.config
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    names = list(inspect.signature(create_causal_mask).parameters)
+    if (config._attn_implementation not in ("sdpa", "eager") or not types <= {"full_attention", "sliding_attention"}
+            or names[3:4] not in (["past_key_values"], ["cache"]) or "allow_is_causal_skip" not in names):
+        return attention_mask
+    B, T = attention_mask.shape
+    embeds = torch.empty((B, T, 0), dtype=next(model.parameters()).dtype, device=attention_mask.device)  # shapes only
+    args = (config, embeds, attention_mask, None)  # the 4th, no cache, is named past_key_values or cache by version
+    if types == {"full_attention"}:
+        return create_causal_mask(*args, allow_is_causal_skip=False)
+    return {"full_attention": create_causal_mask(*args, allow_is_causal_skip=False),
+            "sliding_attention": create_sliding_window_causal_mask(*args, allow_is_causal_skip=False)}
 
 
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")

@@ -19,7 +19,7 @@ A prefill (rows at arbitrary slots, many tokens) gathers its rows' slots (`read_
 The model code stays transformers' own. For a forward over the cache the model's
 `config._attn_implementation` is switched to SLOT_ATTENTION, a function registered with
 transformers' AttentionInterface: it receives each layer's new keys/values (after RoPE), writes
-them at their rows' columns and attends over the rows' slots with SDPA (GQA without copies). A
+them at their rows' columns and attends over the rows' slots with SDPA (GQA as query rows, without copies). A
 layer that soft-caps its attention logits (Gemma2) gets the eager formula instead, as transformers
 itself does, unless the model runs transformers' SDPA attention, which drops the soft-capping (some
 transformers versions pick it for Gemma2): then neither does this, so the sampler computes the
@@ -200,18 +200,23 @@ def slot_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
         v = v_buf[:, :, :fwd.width].index_select(0, fwd.read_slots)
     if cache.model_attention == "sdpa":
         softcap = None  # transformers' SDPA path drops soft-capping: the learner's forward computes without it
-    k, v = k.to(query.dtype), v.to(query.dtype)  # no copy when the cache is in the compute dtype
+    # The query is cast to the cache's dtype, not the keys and values to the query's: under bf16 autocast over fp32
+    # parameters RoPE hands over an fp32 query, and casting the attended K/V slice to it would copy
+    # every column read, every layer, every step (autocast then casts it back for SDPA).
+    query = query.to(k.dtype)
     mask = fwd.mask(sliding_window)  # (B, 1, T, W)
     groups = Hq // k.shape[1]
-    if T == 1 and groups > 1:
-        # one query per row: a kv head's query heads become its query rows (no copy of the keys, and
-        # the masked SDPA kernels take it where they do not take enable_gqa)
-        query, mask = query.view(B, k.shape[1], groups, D), mask.expand(B, 1, groups, mask.shape[-1])
-    elif groups > 1 and softcap is not None:
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # a prefill only
+    if groups > 1 and (T == 1 or softcap is None):
+        # a kv head's query heads become its query rows, (B, Hkv, groups * T, D): no copy of the keys,
+        # and the masked memory-efficient/flash SDPA kernels take it where they refuse enable_gqa with a
+        # mask (the math kernel would materialise (B, Hq, T, W) scores)
+        query = query.reshape(B, k.shape[1], groups * T, D)
+        W = mask.shape[-1]
+        mask = mask.expand(B, 1, groups, W) if T == 1 else mask.expand(B, groups, T, W).reshape(B, 1, groups * T, W)
+    elif groups > 1:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # a soft-capped prefill
     if softcap is None:
-        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
-                                             enable_gqa=k.shape[1] != query.shape[1])
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)
     else:  # transformers' eager formula: SDPA has no soft-capping
         scores = torch.matmul(query, k.transpose(2, 3)) * (scaling if scaling is not None else D ** -0.5)
         scores = torch.tanh(scores / softcap) * softcap

@@ -166,6 +166,8 @@ class TrainingRun:
                 raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
                                       "to continue it or choose another --run-name")
             model_source = cfg.model
+        if self.devices.learner.startswith("cuda"):  # as every worker and rank does: allocations we do not
+            torch.cuda.set_device(self.devices.learner)  # place, and streams, land on the learner's GPU
         try:
             self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
                                                    seed=cfg.seed)

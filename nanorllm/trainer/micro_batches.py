@@ -101,18 +101,27 @@ def fitting_micro_batch_tokens(free_bytes: int, *, layers: int, hidden: int, int
 
 def step_micro_batch_tokens(policy, configured: int | None) -> int:
     """`micro_batch_tokens` as configured, or (None) 4096 on CPU and what fits on CUDA now: the
-    device's free memory plus what torch's allocator holds unused."""
+    device's free memory plus what torch's allocator holds unused outside graph pools."""
     if configured is not None:
         return configured
     if policy.device.type != "cuda":
         return CPU_MICRO_BATCH_TOKENS
     free, _ = torch.cuda.mem_get_info(policy.device)
-    free += torch.cuda.memory_reserved(policy.device) - torch.cuda.memory_allocated(policy.device)
+    free += reusable_cached_bytes(policy.device)
     c = policy.model.config
     dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
     return fitting_micro_batch_tokens(free, layers=c.num_hidden_layers, hidden=c.hidden_size,
                                       intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
                                       vocab=c.vocab_size, dtype_bytes=torch.finfo(dtype).bits // 8)
+
+
+def reusable_cached_bytes(device: torch.device) -> int:
+    """Bytes torch's caching allocator holds unused in its default pool on `device`: a pass can take
+    them. Not `memory_reserved - memory_allocated`: that also counts the free blocks of the CUDA graphs'
+    private pools (a decode engine's captures in this process), which only their replays can use."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(seg["total_size"] - seg["allocated_size"] for seg in torch.cuda.memory_snapshot()
+               if seg["device"] == index and tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0))
 
 
 def step_max_pad_frac(policy, configured: float | None) -> float | None:
