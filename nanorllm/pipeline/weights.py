@@ -97,13 +97,15 @@ _fence = _load_fence()
 
 
 @torch.no_grad()
-def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None) -> torch.Tensor:
-    """Make every parameter a view into one 1-D tensor (`into`, or a new one) and return that tensor.
+def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None, *,
+                       params: list[torch.nn.Parameter] | None = None) -> torch.Tensor:
+    """Make every parameter (or those of `params`) a view into one 1-D tensor (`into`, or a new one)
+    and return that tensor.
 
     Parameter objects are kept (`p.data` is swapped), so optimizers and tied weights still hold
     them; `model.parameters()` lists a tied weight once, so it gets one slot.
     """
-    params = list(model.parameters())
+    params = list(model.parameters()) if params is None else list(params)
     dtype, device = params[0].dtype, params[0].device
     if any(p.dtype != dtype or p.device != device for p in params):
         raise ValueError("flatten_parameters needs every parameter on one device with one dtype")
@@ -122,8 +124,8 @@ def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None)
     return flat
 
 
-def _layout(model: torch.nn.Module) -> list[tuple[str, tuple]]:
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+def _layout(named: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, tuple]]:
+    return [(name, tuple(p.shape)) for name, p in named]
 
 
 def _ipc_counter(reduced: tuple) -> tuple:
@@ -150,19 +152,22 @@ class SharedWeights:
     """Created by the learner from its model (which it flattens); pickled to the workers.
 
     `readers`: the workers' devices. With a CUDA learner and a CUDA reader the GPU publish path is
-    used; None (unknown) keeps the host path only.
+    used; None (unknown) keeps the host path only. `params`: the named tensors it carries (a LoRA
+    run's adapters, policy/lora.py); every parameter of `model` by default.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 version: int = 0, readers: list[str] | None = None):
-        self.layout = _layout(model)
-        first = next(model.parameters())
+                 version: int = 0, readers: list[str] | None = None,
+                 params: list[tuple[str, torch.nn.Parameter]] | None = None):
+        named = list(model.named_parameters()) if params is None else list(params)
+        self.layout = _layout(named)
+        first = named[0][1]
         dtype = getattr(model, "replica_dtype", first.dtype)  # what the workers' replicas store
-        numel = sum(p.numel() for p in model.parameters())
+        numel = sum(p.numel() for _, p in named)
         self.flat = torch.empty(numel, dtype=dtype).share_memory_()  # made once, reused
         self.state = torch.zeros(4, dtype=torch.int64).share_memory_()  # [sequence, version, host_version, host_wanted]
         shares = first.device.type == "cpu" and first.dtype == dtype
-        self._source = flatten_parameters(model, into=self.flat if shares else None)
+        self._source = flatten_parameters(model, into=self.flat if shares else None, params=[p for _, p in named])
         gpu_readers = first.device.type == "cuda" and any(_is_cuda(d) for d in readers or [])
         self._host_readers = readers is None or not all(_is_cuda(d) for d in readers)
         # On a CUDA learner: the block in the replica dtype on its GPU, cast there; shared when a reader is on CUDA.
@@ -264,14 +269,17 @@ class SharedWeights:
         self.state[HOST_VERSION] = version
         self.state[SEQ] += 1
 
-    def attach(self, model: torch.nn.Module) -> torch.Tensor:
-        """Worker side: flatten a replica of the learner's model; returns the block `load_into` fills.
+    def attach(self, model: torch.nn.Module, *, params: list[tuple[str, torch.nn.Parameter]] | None = None
+               ) -> torch.Tensor:
+        """Worker side: flatten a replica of the learner's model (its `params`, the same named set the
+        learner's store carries); returns the block `load_into` fills.
 
         Call it before anything records the parameters' addresses (a decode engine's CUDA graphs):
         flattening moves them once, every load after it copies into them in place."""
-        if _layout(model) != self.layout:
+        named = list(model.named_parameters()) if params is None else list(params)
+        if _layout(named) != self.layout:
             raise ValueError("the worker's model does not have the learner's parameter names and shapes")
-        block = flatten_parameters(model)
+        block = flatten_parameters(model, params=[p for _, p in named])
         if block.is_cuda and self.device_flat is not None:  # a reader in the learner's process (benchmarks)
             self._reader_gpu = self.device_flat
         elif block.is_cuda and self._share is not None and self._reader_gpu is None:

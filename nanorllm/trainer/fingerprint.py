@@ -8,13 +8,16 @@ what changed, unless `--resume-new-data` accepts it: the new order then starts a
 
 The model's weights and tokenizer come from the checkpoint, so `--model` and `--dtype` cannot change
 on resume: given anyway, they are refused rather than half-applied (workers loading one model while
-the learner trains another).
+the learner trains another). Nor can LoRA's shape (`--lora-rank`, `--lora-alpha`, `--lora-targets`):
+a checkpoint holds either a whole model or adapters of one rank on one set of layers, and the
+optimizer state is the state of exactly those tensors.
 """
 
 import hashlib
 import json
 
-FIXED_ON_RESUME = ("model", "dtype")
+FIXED_ON_RESUME = ("model", "dtype", "lora_rank", "lora_alpha", "lora_targets")
+_BEFORE_LORA = {"lora_rank": 0, "lora_alpha": None, "lora_targets": "attn-mlp"}  # a checkpoint older than LoRA
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _LABELS = {"tasks": "training tasks (--tasks, --limit)",
            "held_out_removed": "training tasks removed as held out (--eval-tasks, --eval-limit)",
@@ -50,6 +53,9 @@ def order_changes(saved: dict | None, now: dict) -> list[str]:
 
 def fixed_changes(saved_cfg: dict, cfg: dict) -> list[str]:
     """One line per option that cannot change on resume and was given another value."""
+    saved_cfg = {**_BEFORE_LORA, **saved_cfg}
     norm = lambda k, v: _DTYPES.get(v, v) if k == "dtype" else v  # noqa: E731
+    lora = cfg.get("lora_rank", 0) or saved_cfg["lora_rank"]
+    fixed = [k for k in FIXED_ON_RESUME if lora or not k.startswith("lora_") or k == "lora_rank"]
     return [f"{k}: {cfg[k]!r} given, the checkpoint was trained with {saved_cfg[k]!r}; it cannot change on resume"
-            for k in FIXED_ON_RESUME if k in saved_cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]
+            for k in fixed if k in saved_cfg and k in cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]

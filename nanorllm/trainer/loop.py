@@ -34,6 +34,7 @@ from nanorllm.datasets.tasks import check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import describe, env_from_config
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import LoraSpec, save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, learner_spec
 from nanorllm.ranks.start import start_ranks
 from nanorllm.rollout.build import sampling_params
@@ -41,6 +42,7 @@ from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
+from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
@@ -76,8 +78,9 @@ class NonFiniteWeights(RuntimeError):
 
 
 def check_finite_weights(model: torch.nn.Module, step: int) -> None:
-    """One fused norm per parameter and one sync per step; raises NonFiniteWeights naming the first bad tensor."""
-    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    """One fused norm per trained parameter (a frozen LoRA base cannot change) and one sync per step; raises
+    NonFiniteWeights naming the first bad tensor."""
+    named = [(n, p) for n, p in trainable_parameters(model) if p.is_floating_point()]
     norms = torch._foreach_norm([p.detach() for _, p in named])
     finite = torch.isfinite(torch.stack([n.float() for n in norms]))
     if not bool(finite.all()):
@@ -146,14 +149,18 @@ class TrainingRun:
                 raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
                                       "to continue it or choose another --run-name")
             model_source = cfg.model
-        self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
-                                               seed=cfg.seed)
+        lora = LoraSpec.from_config(cfg)
+        if lora is None:
+            self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
+                                                   seed=cfg.seed)
+        else:  # the base from --model, the adapters from the checkpoint on resume
+            self.policy = HFCausalPolicy.from_name(cfg.model, device=self.devices.learner, dtype=cfg.dtype,
+                                                   seed=cfg.seed, lora=lora, adapter=model_source if state else None)
         self.policy.graphs_enabled = cfg.cuda_graphs
+        self.say(trainable_line(self.policy))
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
-        if cfg.kl_coef > 0:  # the only case a reference model is loaded
-            self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
-                                                       device=self.devices.learner, dtype=cfg.dtype)
-            self.ref_policy.model.requires_grad_(False).eval()
+        self.ref_policy = reference_policy(self.policy, cfg, self.devices.learner,
+                                           cfg.model if not state else state["reference_model"])
         self.optimizer = make_optimizer(self.policy, cfg)
         self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
@@ -273,7 +280,7 @@ class TrainingRun:
                                           ranks=self.ranks))
                 if fault("nan_weights") == str(step + 1):
                     with torch.no_grad():
-                        next(self.policy.model.parameters()).view(-1)[0] = float("nan")
+                        trainable_parameters(self.policy.model)[0][1].view(-1)[0] = float("nan")
                 check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
             self.committing = True  # already set by the optimizer's hook, unless the update was skipped
             metrics.update(source.after_update(step))
@@ -383,6 +390,8 @@ class TrainingRun:
         self.write_eval_summary(None, after)
         if self.cfg.save_model:
             self.policy.save(str(self.run_dir / "final_model"))
+            if self.policy.peft is not None and self.cfg.lora_merged:
+                save_merged(self.policy.model, self.policy.tokenizer, self.run_dir / "final_model" / "merged")
         self.logger.flush()
         path = self.run_dir / "eval.json"
         return json.loads(path.read_text()) if path.exists() else {}
