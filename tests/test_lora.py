@@ -279,3 +279,21 @@ def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(
         res = evaluate_model(EvalConfig(tasks="arith:max=20,terms=2,ops=+-,count=3,seed=2", model=model,
                                         max_new_tokens=4))
         assert res["n"] == 3
+
+
+# ---- learner ranks ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_same_adapters_as_one_rank(tiny_policy):
+    """DDP over a LoRA model holds only the adapters' gradients (the base requires none): the 2-rank step
+    equals the 1-rank step on the same batch, and what moved is the adapters."""
+    from nanorllm.bench.learner_ranks import steps_on_ranks
+    from tests.test_train_step import config
+
+    results = build_results(tiny_policy)
+    cfg = config(lora_rank=4, disable_dropout=False)
+    initial = torch.cat([p.detach().flatten() for _, p in trainable_parameters(lora_policy().model)])
+    one = steps_on_ranks(1, [(cfg, results)])[0]["params"]
+    two = steps_on_ranks(2, [(cfg, results)])[0]["params"]
+    assert one.shape == two.shape == initial.shape  # the adapters, nothing else
+    assert float((one - two).abs().max()) <= 1e-5
+    assert float((one - initial).abs().max()) > 1e-3
