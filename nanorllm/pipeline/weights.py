@@ -10,6 +10,10 @@ in place: its parameters keep their addresses, which a decode engine's CUDA grap
 Why preallocated: `share_memory_()` on fresh tensors costs over a second for a 135M model, so the
 buffer is made once, before the workers start.
 
+What it carries is the named tensor set it is given (`params`, every parameter by default): a LoRA
+run gives it the adapters alone (policy/lora.py), so a publish moves megabytes and each worker keeps
+its own frozen base; the layout check on `attach` compares exactly that set.
+
 Mixed precision: replicas sample in the compute dtype (`model.replica_dtype`, set by HFCausalPolicy),
 so with bf16 the shared buffer is bf16 while the learner keeps fp32 master weights. A publish is
 then one cast-copy of the fp32 block into the buffer, and every load moves half the bytes.
