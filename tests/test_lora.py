@@ -81,8 +81,9 @@ def test_only_adapters_train_and_the_base_stays_bit_identical(dtype):
     assert all(not torch.equal(before[k], now[k]) for k in before)
 
 
-def test_default_targets_are_every_attention_and_mlp_projection():
-    assert target_names(tiny_family_model("llama", tiny_tokenizer()), "attn-mlp") == sorted(
+@pytest.mark.parametrize("family", FAMILIES)
+def test_default_targets_are_every_attention_and_mlp_projection(family):
+    assert target_names(tiny_family_model(family, tiny_tokenizer()), "attn-mlp") == sorted(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     c = lora_policy().peft.peft_config["default"]
     assert c.r == 4 and c.lora_alpha == 8 and set(c.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -297,3 +298,21 @@ def test_two_ddp_ranks_train_the_same_adapters_as_one_rank(tiny_policy):
     assert one.shape == two.shape == initial.shape  # the adapters, nothing else
     assert float((one - two).abs().max()) <= 1e-5
     assert float((one - initial).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("preset, lora_gb, full_gb", [("qwen2.5-0.5b", 1.2, 7.5), ("qwen2.5-1.5b", 3.4, 24.0)])
+def test_the_qwen_presets_take_adapters_and_their_lora_state_fits_where_full_fine_tuning_does_not(
+        preset, lora_gb, full_gb):
+    """Built on the meta device (shapes, no weights): the bf16 base plus fp32 adapters with their gradients and
+    AdamW moments, against 16 bytes a parameter for a full fine-tune (the 1.5B one does not fit a 24 GB box)."""
+    from nanorllm.policy.lora import parameter_counts
+    from nanorllm.policy.presets import PRESETS
+
+    cls, config_cls, shape = PRESETS[preset]
+    with torch.device("meta"):
+        model = cls(config_cls(**shape)).to(torch.bfloat16)
+    add_adapters(model, LoraSpec(rank=16, alpha=32), base_name=f"preset:{preset}")
+    trained, total = parameter_counts(model)
+    assert {p.dtype for _, p in trainable_parameters(model)} == {torch.float32}
+    lora_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + 3 * 4 * trained
+    assert lora_bytes / 1e9 < lora_gb and 16 * (total - trained) / 1e9 > full_gb
