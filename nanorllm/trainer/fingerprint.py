@@ -54,8 +54,13 @@ def order_changes(saved: dict | None, now: dict) -> list[str]:
 def fixed_changes(saved_cfg: dict, cfg: dict) -> list[str]:
     """One line per option that cannot change on resume and was given another value."""
     saved_cfg = {**_BEFORE_LORA, **saved_cfg}
-    norm = lambda k, v: _DTYPES.get(v, v) if k == "dtype" else v  # noqa: E731
-    lora = cfg.get("lora_rank", 0) or saved_cfg["lora_rank"]
-    fixed = [k for k in FIXED_ON_RESUME if lora or not k.startswith("lora_") or k == "lora_rank"]
+
+    def norm(k, v):
+        if k == "lora_alpha":  # unset means 2 x rank (policy/lora.py)
+            return float(2 * saved_cfg["lora_rank"] if v is None else v)
+        return _DTYPES.get(v, v) if k == "dtype" else v
+
+    full = not cfg.get("lora_rank") and not saved_cfg["lora_rank"]  # alpha and targets mean nothing to it
+    fixed = [k for k in FIXED_ON_RESUME if not (full and k in ("lora_alpha", "lora_targets"))]
     return [f"{k}: {cfg[k]!r} given, the checkpoint was trained with {saved_cfg[k]!r}; it cannot change on resume"
             for k in fixed if k in saved_cfg and k in cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]
