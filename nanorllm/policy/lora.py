@@ -210,8 +210,11 @@ def save_merged(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
     state = merged_state(model)
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(model.config)
-    plain.load_state_dict(state, assign=True, strict=False)
+    plain.load_state_dict(state, assign=True, strict=False)  # non-persistent buffers (rotary) are not in it
     plain.tie_weights()
+    missing = [n for n, p in plain.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"merged model: no merged value for {', '.join(missing[:3])}")
     plain.generation_config = model.generation_config
     plain.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
