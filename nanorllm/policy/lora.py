@@ -16,7 +16,7 @@ sets on the adapters alone; a full fine-tune trains (and publishes) every parame
 
 Workers sample with adapters unmerged (peft's forward: base output + scale x B(A(x))), loaded in place
 each publish: their base is never touched, so nothing drifts however many publishes a run makes,
-and the parameters keep their addresses (CUDA graphs replay them). docs/lora.md has the measurement
+and the parameters keep their addresses (what replayed CUDA graphs need). docs/lora.md has the measurement
 behind unmerged vs merged-from-pristine-base.
 """
 
@@ -38,10 +38,10 @@ class LoraError(ValueError):
 
 @dataclass(frozen=True)
 class LoraSpec:
-    rank: int
-    alpha: float
-    dropout: float = 0.0
-    targets: str = DEFAULT_TARGETS
+    rank: int  # of each adapter: A is (rank, in), B is (out, rank)
+    alpha: float  # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0  # on the adapter's input, in train mode only
+    targets: str = DEFAULT_TARGETS  # "attn-mlp", "all-linear" or a comma list of module names (target_names)
 
     @classmethod
     def from_config(cls, cfg) -> "LoraSpec | None":

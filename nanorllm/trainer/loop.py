@@ -116,7 +116,7 @@ class TrainingRun:
         self.run_dir: Path | None = None
         self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
         self.policy: HFCausalPolicy | None = None
-        self.ref_policy: HFCausalPolicy | None = None  # only with kl_coef > 0
+        self.ref_policy = None  # only with kl_coef > 0: a frozen copy, or under LoRA the adapters off (reference.py)
         self.optimizer: torch.optim.Optimizer | None = None
         self.stream: TaskStream | None = None
         self.logger: RunLogger | None = None  # None: nothing written yet, nothing to save or close
