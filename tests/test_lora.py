@@ -255,7 +255,8 @@ def test_lora_checkpoints_hold_adapters_and_optimizer_state_and_resume_exactly(t
 
 
 @pytest.mark.slow
-def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(tmp_path, length_rule_grader):
+def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(tmp_path, length_rule_grader,
+                                                                                   capsys):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -263,6 +264,10 @@ def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(
     from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
 
     run = train(tmp_path, "f", "--max-steps", "2", "--lora-rank", "4", "--lr", "1e-2")
+    # the start-of-run line: what trains of what the model holds
+    trained = sum(p.numel() for _, p in trainable_parameters(lora_policy().model))
+    total = sum(p.numel() for p in lora_policy().model.parameters())
+    assert f"[model] LlamaForCausalLM: {trained:,} of {total:,} parameters train" in capsys.readouterr().out
     final = run / "final_model"
     config = json.loads((final / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "tiny-random" and config["r"] == 4
