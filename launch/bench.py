@@ -5,12 +5,15 @@
     python launch/bench.py learning [--quick]          # held-out learning per update and per second
     python launch/bench.py learner-ranks [--quick]     # learner step on 1 vs 2 ranks, parity, transfers
     python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
+    python launch/bench.py lora [--quick]              # full fine-tune vs LoRA: memory, publish, update, decode
     python launch/bench.py MODE --help                 # that mode's flags
 
-`--learning`, `--learner-ranks` and `--gpu` name the same modes. The figures and their targets:
-nanorllm/bench/suite.py (speed), learning.py, learner_ranks.py, gpu.py.
+`--learning`, `--learner-ranks`, `--gpu` and `--lora` name the same modes. The figures and their targets:
+nanorllm/bench/suite.py (speed), learning.py, learner_ranks.py, gpu.py, lora.py.
 """
 
+import functools
+import operator
 import sys
 from typing import Annotated
 
@@ -20,6 +23,7 @@ from nanorllm.bench.config import BenchConfig
 from nanorllm.bench.gpu import GpuBenchConfig, run_gpu_bench
 from nanorllm.bench.learner_ranks import RanksBenchConfig, run_ranks_bench
 from nanorllm.bench.learning import LearningConfig, run_learning
+from nanorllm.bench.lora import LoraBenchConfig, run_lora_bench
 from nanorllm.bench.suite import run_bench
 
 MODES = {  # name: (its config, what runs it, one line for --help)
@@ -27,6 +31,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "learning": (LearningConfig, run_learning, "held-out gain per update and per second, serial vs pipeline"),
     "learner-ranks": (RanksBenchConfig, run_ranks_bench, "the learner step on 1 vs N ranks (DDP, FSDP)"),
     "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
+    "lora": (LoraBenchConfig, run_lora_bench, "full fine-tune vs LoRA: learner memory, publish, update, decode"),
 }
 
 
@@ -46,8 +51,7 @@ def main(argv: list[str]) -> int:
     modes = {name: Annotated[cls, tyro.conf.subcommand(name, description=line)]
              for name, (cls, _, line) in MODES.items()}
     args = mode_args(list(argv)) or ["speed"]
-    cfg = tyro.cli(modes["speed"] | modes["learning"] | modes["learner-ranks"] | modes["gpu"], args=args,
-                   description=__doc__)
+    cfg = tyro.cli(functools.reduce(operator.or_, modes.values()), args=args, description=__doc__)
     run = next(fn for cls, fn, _ in MODES.values() if type(cfg) is cls)
     return run(cfg)
 

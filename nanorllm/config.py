@@ -125,6 +125,21 @@ class TrainConfig:
     tf32: bool = True
     """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
     Means nothing on CPU."""
+    # --- LoRA (policy/lora.py, docs/lora.md) ---
+    lora_rank: int = 0
+    """LoRA adapter rank; 0: full fine-tune. > 0: the base is frozen in --dtype and held once, only the fp32
+    adapters train, reach AdamW, are broadcast to the workers and checkpointed."""
+    lora_alpha: float | None = None
+    """LoRA scale numerator (the adapter's output is scaled by alpha / rank). None: 2 x rank, a scale of 2."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input; it acts only with --no-disable-dropout (the learner's forward otherwise
+    runs in eval mode, like the sampler)."""
+    lora_targets: str = "attn-mlp"
+    """Layers that get adapters: 'attn-mlp' (every linear projection of the attention and MLP blocks), 'all-linear'
+    (every linear layer but the head), or a comma list of module names (q_proj,v_proj)."""
+    lora_merged: bool = True
+    """With LoRA, final_model/ holds the adapter (peft's format) and final_model/merged/ the adapter merged into the
+    base (loadable by transformers alone); --no-lora-merged skips merged/."""
     # --- sampler / learner agreement ---
     disable_dropout: bool = True
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
@@ -228,6 +243,7 @@ class TrainConfig:
                 p.append(f"{name}: must be > 0, got {getattr(self, name)}")
         if not 0 <= self.max_skipped_frac <= 1:
             p.append(f"max_skipped_frac: must be in [0, 1], got {self.max_skipped_frac}")
+        p += self._lora_problems()
         if self.max_pad_frac is not None and not 0 <= self.max_pad_frac <= 1:
             p.append(f"max_pad_frac: must be in [0, 1] or unset, got {self.max_pad_frac}")
         if not self.lr > 0:
@@ -288,6 +304,21 @@ class TrainConfig:
             if self.tasks is None and not env.default_tasks:
                 p.append(f"tasks: the env {self.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
         return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
+
+    def _lora_problems(self) -> list[str]:
+        p = []
+        if self.lora_rank < 0:
+            p.append(f"lora_rank: must be >= 0 (0: full fine-tune), got {self.lora_rank}")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            p.append(f"lora_alpha: must be > 0 or unset (2 x rank), got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            p.append(f"lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_targets.strip(" ,"):
+            p.append("lora_targets: empty; 'attn-mlp', 'all-linear' or a comma list of module names")
+        if self.lora_rank > 0 and self.learner_parallel == "fsdp":
+            p.append("learner_parallel: 'fsdp' is not supported with LoRA (--lora-rank > 0); use 'ddp': each rank then "
+                     "holds the frozen base once in --dtype and only the adapters' gradients and optimizer state")
+        return p
 
     def _non_finite(self) -> list[str]:
         """nan anywhere, inf anywhere but in the fields where it means 'no limit'."""

@@ -46,9 +46,9 @@ def test_two_worker_run_finishes_and_cleans_up(tmp_path):
     _assert_clean_exit(token, shm_before)
 
 
-@pytest.mark.slow
-def test_serial_and_synchronous_pipeline_agree(tmp_path):
-    common = ["--max-steps", "2", "--seed", "3", "--no-drop-zero-std-groups", "--max-new-tokens", "6"]
+def _serial_and_pipeline_agree(tmp_path, *extra: str, steps: int = 2) -> tuple[dict, dict]:
+    """Serial and pipeline (lag 0) runs: the same episodes, the same losses; returns both runs' scalars."""
+    common = ["--max-steps", str(steps), "--seed", "3", "--no-drop-zero-std-groups", "--max-new-tokens", "6", *extra]
     rc1, out1, _ = run_train([*common, "--serial", "--run-name", "s"], tmp_path)
     rc2, out2, _ = run_train([*common, "--num-workers", "1", "--max-policy-lag", "0", "--run-name", "p"], tmp_path)
     assert rc1 == 0 and rc2 == 0, out1 + out2
@@ -59,10 +59,40 @@ def test_serial_and_synchronous_pipeline_agree(tmp_path):
            [(r["group_id"], [t["response"] for t in r["turns"]]) for r in pipe]
     s1, p1 = read_scalars(tmp_path / "s"), read_scalars(tmp_path / "p")
     for tag in ["loss/policy", "entropy", "completions/mean_length"]:
-        assert s1[tag][0][1] == pytest.approx(p1[tag][0][1], rel=1e-4, abs=1e-6), tag
+        for (_, a), (_, b) in zip(s1[tag], p1[tag], strict=True):
+            assert a == pytest.approx(b, rel=1e-4, abs=1e-6), tag
     assert all(v == 0 for _, v in p1["pipeline/policy_lag_max"])
+    return s1, p1
 
 
+@pytest.mark.slow
+def test_serial_and_synchronous_pipeline_agree(tmp_path):
+    _serial_and_pipeline_agree(tmp_path)
+
+
+LENGTH_RULE_ENV = """
+import nanorllm.envs.math_env as math_env
+from nanorllm.envs.grader import Verdict
+from nanorllm.envs.math_env import MathSelfRefine
+
+math_env.judge = lambda response, gold, **kw: Verdict(sum(map(ord, response)) % 2 == 0, "x")
+
+
+class LengthRule(MathSelfRefine):
+    \"\"\"Math self-refine whose grader the tiny random model can meet: rewards differ within groups.\"\"\"
+"""
+
+
+@pytest.mark.slow
+def test_serial_and_synchronous_pipeline_agree_with_lora_adapters_that_train(tmp_path):
+    """Workers hold only the adapters the learner publishes: their episodes after each update are the
+    serial run's, token for token, at lag 0."""
+    env = tmp_path / "length_rule.py"
+    env.write_text(LENGTH_RULE_ENV)
+    s1, p1 = _serial_and_pipeline_agree(tmp_path, "--lora-rank", "4", "--lr", "1e-2", "--env", f"{env}:LengthRule",
+                                        steps=3)
+    assert any(v > 0 for _, v in s1["grad_norm"])  # the adapters really moved between the compared rollouts
+    assert len(p1["pipeline/weight_publish_s"]) == 3
 def _result(version: int) -> RolloutResult:
     return RolloutResult(trajectory=Trajectory(task_id="t"), step_samples=[], policy_version=version)
 

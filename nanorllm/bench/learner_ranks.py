@@ -38,6 +38,7 @@ from nanorllm.ranks.group import LearnerRanks, free_port
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import LoraSpec, trainable_parameters
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
@@ -71,7 +72,7 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
     got = []
     for cfg, results in cases:
         gathers = []
-        policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed)
+        policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed, lora=LoraSpec.from_config(cfg))
         optimizer = make_optimizer(policy, cfg)
         ranks.attach(policy, optimizer)
         params, times = None, []
@@ -83,7 +84,7 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
             gathers.append(train_step(policy, optimizer, share, cfg, ranks=ranks).get("perf/gather_s", 0.0))
             times.append(time.perf_counter() - t0)
             if i == 0 and ranks.rank == 0:  # under FSDP the other ranks hold shards
-                params = torch.cat([p.detach().flatten() for p in policy.model.parameters()]).clone()
+                params = torch.cat([p.detach().flatten() for _, p in trainable_parameters(policy.model)]).clone()
         got.append({"params": params, "step_s": median(times[1:]) if steps > 1 else times[0],
                     "gather_s": median(gathers[1:]) if steps > 1 else gathers[0]})
     return got

@@ -30,16 +30,16 @@ def fault(name: str) -> str | None:
     return None
 
 
-def before_update(step: int, model) -> None:
+def before_update(step: int, params: list) -> None:
     """The training loop's hook, just before step `step`'s update: learner_step:N raises, nan_weights:N
-    turns the model's first weight NaN."""
+    turns the first of the (name, parameter) pairs that train NaN."""
     if fault("learner_step") == str(step):
         raise RuntimeError(f"injected fault: learner_step {step}")
     if fault("nan_weights") == str(step):
         import torch
 
         with torch.no_grad():
-            next(model.parameters()).view(-1)[0] = float("nan")
+            params[0][1].view(-1)[0] = float("nan")
 
 
 def env_response(response: str) -> str:

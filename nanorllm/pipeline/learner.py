@@ -41,6 +41,7 @@ from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, NodeShare
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.metrics import decode_metrics
 from nanorllm.trainer.source import rollout_seed
@@ -75,7 +76,9 @@ class PipelineSource:
         self.outgoing: list[NodeShare] = []  # other nodes' shares of the steps drawn since the last broadcast
         self.lag = cfg.max_policy_lag
         # The one allocation of the shared buffer; on CPU the learner's parameters move into it.
-        self.weights = SharedWeights(policy.model, optimizer, version=start_step, readers=workers)
+        # It carries what trains: every parameter, or under LoRA the adapters alone (workers keep their base).
+        self.weights = SharedWeights(policy.model, optimizer, version=start_step, readers=workers,
+                                     params=trainable_parameters(policy.model))
         policy.version = start_step
         n = len(workers)
         self.pool = WorkerPool(cfg, self.weights, workers, threads=cfg.threads, num_processes=n + ranks.local_world)

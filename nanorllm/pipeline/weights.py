@@ -10,6 +10,10 @@ in place: its parameters keep their addresses, which a decode engine's CUDA grap
 Why preallocated: `share_memory_()` on fresh tensors costs over a second for a 135M model, so the
 buffer is made once, before the workers start.
 
+What it carries is the named tensor set it is given (`params`, every parameter by default): a LoRA
+run gives it the adapters alone (policy/lora.py), so a publish moves megabytes and each worker keeps
+its own frozen base; the layout check on `attach` compares exactly that set.
+
 Mixed precision: replicas sample in the compute dtype (`model.replica_dtype`, set by HFCausalPolicy),
 so with bf16 the shared buffer is bf16 while the learner keeps fp32 master weights. A publish is
 then one cast-copy of the fp32 block into the buffer, and every load moves half the bytes.
@@ -100,13 +104,15 @@ _fence = _load_fence()
 
 
 @torch.no_grad()
-def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None) -> torch.Tensor:
-    """Make every parameter a view into one 1-D tensor (`into`, or a new one) and return that tensor.
+def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None, *,
+                       params: list[torch.nn.Parameter] | None = None) -> torch.Tensor:
+    """Make every parameter (or those of `params`) a view into one 1-D tensor (`into`, or a new one)
+    and return that tensor.
 
     Parameter objects are kept (`p.data` is swapped), so optimizers and tied weights still hold
     them; `model.parameters()` lists a tied weight once, so it gets one slot.
     """
-    params = list(model.parameters())
+    params = list(model.parameters()) if params is None else list(params)
     dtype, device = params[0].dtype, params[0].device
     if any(p.dtype != dtype or p.device != device for p in params):
         raise ValueError("flatten_parameters needs every parameter on one device with one dtype")
@@ -125,8 +131,8 @@ def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None)
     return flat
 
 
-def _layout(model: torch.nn.Module) -> list[tuple[str, tuple]]:
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+def _layout(named: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, tuple]]:
+    return [(name, tuple(p.shape)) for name, p in named]
 
 
 def _ipc_counter(reduced: tuple) -> tuple:
@@ -153,15 +159,18 @@ class SharedWeights:
     """Created by the learner from its model (which it flattens); pickled to the workers.
 
     `readers`: the workers' devices. With a CUDA learner and a CUDA reader the GPU publish path is
-    used; None (unknown) keeps the host path only.
+    used; None (unknown) keeps the host path only. `params`: the named tensors it carries (a LoRA
+    run's adapters, policy/lora.py); every parameter of `model` by default.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 version: int = 0, readers: list[str] | None = None):
-        self.layout = _layout(model)
-        first = next(model.parameters())
+                 version: int = 0, readers: list[str] | None = None,
+                 params: list[tuple[str, torch.nn.Parameter]] | None = None):
+        named = list(model.named_parameters()) if params is None else list(params)
+        self.layout = _layout(named)
+        first = named[0][1]
         self.dtype = dtype = getattr(model, "replica_dtype", first.dtype)  # what the workers' replicas store
-        self.numel = numel = sum(p.numel() for p in model.parameters())
+        self.numel = numel = sum(p.numel() for _, p in named)
         self.state = torch.zeros(4, dtype=torch.int64).share_memory_()  # [sequence, version, host_version, host_wanted]
         gpu_readers = first.device.type == "cuda" and any(_is_cuda(d) for d in readers or [])
         self._host_readers = readers is None or not all(_is_cuda(d) for d in readers)
@@ -176,7 +185,7 @@ class SharedWeights:
         if first.device.type != "cuda" or self._host_readers or not self.ipc:
             self.flat = torch.empty(numel, dtype=dtype).share_memory_()
         shares = first.device.type == "cpu" and first.dtype == dtype
-        self._source = flatten_parameters(model, into=self.flat if shares else None)
+        self._source = flatten_parameters(model, into=self.flat if shares else None, params=[p for _, p in named])
         self._share = None  # a CUDA worker's side: (rebuild, args) of its CUDA IPC handle of device_flat
         self._sent: list[tuple] = []  # learner side: the IPC reference count of every handle given out
         self._reader_gpu = None  # a reader's view of the learner's GPU block (mapped through CUDA IPC in a worker)
@@ -289,14 +298,17 @@ class SharedWeights:
               f"({self.nbytes / 2**20:.0f} MiB of shared memory) from now on", flush=True)
         self.flat = torch.empty(self.numel, dtype=self.dtype).share_memory_()
 
-    def attach(self, model: torch.nn.Module) -> torch.Tensor:
-        """Worker side: flatten a replica of the learner's model; returns the block `load_into` fills.
+    def attach(self, model: torch.nn.Module, *, params: list[tuple[str, torch.nn.Parameter]] | None = None
+               ) -> torch.Tensor:
+        """Worker side: flatten a replica of the learner's model (its `params`, the same named set the
+        learner's store carries); returns the block `load_into` fills.
 
         Call it before anything records the parameters' addresses (a decode engine's CUDA graphs):
         flattening moves them once, every load after it copies into them in place."""
-        if _layout(model) != self.layout:
+        named = list(model.named_parameters()) if params is None else list(params)
+        if _layout(named) != self.layout:
             raise ValueError("the worker's model does not have the learner's parameter names and shapes")
-        block = flatten_parameters(model)
+        block = flatten_parameters(model, params=[p for _, p in named])
         if block.is_cuda and self.device_flat is not None:  # a reader in the learner's process (benchmarks)
             self._reader_gpu = self.device_flat
         elif block.is_cuda and self._share is not None and self._reader_gpu is None:

@@ -33,6 +33,7 @@ from nanorllm.pipeline.channel import frame
 from nanorllm.utils.lifeline import die_with_parent
 from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import LoraSpec, trainable_parameters
 from nanorllm.rollout.build import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
@@ -103,10 +104,12 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
     configure_threads(device, threads, num_processes)
     if fault("worker_start") is not None:
         raise RuntimeError("injected fault: worker_start")
-    policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed,
-                                      replica=True)  # stored in the compute dtype: bf16 replicas sample in bf16
+    # stored in the compute dtype (bf16 replicas sample in bf16); under LoRA with the learner's adapters
+    policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed, replica=True,
+                                      lora=LoraSpec.from_config(cfg))
     policy.graphs_enabled = cfg.cuda_graphs
-    block = weights.attach(policy.model)  # the replica's parameters as one block: a load is one copy
+    # the replica's published parameters (all, or its LoRA adapters) as one block: a load is one copy
+    block = weights.attach(policy.model, params=trainable_parameters(policy.model))
     policy.version, load_s = weights.load_into(block)  # in place: captured graphs read the new weights
     engine = training_engine(policy, cfg)
     engine.on_step = lambda: hb.beat(wid)  # progress inside a long generation

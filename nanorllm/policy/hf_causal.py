@@ -32,6 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 from nanorllm.policy.decode_graphs import DecodeGraphs
+from nanorllm.policy.lora import LoraSpec, add_adapters, load_adapter_weights, save_adapter
 from nanorllm.policy.models import load_model_and_tokenizer
 from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generators
 from nanorllm.policy.shared_columns import shared_columns_of
@@ -79,15 +80,26 @@ class HFCausalPolicy(Policy):
         # own check whether it may skip them reads the device. Off on CPU, where there is no device to wait
         # for and an unpadded batch keeps the kernel transformers picks for it.
         self.prebuilt_masks = self.device.type == "cuda"
+        self.peft = None  # with LoRA: the PeftModel around `model` (policy/lora.py); `model` holds its layers
 
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                  replica: bool = False):
-        """`dtype` is the compute dtype. The parameters are fp32 unless `replica` (sampling only)."""
+                  replica: bool = False, lora: LoraSpec | None = None, adapter: str | None = None):
+        """`dtype` is the compute dtype. The parameters are fp32 unless `replica` (sampling only).
+        With `lora` the base is stored in the compute dtype and frozen, and fp32 adapters are added
+        (their weights read from `adapter`, a peft adapter folder, when given)."""
         compute = DTYPES[dtype]
-        model, tokenizer = load_model_and_tokenizer(name, dtype=compute if replica else torch.float32, device=device)
-        model.replica_dtype = compute  # what a sampling replica stores (SharedWeights' buffer dtype)
-        return cls(model, tokenizer, device=device, seed=seed, compute_dtype=compute)
+        stored = compute if replica or lora else torch.float32
+        model, tokenizer = load_model_and_tokenizer(name, dtype=stored, device=device)
+        if lora is None:
+            model.replica_dtype = compute  # what a sampling replica stores (SharedWeights' buffer dtype)
+            return cls(model, tokenizer, device=device, seed=seed, compute_dtype=compute)
+        peft_model = add_adapters(model, lora, base_name=name, seed=seed)
+        if adapter is not None:
+            load_adapter_weights(peft_model, adapter)
+        policy = cls(model, tokenizer, device=device, seed=seed, compute_dtype=compute)
+        policy.peft = peft_model
+        return policy
 
     def autocast(self):
         """The context every forward runs in: bf16 autocast over fp32 parameters, or nothing."""
@@ -262,7 +274,12 @@ class HFCausalPolicy(Policy):
         return self.model.parameters()
 
     def save(self, path: str) -> None:
-        self.model.save_pretrained(path)
+        """The model in HF format; with LoRA the adapter alone, in peft's format (adapter_config.json,
+        adapter_model.safetensors: `PeftModel.from_pretrained(base, path)` loads it)."""
+        if self.peft is not None:
+            save_adapter(self.peft, path)
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 
 

@@ -7,10 +7,12 @@
   Tests and smoke runs use it; the same seed gives the same weights in every process.
 - `preset:smollm2-135m`, `preset:qwen2.5-0.5b`, `preset:qwen2.5-1.5b`: published shapes, random
   weights, a generated tokenizer (policy/presets.py), for measuring speed offline.
+- a peft adapter folder (a LoRA run's `final_model/`): its base model with the adapter merged in.
 - anything else: `from_pretrained(name)`, a local directory or a hub id.
 """
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -20,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
+from nanorllm.policy.lora import ADAPTER_CONFIG, is_adapter_dir, peft_quiet
 from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -94,11 +97,24 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaFor
     return model
 
 
+def load_adapter_model(path: str, *, dtype: torch.dtype, device: str | None = None):
+    """(model with the adapter of `path` merged in, tokenizer) for evaluation: the base named in the
+    adapter's adapter_config.json, loaded as any model is here, plus the adapter."""
+    from peft import PeftModel
+
+    base_name = json.loads((Path(path) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    model, tokenizer = load_model_and_tokenizer(base_name, dtype=dtype, device=device)
+    with peft_quiet():
+        return PeftModel.from_pretrained(model, path).merge_and_unload(), tokenizer
+
+
 def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32, device: str | None = None):
     """(model, tokenizer) for a built-in name, a local HF directory or a hub id, on CPU (a preset is
     made on `device` when given)."""
     if is_preset(name):
         return preset_model_and_tokenizer(name, dtype=dtype, device=device)
+    if is_adapter_dir(name):
+        return load_adapter_model(name, dtype=dtype, device=device)
     if name == TINY:
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(dtype), tokenizer

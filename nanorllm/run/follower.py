@@ -11,7 +11,9 @@ lifeline, a torchrun rank when the agent ends the group or a collective fails.
 
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import LoraSpec
 from nanorllm.ranks.group import LearnerRanks
+from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
@@ -23,11 +25,9 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     start = ranks.broadcast()  # rank 0's config, after its resume and flag overrides
     cfg = start["cfg"]
     configure_threads(ranks.device, cfg.threads, start["processes"])
-    policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed)
-    ref_policy = None
-    if cfg.kl_coef > 0:
-        ref_policy = HFCausalPolicy.from_name(start["reference_model"], device=ranks.device, dtype=cfg.dtype)
-        ref_policy.model.requires_grad_(False).eval()
+    policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
+                                      lora=LoraSpec.from_config(cfg))  # adapters: rank 0's reach it in attach
+    ref_policy = reference_policy(policy, cfg, ranks.device, start["reference_model"])
     optimizer = make_optimizer(policy, cfg)
     source, remote = None, ranks.nodes > 1 and not cfg.serial
     if remote and ranks.local_rank == 0:  # this node's workers, fed by rank 0

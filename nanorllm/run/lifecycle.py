@@ -13,8 +13,8 @@ benchmark all call, so the order below is written once.
 Ctrl-C / SIGTERM / SIGHUP (signals.py): the step in progress is abandoned (or, if its optimizer step
 has begun, seen through), the shutdown runs, exit code 130 / 143 / 129. An error: the traceback, the
 same shutdown, exit code 1. Bad input (task file, config, checkpoint, a resume that changes the model
-or the task order, devices, a run folder another process holds): exit code 2 before anything is
-written (the run folder and its lock file aside).
+or the task order, devices, a run folder another process holds, LoRA targets the model lacks): exit code 2
+before anything is written (the run folder and its lock file aside).
 """
 
 import os
@@ -28,6 +28,7 @@ from typing import Callable
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.pipeline.learner import PipelineSource
+from nanorllm.policy.lora import LoraError
 from nanorllm.ranks.group import under_torchrun
 from nanorllm.run.args import parse_train_args
 from nanorllm.run.ranks import follow_torchrun, start_learner
@@ -37,7 +38,7 @@ from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
 from nanorllm.utils.devices import DeviceError
 
-BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError)
+BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Checkpoints: runs/<run>/checkpoints/step_<N>/ with
 
-    model/               HF format (safetensors + config + tokenizer)
+    model/               HF format (safetensors + config + tokenizer); under LoRA the adapter alone, in
+                         peft's format (adapter_config.json + adapter_model.safetensors + tokenizer)
     optimizer.pt         optimizer state_dict: tensors and numbers only, loaded with weights_only=True;
                          the full, plain one on any number of ranks (gathered from FSDP's shards)
     rng.pt               torch and sampler RNG states, weights_only=True
@@ -36,7 +37,8 @@ from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
 
 PREFIX = "step_"
-FILES = ("model/config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
+FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
+MODEL_CONFIGS = ("model/config.json", "model/adapter_config.json")  # a whole model, or a LoRA adapter
 MANIFEST = "manifest.json"
 
 
@@ -179,6 +181,8 @@ def read(ckpt: Path) -> dict:
     for f in FILES:
         if not (ckpt / f).exists():
             raise CheckpointError(f"{ckpt}: missing {f}")
+    if not any((ckpt / f).exists() for f in MODEL_CONFIGS):
+        raise CheckpointError(f"{ckpt}: missing {MODEL_CONFIGS[0]}")
     try:
         state = json.loads((ckpt / "trainer_state.json").read_text())
         missing = [k for k in ("step", "stream_position", "python_rng") if k not in state]

@@ -9,14 +9,18 @@ what changed, unless `--resume-new-data` accepts it: the new order then starts a
 The model's weights and tokenizer come from the checkpoint, so `--model` and `--dtype` cannot change
 on resume: given anyway, they are refused rather than half-applied (workers loading one model while
 the learner trains another). Nor can `--max-prompt-tokens` and `--drop-long-prompts`: they decide which
-tasks are left out of the stream after its fingerprint is taken.
+tasks are left out of the stream after its fingerprint is taken. Nor can LoRA's shape (`--lora-rank`,
+`--lora-alpha`, `--lora-targets`): a checkpoint holds either a whole model or adapters of one rank on one
+set of layers, and the optimizer state is the state of exactly those tensors.
 """
 
 import hashlib
 import json
 
 # the prompt limit decides which tasks the stream holds after the order's fingerprint is taken
-FIXED_ON_RESUME = ("model", "dtype", "max_prompt_tokens", "drop_long_prompts")
+FIXED_ON_RESUME = ("model", "dtype", "max_prompt_tokens", "drop_long_prompts", "lora_rank", "lora_alpha",
+                   "lora_targets")
+_BEFORE_LORA = {"lora_rank": 0, "lora_alpha": None, "lora_targets": "attn-mlp"}  # a checkpoint older than LoRA
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _LABELS = {"tasks": "training tasks (--tasks, --limit)",
            "held_out_removed": "training tasks removed as held out (--eval-tasks, --eval-limit)",
@@ -52,6 +56,14 @@ def order_changes(saved: dict | None, now: dict) -> list[str]:
 
 def fixed_changes(saved_cfg: dict, cfg: dict) -> list[str]:
     """One line per option that cannot change on resume and was given another value."""
-    norm = lambda k, v: _DTYPES.get(v, v) if k == "dtype" else v  # noqa: E731
+    saved_cfg = {**_BEFORE_LORA, **saved_cfg}
+
+    def norm(k, v):
+        if k == "lora_alpha":  # unset means 2 x rank (policy/lora.py)
+            return float(2 * saved_cfg["lora_rank"] if v is None else v)
+        return _DTYPES.get(v, v) if k == "dtype" else v
+
+    full = not cfg.get("lora_rank") and not saved_cfg["lora_rank"]  # alpha and targets mean nothing to it
+    fixed = [k for k in FIXED_ON_RESUME if not (full and k in ("lora_alpha", "lora_targets"))]
     return [f"{k}: {cfg[k]!r} given, the checkpoint was trained with {saved_cfg[k]!r}; it cannot change on resume"
-            for k in FIXED_ON_RESUME if k in saved_cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]
+            for k in fixed if k in saved_cfg and k in cfg and norm(k, saved_cfg[k]) != norm(k, cfg[k])]

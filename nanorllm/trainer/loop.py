@@ -34,6 +34,7 @@ from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overl
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import describe, env_from_config, task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import LoraSpec, save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
 from nanorllm.rollout.build import sampling_params
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
@@ -41,6 +42,7 @@ from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
+from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
@@ -90,8 +92,9 @@ class NonFiniteWeights(RuntimeError):
 
 
 def check_finite_weights(model: torch.nn.Module, step: int) -> None:
-    """One fused norm per parameter and one sync per step; raises NonFiniteWeights naming the first bad tensor."""
-    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    """One fused norm per trained parameter (a frozen LoRA base cannot change) and one sync per step; raises
+    NonFiniteWeights naming the first bad tensor."""
+    named = [(n, p) for n, p in trainable_parameters(model) if p.is_floating_point()]
     norms = torch._foreach_norm([p.detach() for _, p in named])
     finite = torch.isfinite(torch.stack([n.float() for n in norms]))
     if not bool(finite.all()):
@@ -127,7 +130,7 @@ class TrainingRun:
         self.run_dir: Path | None = None
         self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
         self.policy: HFCausalPolicy | None = None
-        self.ref_policy: HFCausalPolicy | None = None  # only with kl_coef > 0
+        self.ref_policy = None  # only with kl_coef > 0: a frozen copy, or under LoRA the adapters off (reference.py)
         self.optimizer: torch.optim.Optimizer | None = None
         self.stream: TaskStream | None = None
         self.logger: RunLogger | None = None  # None: nothing written yet, nothing to save or close
@@ -168,19 +171,24 @@ class TrainingRun:
             model_source = cfg.model
         if self.devices.learner.startswith("cuda"):  # as every worker and rank does: allocations we do not
             torch.cuda.set_device(self.devices.learner)  # place, and streams, land on the learner's GPU
+        lora = LoraSpec.from_config(cfg)
         try:
-            self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
-                                                   seed=cfg.seed)
+            if lora is None:
+                self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
+                                                       seed=cfg.seed)
+            else:  # the base from --model, the adapters from the checkpoint on resume
+                self.policy = HFCausalPolicy.from_name(cfg.model, device=self.devices.learner, dtype=cfg.dtype,
+                                                       seed=cfg.seed, lora=lora,
+                                                       adapter=model_source if state else None)
         except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
+        self.say(trainable_line(self.policy))
         self.check_prompt_lengths()
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
-        if cfg.kl_coef > 0:  # the only case a reference model is loaded
-            self.ref_policy = HFCausalPolicy.from_name(cfg.model if not state else state["reference_model"],
-                                                       device=self.devices.learner, dtype=cfg.dtype)
-            self.ref_policy.model.requires_grad_(False).eval()
+        self.ref_policy = reference_policy(self.policy, cfg, self.devices.learner,
+                                           cfg.model if not state else state["reference_model"])
         self.optimizer = make_optimizer(self.policy, cfg)
         self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
@@ -318,7 +326,7 @@ class TrainingRun:
                 metrics = rollout_metrics(results, env=self.env)
                 metrics.update(extra)
                 self.report_grader_timeouts(results, step + 1)
-                before_update(step + 1, self.policy.model)  # the fault suite's hook (inert unless NANORLLM_FAULT)
+                before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
                                           ranks=self.ranks))
@@ -440,6 +448,8 @@ class TrainingRun:
         self.write_eval_summary(None, after)
         if self.cfg.save_model:
             self.policy.save(str(self.run_dir / "final_model"))
+            if self.policy.peft is not None and self.cfg.lora_merged:
+                save_merged(self.policy.model, self.policy.tokenizer, self.run_dir / "final_model" / "merged")
         self.logger.flush()
         path = self.run_dir / "eval.json"
         return json.loads(path.read_text()) if path.exists() else {}

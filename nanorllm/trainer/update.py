@@ -24,6 +24,7 @@ import math
 import torch
 
 from nanorllm.core.types import StepSample
+from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
@@ -32,8 +33,9 @@ from nanorllm.trainer.step_metrics import StepSums
 
 
 def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
-    """AdamW over the fp32 master weights; fused (one kernel per step) when they all live on CUDA."""
-    params = list(policy.model.parameters())
+    """AdamW over the fp32 master weights (under LoRA the adapters alone); fused (one kernel per step) when
+    they all live on CUDA."""
+    params = [p for _, p in trainable_parameters(policy.model)]
     fused = all(p.is_cuda and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
 
