@@ -28,7 +28,10 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
         dog.beat("generating")
         engine.on_step = dog.beat  # every decode step (replayed CUDA graphs run no forward hooks)
         engine.watch = lambda activity, i: dog.beat(activity, tasks[i]["task_id"] if i >= 0 else None)
-        results = engine.run(tasks, num_samples=1).results
+        try:
+            results = engine.run(tasks, num_samples=1).results
+        finally:
+            engine.close()
     n = len(results)
     timeouts, first_timeout = grader_timeouts(results)
     return {
