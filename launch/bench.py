@@ -5,6 +5,7 @@
     python launch/bench.py learning [--quick]          # held-out learning per update and per second
     python launch/bench.py learner-ranks [--quick]     # learner step on 1 vs 2 ranks, parity, transfers
     python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
+    python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
     python launch/bench.py MODE --help                 # that mode's flags
 
 `--learning`, `--learner-ranks` and `--gpu` name the same modes. The figures and their targets:
@@ -16,6 +17,7 @@ from typing import Annotated
 
 import tyro
 
+from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
 from nanorllm.bench.config import BenchConfig
 from nanorllm.bench.gpu import GpuBenchConfig, run_gpu_bench
 from nanorllm.bench.learner_ranks import RanksBenchConfig, run_ranks_bench
@@ -27,6 +29,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "learning": (LearningConfig, run_learning, "held-out gain per update and per second, serial vs pipeline"),
     "learner-ranks": (RanksBenchConfig, run_ranks_bench, "the learner step on 1 vs N ranks (DDP, FSDP)"),
     "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
+    "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
 }
 
 
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> int:
     modes = {name: Annotated[cls, tyro.conf.subcommand(name, description=line)]
              for name, (cls, _, line) in MODES.items()}
     args = mode_args(list(argv)) or ["speed"]
-    cfg = tyro.cli(modes["speed"] | modes["learning"] | modes["learner-ranks"] | modes["gpu"], args=args,
+    cfg = tyro.cli(modes["speed"] | modes["learning"] | modes["learner-ranks"] | modes["gpu"] | modes["agents"], args=args,
                    description=__doc__)
     run = next(fn for cls, fn, _ in MODES.values() if type(cfg) is cls)
     return run(cfg)

@@ -207,8 +207,12 @@ class AgentRunner:
     """The engine's loop for agent episodes; `engine` is the RolloutEngine it serves (its policy,
     batch size, heartbeat hooks)."""
 
-    def __init__(self, engine, bundle: AgentBundle):
+    def __init__(self, engine, bundle: AgentBundle, *, shared_prefix, min_shared: int):
+        """`shared_prefix(prompts)`: the engine's own rule for the prefix first prompts share (computed
+        once per rollout and copied to each row that starts with it), at least `min_shared` tokens."""
         self.engine, self.bundle, self.policy = engine, bundle, engine.policy
+        self.shared_prefix, self.min_shared = shared_prefix, min_shared
+        self.prefix = None
         self.endpoint = ChatEndpoint(threads=max(engine.max_batch_episodes, 4))
         self.requests_served = 0
 
@@ -233,7 +237,7 @@ class AgentRunner:
         waiting, starting, running = deque(), deque(episodes), 0
         try:
             with policy.decode_batch(params, stats=stats, slots=rows + 1, width=engine.slot_width(256, params)) as batch:
-                self.batch = batch
+                self.batch, self.prefix = batch, None
                 while starting or running or len(batch):
                     while starting and running < rows:  # start agents up to the batch's rows
                         ep = starting.popleft()
@@ -252,7 +256,7 @@ class AgentRunner:
                         elif ep.queued and ep.result is None:  # refused: the episode's next request may go
                             ep.busy = True
                             waiting.append((ep, ep.queued.popleft()))
-                    batch.join(joining)
+                    batch.join(self._from_shared_prefix(joining, batch))
                     if not len(batch):
                         continue
                     engine.on_step()
@@ -265,6 +269,20 @@ class AgentRunner:
         finally:
             self.endpoint.close_episodes()
         return [ep.result for ep in episodes], n_generated, time.perf_counter() - t0, stats
+
+    def _from_shared_prefix(self, joining: list[tuple], batch) -> list[tuple]:
+        """Rows with no KV cache of their own start from the prompt prefix the first requests share
+        (system prompt, worked example), cached once the first time two of them join together."""
+        fresh = [e for e in joining if e[3] is None]
+        if self.prefix is None and len(fresh) >= 2:
+            shared = self.shared_prefix([e[1] for e in fresh])
+            if len(shared) >= self.min_shared:
+                self.prefix = batch.cache_prefix(shared)
+        if self.prefix is None:
+            return joining
+        n, ids = len(self.prefix.token_ids), self.prefix.token_ids
+        return [(key, prompt, rng, self.prefix if state is None and len(prompt) > n and prompt[:n] == ids else state)
+                for key, prompt, rng, state in joining]
 
     def _take_events(self, by_key: dict, waiting: deque, *, block: bool) -> int:
         """Move arrived requests to `waiting` and finish the agents that returned; how many returned."""

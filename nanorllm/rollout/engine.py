@@ -138,7 +138,7 @@ class RolloutEngine:
                     t0: float) -> RolloutBatch:
         """Agent-function episodes through this engine's OpenAI-compatible endpoint (started once)."""
         if getattr(self, "agents", None) is None:
-            self.agents = AgentRunner(self, self.env)
+            self.agents = AgentRunner(self, self.env, shared_prefix=shared_prefix, min_shared=MIN_SHARED_PREFIX)
         results, n_generated, gen_s, stats = self.agents.run(tasks, num_samples=num_samples, group_ids=group_ids,
                                                              params=params)
         version = getattr(self.policy, "version", 0)
