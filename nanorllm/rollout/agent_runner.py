@@ -173,28 +173,43 @@ def _reply_message(body: dict) -> dict:
     return out
 
 
-async def _call_agent(bundle: AgentBundle, task: dict, base_url: str, token: str):
+class _HttpClients:
+    """One HTTP connection pool for every episode's client (a fresh openai client builds its own, ~90 ms
+    of CPU each); the async one is made on the endpoint's loop, where the async agents run."""
+
+    def __init__(self):
+        self.sync, self.async_ = None, None
+
+    def get_sync(self):
+        import openai  # the `agents` extra
+
+        self.sync = self.sync or openai.DefaultHttpxClient()
+        return self.sync
+
+    def get_async(self):
+        import openai
+
+        self.async_ = self.async_ or openai.DefaultAsyncHttpxClient()
+        return self.async_
+
+
+async def _call_agent(bundle: AgentBundle, task: dict, base_url: str, token: str, http: _HttpClients):
     import openai  # the `agents` extra
 
+    kw = {"base_url": base_url, "api_key": token, "max_retries": 0, "timeout": bundle.timeout_s}
     if bundle.is_async:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=bundle.timeout_s)
-        try:
-            return await bundle.fn(task, client)
-        finally:
-            await client.close()
-    client = openai.OpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=bundle.timeout_s)
-    try:
-        return await asyncio.get_running_loop().run_in_executor(None, bundle.fn, dict(task), client)
-    finally:
-        client.close()
+        return await bundle.fn(task, openai.AsyncOpenAI(http_client=http.get_async(), **kw))
+    client = openai.OpenAI(http_client=http.get_sync(), **kw)
+    return await asyncio.get_running_loop().run_in_executor(None, bundle.fn, task, client)
 
 
-async def _episode(bundle: AgentBundle, task: dict, base_url: str, token: str, key: str, out: queue.Queue):
+async def _episode(bundle: AgentBundle, task: dict, base_url: str, token: str, key: str, out: queue.Queue,
+                   http: _HttpClients):
     """Run one agent; put ("done", key, ("ok", value) | ("error", text) | ("timeout", text)) on `out`."""
     import traceback
 
     try:
-        value = await asyncio.wait_for(_call_agent(bundle, dict(task), base_url, token), bundle.timeout_s)
+        value = await asyncio.wait_for(_call_agent(bundle, dict(task), base_url, token, http), bundle.timeout_s)
         outcome = ("ok", value)
     except asyncio.TimeoutError:
         outcome = ("timeout", f"the agent did not return within agent_timeout_s={bundle.timeout_s}")
@@ -213,6 +228,7 @@ class AgentRunner:
         self.engine, self.bundle, self.policy = engine, bundle, engine.policy
         self.shared_prefix, self.min_shared = shared_prefix, min_shared
         self.prefix = None
+        self.http = _HttpClients()
         self.endpoint = ChatEndpoint(threads=max(engine.max_batch_episodes, 4))
         self.requests_served = 0
 
@@ -242,7 +258,8 @@ class AgentRunner:
                     while starting and running < rows:  # start agents up to the batch's rows
                         ep = starting.popleft()
                         ep.future = self.endpoint.submit(_episode(self.bundle, ep.task, self.endpoint.base_url(ep.key),
-                                                                  self.endpoint.token, ep.key, self.endpoint.requests))
+                                                                  self.endpoint.token, ep.key, self.endpoint.requests,
+                                                                  self.http))
                         running += 1
                     running -= self._take_events(by_key, waiting, block=not len(batch) and not waiting)
                     if not len(batch) and not waiting and running:  # only agents are working, not the model
@@ -401,4 +418,8 @@ class AgentRunner:
         ep.result = RolloutResult(trajectory=traj, step_samples=ep.samples, group_id=ep.group_id)
 
     def close(self) -> None:
+        if self.http.async_ is not None:
+            self.endpoint.submit(self.http.async_.aclose()).result(timeout=10)
+        if self.http.sync is not None:
+            self.http.sync.close()
         self.endpoint.close()
