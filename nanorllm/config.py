@@ -325,12 +325,16 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     base = base or TrainConfig()
+    from_file = read_config_file(known.config) if known.config else {}
     if known.config:
-        base = TrainConfig(**{**asdict(base), **read_config_file(known.config)})
+        base = TrainConfig(**{**asdict(base), **from_file})
+    env_given = "env" in from_file or any(a == "--env" or a.startswith("--env=") for a in rest)
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
     problems = cfg.validate()
+    if cfg.agent and env_given and cfg.env == "math":  # validate() sees only an env other than the default
+        problems.append("agent: --agent replaces --env (the agent function is the episode); got --env 'math' too")
     if problems:
         raise ConfigError(problems, known.config or "command-line flags")
     return cfg

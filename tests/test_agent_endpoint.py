@@ -202,6 +202,7 @@ def contract(task, client):
     out["temperature"] = status(temperature=1.3)
     out["unknown"] = status(extra_body={"frequency_penalty": 0.5})
     out["tools"] = status(tools=[{"type": "function", "function": {"name": "f"}}])
+    out["bad_type"] = status(extra_body={"max_tokens": "many"})
     out["ok"] = status(temperature=0.7, max_completion_tokens=2)
     out["models"] = [m.id for m in client.models.list()]
     req = urllib.request.Request(str(client.base_url) + "chat/completions", method="POST",
@@ -223,7 +224,7 @@ def contract(task, client):
         assert out["n"] == (400, "n") and out["stream"] == (400, "stream")
         assert out["temperature"] == (400, "temperature") and out["unknown"] == (400, "frequency_penalty")
         assert out["tools"] == (400, "tools")  # the tiny template renders no tools
-        assert out["ok"] == (200, None)
+        assert out["bad_type"] == (400, "max_tokens") and out["ok"] == (200, None)
         assert out["models"] == ["policy"] and out["no_token"] == 401 and out["host"] == "127.0.0.1"
         # the run is over: the same client now gets a clean 503
         late = openai.OpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
@@ -296,6 +297,8 @@ def test_train_refuses_a_bad_agent_an_agent_with_an_env_and_an_agent_without_tas
         parse_config(["--agent", f"{bad}:solve", "--tasks", "calc:count=4"])
     with pytest.raises(ConfigError, match=r"agent: --agent replaces --env"):
         parse_config(["--agent", f"{agent_file}:extends", "--env", "calc", "--tasks", "calc:count=4"])
+    with pytest.raises(ConfigError, match=r"agent: --agent replaces --env"):  # even the default env, named
+        parse_config(["--agent", f"{agent_file}:extends", "--env", "math", "--tasks", "calc:count=4"])
     with pytest.raises(ConfigError, match=r"tasks: an --agent run has no default tasks"):
         parse_config(["--agent", f"{agent_file}:extends"])
     rc = main([*TINY_ARGS, "--agent", f"{agent_file}:wrong_signature", "--tasks", "calc:count=4",

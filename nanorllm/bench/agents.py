@@ -40,6 +40,8 @@ class AgentBenchConfig:
     """Seed of the episodes' random streams (the same for both runs)."""
     repeats: int = 3
     """Runs of each, alternating; each figure is from the fastest (the least disturbed by other load)."""
+    threads: int | None = 1
+    """Torch threads (None: every core). One: on a shared 2-core machine two threads thrash."""
     json: str | None = None
     """Also write the figures here."""
 
@@ -82,7 +84,7 @@ def run_agent_bench(cfg: AgentBenchConfig) -> int:
     from nanorllm.policy.hf_causal import HFCausalPolicy
 
     t_start = time.perf_counter()
-    configure_threads("cpu", None, 1)
+    configure_threads("cpu", cfg.threads, 1)
     policy = HFCausalPolicy.from_name(cfg.model)
     tasks = make_calc_tasks(count=cfg.episodes, seed=2)
     sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
@@ -107,5 +109,5 @@ def run_agent_bench(cfg: AgentBenchConfig) -> int:
               f"success {f['success']:.2f}")
     print(f"[bench] endpoint overhead {figures['endpoint_overhead_ms_per_request']:.1f} ms per request "
           f"(same tokens sampled: {figures['same_tokens']})")
-    record_run(figures, t_start, cfg.json, model=cfg.model, episodes=cfg.episodes)
+    record_run(figures, t_start, cfg.json, model=cfg.model, episodes=cfg.episodes, threads=cfg.threads)
     return 0

@@ -187,7 +187,7 @@ class ChatEndpoint:
             self.loop.run_until_complete(self.runner.setup())
             site = self.web.TCPSite(self.runner, "127.0.0.1", 0)  # loopback only, any free port
             self.loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
+            self.port = self.runner.addresses[0][1]
         except Exception as e:  # reported by __init__
             self._error = f"{type(e).__name__}: {e}"
             started.set()
@@ -225,6 +225,8 @@ class ChatEndpoint:
             req = parse_request(body, episode=key, temperature=self.temperature, top_p=self.top_p)
         except RequestError as e:
             return web.json_response(error_body(str(e), e.param), status=e.status)
+        except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type
+            return web.json_response(error_body(f"malformed request: {type(e).__name__}: {e}"), status=400)
         done = self.loop.create_future()
 
         def reply(status: int, out: dict) -> None:  # called from the engine's thread

@@ -16,6 +16,9 @@ self-refine bundle by default. An episode's reward is the sum of its steps' rewa
 `env.reset` or `env.step` ends only that episode (reason "error", its traceback printed once per
 distinct error); the trainer leaves such episodes out of their groups. `watch` hears "grading" around
 each env call (reset and step) and "generating" after it: a worker's heartbeat.
+
+With `--agent` (an AgentBundle) the episodes are the user's functions talking to an OpenAI-compatible
+endpoint, and their requests join the running decode batch (rollout/agent_runner.py).
 """
 
 import sys
