@@ -6,6 +6,7 @@
     python launch/bench.py learner-ranks [--quick]     # learner step on 1 vs 2 ranks, parity, transfers
     python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
     python launch/bench.py lora [--quick]              # full fine-tune vs LoRA: memory, publish, update, decode
+    python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
     python launch/bench.py MODE --help                 # that mode's flags
 
 `--learning`, `--learner-ranks`, `--gpu` and `--lora` name the same modes. The figures and their targets:
@@ -19,6 +20,7 @@ from typing import Annotated
 
 import tyro
 
+from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
 from nanorllm.bench.config import BenchConfig
 from nanorllm.bench.gpu import GpuBenchConfig, run_gpu_bench
 from nanorllm.bench.learner_ranks import RanksBenchConfig, run_ranks_bench
@@ -32,6 +34,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "learner-ranks": (RanksBenchConfig, run_ranks_bench, "the learner step on 1 vs N ranks (DDP, FSDP)"),
     "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
     "lora": (LoraBenchConfig, run_lora_bench, "full fine-tune vs LoRA: learner memory, publish, update, decode"),
+    "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
 }
 
 

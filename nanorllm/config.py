@@ -34,6 +34,12 @@ class TrainConfig:
     env: str = "math"
     """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
     module.path:Name or path/to/file.py:Name."""
+    agent: str | None = None
+    """An agent written against the OpenAI client instead of an env (docs/environments.md): path/to/file.py:fn or
+    module.path:fn, fn(task, client) -> reward or {"reward": ..., ...}, sync or async. Each rollout worker serves
+    it an OpenAI-compatible endpoint on 127.0.0.1; give --tasks. Not with --env."""
+    agent_timeout_s: float = 300.0
+    """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
     tasks: str | None = None
@@ -294,14 +300,20 @@ class TrainConfig:
                          f"absolute), got {self.run_name!r}")
         if (why := unwritable_dir(self.output_dir)) is not None:
             p.append(f"output_dir: {self.output_dir!r} {why}")
+        if self.agent is not None and self.env != "math":
+            p.append(f"agent: --agent replaces --env (the agent function is the episode); got --env {self.env!r} too")
+        if self.agent_timeout_s <= 0:
+            p.append(f"agent_timeout_s: must be > 0, got {self.agent_timeout_s}")
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
         try:
             env = env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
         except EnvSpecError as e:
-            p.append(f"env: {e}")
+            p.append(f"{'agent' if self.agent else 'env'}: {e}")
         else:
-            if self.tasks is None and not env.default_tasks:
+            if self.agent and self.tasks is None:
+                p.append("tasks: an --agent run has no default tasks; give --tasks (e.g. calc:count=2000,seed=1)")
+            elif self.tasks is None and not env.default_tasks:
                 p.append(f"tasks: the env {self.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
         return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
 
@@ -492,10 +504,14 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     if known.config:
         file = load_config_file(known.config)
         base = TrainConfig(**{**asdict(base), **file.values})
+    env_given = ((file is not None and "env" in file.values)
+                 or any(a == "--env" or a.startswith("--env=") for a in rest))
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
     problems = cfg.validate()
+    if cfg.agent and env_given and cfg.env == "math":  # validate() sees only an env other than the default
+        problems.append("agent: --agent replaces --env (the agent function is the episode); got --env 'math' too")
     if file is not None:
         from_file = {n for n, v in file.values.items() if getattr(cfg, n) == v}  # not changed by a flag
         problems = file.problems + [f"{p} ({file.where(p.split(':')[0])})" if p.split(":")[0] in from_file else p

@@ -1,5 +1,8 @@
 """Test doubles shared by several test files."""
 
+import re
+from pathlib import Path
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -75,3 +78,12 @@ class HostReads(TorchDispatchMode):
                 i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1])):
             self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def doc_example(doc: Path, heading: str, target: Path, *, max_lines: int) -> Path:
+    """The first python block after `heading` in a docs page, saved at `target` as a user would save it."""
+    section = doc.read_text().split(heading, 1)[1]
+    code = re.search(r"```python\n(.*?)\n```\n", section, re.S).group(1)
+    assert len(code.splitlines()) <= max_lines
+    target.write_text(code + "\n")
+    return target

@@ -2,12 +2,11 @@
 example of docs/environments.md trained from a file outside the package, serial and in the pipeline."""
 
 import json
-import re
 import textwrap
 
 import pytest
 
-from helpers import ScriptedPolicy
+from helpers import ScriptedPolicy, doc_example
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.run.lifecycle import main
 from nanorllm.algos.grpo import drop_env_errors, turn_returns
@@ -27,12 +26,7 @@ DOC = ROOT / "docs" / "environments.md"
 @pytest.fixture
 def rhyme_file(tmp_path):
     """The 'Write your own environment' example of the docs, as a user would save it."""
-    section = DOC.read_text().split("## Write your own environment", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert len(code.splitlines()) <= 50
-    path = tmp_path / "rhyme_env.py"
-    path.write_text(code)
-    return path
+    return doc_example(DOC, "## Write your own environment", tmp_path / "rhyme_env.py", max_lines=50)
 
 
 def _module(tmp_path, name: str, body: str) -> str:

@@ -40,6 +40,13 @@ def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_
 
 
 @pytest.mark.slow
+def test_an_agent_worker_killed_mid_request_is_restarted_and_its_episodes_re_run_once(tmp_path):
+    o, = chaos.agent_worker_kill(tmp_path)  # the agent SIGKILLs its worker while other requests decode there
+    _assert_ok(o)
+    assert read_scalars(tmp_path / "agent_kill")["pipeline/worker_restarts"][-1][1] == 1
+
+
+@pytest.mark.slow
 def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(tmp_path):
     o, = chaos.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
     _assert_ok(o)

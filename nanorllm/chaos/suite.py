@@ -87,6 +87,38 @@ def worker_hang(out: Path) -> list[Outcome]:
                             ["--worker-timeout-s", "3"])
 
 
+AGENT_THAT_KILLS_ITS_WORKER = """
+import multiprocessing, os, signal
+from pathlib import Path
+
+MARK = Path({mark!r})
+
+
+def solve(task, client):
+    reply = client.chat.completions.create(model="policy", messages=[{{"role": "user", "content": task["question"]}}])
+    if multiprocessing.current_process().name.startswith("nanorllm-worker") and not MARK.exists():
+        MARK.write_text(str(os.getpid()))  # once per run: the restarted worker goes on
+        os.kill(os.getpid(), signal.SIGKILL)  # the other episodes' requests are decoding in this worker
+    return float(len(reply.choices[0].message.content) % 2)
+"""
+
+
+def agent_worker_kill(out: Path) -> list[Outcome]:
+    """An --agent run whose worker is SIGKILLed while its endpoint serves requests: restarted, the job's
+    episodes re-run from the start, no group lost or doubled, the run finishes."""
+    shm = shm_entries()
+    agent = out / "agent_kill.py"
+    agent.write_text(AGENT_THAT_KILLS_ITS_WORKER.format(mark=str(out / "agent_kill.killed")))
+    run = TrainProcess([*PIPELINE, "--agent", f"{agent}:solve", "--tasks", "calc:count=40,seed=1", "--eval-tasks", "",
+                        "--max-steps", "6", "--run-name", "agent_kill"], out)
+    rc = run.wait()
+    t_seen = run.seen("died (killed by SIGKILL)")
+    o = Outcome("--agent worker SIGKILL mid-request", None,
+                rc == 0 and "step 6/6" in run.output() and t_seen is not None
+                and (out / "agent_kill.killed").exists())
+    return [_finish(o, run, out / "agent_kill", shm)]
+
+
 def worker_start_fails(out: Path) -> list[Outcome]:
     """Every worker start raises: back-off, then a clean stop with the worker's traceback and a checkpoint."""
     shm = shm_entries()
@@ -365,7 +397,7 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner,
           "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
           "eval_grader_hang": eval_grader_hang, "disk_full": disk_full, "serial_env_hang": serial_env_hang,
-          "env_forks": env_forks}
+          "env_forks": env_forks, "agent_worker_kill": agent_worker_kill}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:

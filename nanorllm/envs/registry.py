@@ -15,6 +15,7 @@ import math
 import sys
 from pathlib import Path
 
+from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
@@ -152,7 +153,33 @@ def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
     return bundle
 
 
+def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0) -> AgentBundle:
+    """The AgentBundle of an --agent spec (module.path:fn or path/to/file.py:fn), refused like an --env
+    spec when it does not import, names nothing or names a function of the wrong signature."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise EnvSpecError(f"{spec!r}: expected module.path:function or path/to/file.py:function")
+    try:
+        module = _import_module(where, spec)
+    except EnvSpecError:
+        raise
+    except Exception as e:
+        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise EnvSpecError(f"{spec!r}: {where!r} has no {name!r}")
+    why = check_agent_function(fn)
+    if why:
+        raise EnvSpecError(f"{spec!r}: {name} cannot be an agent: {why}")
+    bundle = AgentBundle(fn, settings, timeout_s=timeout_s)
+    bundle.spec = spec
+    return bundle
+
+
 def env_from_config(cfg) -> EnvBundle:
+    """The run's episodes: its --agent when it names one, else its --env."""
+    if getattr(cfg, "agent", None):
+        return load_agent(cfg.agent, EpisodeSettings.from_config(cfg), timeout_s=cfg.agent_timeout_s)
     return load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
 
 

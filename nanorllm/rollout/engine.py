@@ -18,6 +18,9 @@ self-refine bundle by default. An episode's reward is the sum of its steps' rewa
 episode (reason "error", printed once per distinct error); the trainer leaves such episodes out of
 their groups. `watch` hears "grading" around
 each env call (reset and step) and "generating" after it: a worker's heartbeat.
+
+With `--agent` (an AgentBundle) the episodes are the user's functions talking to an OpenAI-compatible
+endpoint, and their requests join the running decode batch (rollout/agent_runner.py).
 """
 
 import sys
@@ -29,10 +32,12 @@ from typing import Callable
 
 from nanorllm.chaos.faults import env_response
 from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory
+from nanorllm.envs.agent_fn import AgentBundle
 from nanorllm.envs.base import Agent, Env, EnvBundle, EnvProtocolError, EpisodeSettings, check_reset, check_step
 from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
+from nanorllm.rollout.agent_runner import AgentRunner
 
 
 @dataclass
@@ -115,6 +120,8 @@ class RolloutEngine:
             self.policy.seed(seed)
         params = sampling or self.sampling
         group_ids = group_ids or [t["task_id"] for t in tasks]
+        if isinstance(self.env, AgentBundle):  # --agent: the episodes are the user's functions (rollout/agent_runner.py)
+            return self._run_agents(tasks, num_samples, group_ids, params, t0)
         episodes = []
         for i, (task, gid) in enumerate(zip(tasks, group_ids)):
             for k in range(num_samples):
@@ -138,6 +145,25 @@ class RolloutEngine:
             ep.result.policy_version = version
         return RolloutBatch([ep.result for ep in episodes],
                             {"rollout_s": elapsed, "generate_s": gen_s, "gen_tokens": n_generated, **stats})
+
+    def _run_agents(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
+                    t0: float) -> RolloutBatch:
+        """Agent-function episodes through this engine's OpenAI-compatible endpoint (started once)."""
+        if getattr(self, "agents", None) is None:
+            self.agents = AgentRunner(self, self.env, shared_prefix=shared_prefix, min_shared=MIN_SHARED_PREFIX)
+        results, n_generated, gen_s, stats = self.agents.run(tasks, num_samples=num_samples, group_ids=group_ids,
+                                                             params=params)
+        version = getattr(self.policy, "version", 0)
+        for r in results:
+            r.policy_version = version
+        return RolloutBatch(results, {"rollout_s": time.perf_counter() - t0, "generate_s": gen_s,
+                                      "gen_tokens": n_generated, **stats})
+
+    def close(self) -> None:
+        """Stop what the engine started beside the model: an --agent run's endpoint."""
+        if getattr(self, "agents", None) is not None:
+            self.agents.close()
+            self.agents = None
 
     def _run_in_flight(self, episodes: list[_Episode], params: SamplingParams) -> tuple[int, float, dict]:
         """One decode batch for the whole call; turns join and leave it between decode steps."""

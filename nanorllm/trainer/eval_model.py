@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.envs.base import EpisodeSettings
-from nanorllm.envs.registry import load_env
+from nanorllm.envs.registry import load_agent, load_env
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.utils.devices import configure_threads
@@ -20,6 +20,10 @@ class EvalConfig:
     """The environment bundle: math, calc, module.path:Name or path/to/file.py:Name."""
     env_arg: tuple[str, ...] = ()
     """The env's own options, key=value."""
+    agent: str | None = None
+    """An agent function against the OpenAI client instead of an env (path/to/file.py:fn); give --tasks."""
+    agent_timeout_s: float = 300.0
+    """An --agent episode still running this long is ended as an error."""
     model: str = "smollm2-135m-instruct"
     """Built-in name, HF model directory, hub id, or gemini:<model-name> (needs GEMINI_API_KEY)."""
     limit: int | None = None
@@ -54,11 +58,15 @@ def load_policy(cfg: EvalConfig):
 def evaluate_model(cfg: EvalConfig) -> dict:
     """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}). A bad task file
     raises TaskFileError, a bad env spec EnvSpecError, both before the model loads."""
-    env = load_env(cfg.env, EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example), cfg.env_arg)
+    settings = EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example)
+    if cfg.agent and cfg.env != "math":
+        raise ValueError(f"agent: --agent replaces --env; got --env {cfg.env!r} too")
+    env = (load_agent(cfg.agent, settings, timeout_s=cfg.agent_timeout_s) if cfg.agent
+           else load_env(cfg.env, settings, cfg.env_arg))
     spec = cfg.tasks if cfg.tasks is not None else env.default_eval_tasks
     if not spec:
-        raise ValueError(f"tasks: the env {cfg.env!r} has no default held-out tasks (EnvBundle.default_eval_tasks); "
-                         "give --tasks")
+        raise ValueError(f"tasks: the {'agent' if cfg.agent else 'env'} {cfg.agent or cfg.env!r} has no default "
+                         "held-out tasks (EnvBundle.default_eval_tasks); give --tasks")
     tasks = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
     policy = load_policy(cfg)
     return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens), env=env,

@@ -26,7 +26,10 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
                            max_batch_episodes=max_batch_episodes)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
         dog.follow(engine, tasks)
-        results = engine.run(tasks, num_samples=1).results
+        try:
+            results = engine.run(tasks, num_samples=1).results
+        finally:
+            engine.close()
     n = len(results)
     timeouts, first_timeout = grader_timeouts(results)
     return {

@@ -15,6 +15,17 @@ def grader_timeouts(results: list[RolloutResult]) -> tuple[int, str | None]:
     return sum(n for _, n in hit), (hit[0][0] if hit else None)
 
 
+def prefix_breaks(results: list[RolloutResult]) -> int:
+    """Turns whose prompt does not extend the previous turn's prompt + response token for token (an agent
+    that rewrote its history): each starts a training row of its own (trainer/collate.py)."""
+    n = 0
+    for r in results:
+        for prev, s in zip(r.step_samples, r.step_samples[1:]):
+            before = prev.prompt_ids + prev.response_ids
+            n += s.prompt_ids[:len(before)] != before
+    return n
+
+
 def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     """Outcome scalars of a step's episodes, with the env bundle's own (`env.metrics`) when given."""
     if not results:
@@ -38,6 +49,8 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     }
     reasons = Counter(r.trajectory.termination_reason for r in results)
     m["rollout/env_errors"] = reasons["error"]  # episodes the env raised in: left out of training
+    m["rollout/prefix_breaks"] = prefix_breaks(results)
+    m["rollout/agent_timeouts"] = sum(any(st.info.get("agent_timeout") for st in r.trajectory.steps) for r in results)
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
         m[f"episode/termination/{reason}"] = reasons[reason] / n
     groups = group_by_task_id(results).values()

@@ -81,4 +81,4 @@ class SerialSource:
         return position if drawn_step == step else self.stream.position
 
     def close(self) -> None:
-        pass
+        self.engine.close()  # an --agent run's endpoint

@@ -1,0 +1,53 @@
+"""AgentBundle: an agent written as one function against the OpenAI client (`--agent path.py:fn`).
+
+    def fn(task: dict, client: openai.OpenAI) -> float | dict      # or async, with openai.AsyncOpenAI
+
+The function is the whole episode: it talks to the policy through `client` (whose base URL and key
+point at the rollout worker's endpoint, rollout/endpoint.py) and returns the reward, or a dict with
+"reward" and anything else (kept as the last step's info; "reason" names how the episode ended).
+The engine records the token ids and logprobs of every completion it served (rollout/agent_runner.py);
+the function never sees a token. It stands where an env bundle stands, so tasks, grouping,
+advantages, evaluation and the dump treat it like any env: tasks load as for the built-in envs
+(`calc:...`, `arith:...`, a JSONL file of rows with a task_id).
+"""
+
+import inspect
+from typing import Callable, ClassVar
+
+from nanorllm.envs.base import EnvBundle, EpisodeSettings
+
+
+class AgentBundle(EnvBundle):
+    name: ClassVar[str] = "agent"
+
+    def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0):
+        super().__init__(settings)
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.timeout_s = timeout_s  # an agent still running this long after it started is ended, and counted
+
+    def make_env(self):
+        raise TypeError("an --agent episode has no Env: the agent function is the episode")
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        if spec == "calc" or spec.startswith("calc:"):
+            from nanorllm.envs.calc_env import CalculatorTool
+
+            return CalculatorTool().load_tasks(spec, limit=limit)
+        return super().load_tasks(spec, limit=limit)
+
+
+def check_agent_function(fn) -> str | None:
+    """Why `fn` cannot be an agent (None if it can): it must take (task, client) positionally."""
+    if not callable(fn):
+        return f"{fn!r} is not a function"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if (len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params)) or len(required) > 2:
+        shown = ", ".join(p.name for p in params)
+        return f"expected fn(task, client), got fn({shown})"
+    return None

@@ -1,0 +1,425 @@
+"""Episodes of an agent function (envs/agent_fn.py), served from the running decode batch.
+
+Each episode is one call of the user's function with an OpenAI client pointed at this engine's
+endpoint (rollout/endpoint.py). The loop here is the engine's in-flight loop with HTTP requests
+in place of env turns: between decode steps it takes the requests that arrived, turns each into
+prompt token ids, joins them to the batch, and answers each request the step its completion ends.
+Up to `max_batch_episodes` agents run at once.
+
+Token in, token out: the trainer trains on the ids it sampled, never on a re-tokenised string.
+When a request's messages are the previous request's messages, then the reply this endpoint gave
+(its text and tool calls, unchanged), then new messages, its prompt is the previous prompt + the
+sampled response ids + only the new messages rendered by the chat template (as an env's next turn
+is, policy.next_prompt_ids): the episode's turns form one training row, and the next turn
+prefills only its new tokens. When the agent rewrote its history, the request is rendered whole
+and starts a new row (`rollout/prefix_breaks` in trainer/metrics.py counts such turns).
+
+`stop` and a `max_tokens` below the run's `max_new_tokens` cut the sampled response after decoding
+(the tokens kept are the ones up to the cut, and so are their logprobs); the run's
+`max_new_tokens` caps every completion. An agent that raises ends its episode as an env error; one
+still running `agent_timeout_s` after it started is ended the same way and marked `agent_timeout`.
+"""
+
+import asyncio
+import json
+import queue
+import re
+import secrets
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+from nanorllm.envs.agent_fn import AgentBundle
+from nanorllm.policy.base import Generation, SamplingParams
+from nanorllm.policy.slot_batch import new_stats
+from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, error_body
+
+_SENTINEL = "\x00NANORLLM_AGENT_SENTINEL\x00"
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)  # the Hermes / Qwen tool-call format
+IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
+_reported: set[tuple[str, str]] = set()  # (spec, last line of the error): printed once per process
+
+
+def report_agent_error(spec: str, task_id: str, text: str) -> None:
+    """Print an agent's error (its traceback, or why it was ended) the first time it is seen."""
+    key = (spec, text.strip().splitlines()[-1] if text.strip() else "")
+    if key not in _reported:
+        _reported.add(key)
+        print(f"[agent] {spec}: the agent failed on task {task_id}; the episode is dropped (counted in "
+              f"rollout/env_errors; this error is printed once):\n{text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _AgentEpisode:
+    task: dict
+    episode_id: str
+    group_id: str
+    task_index: int
+    key: str  # the URL key of its endpoint
+    rng: object = None
+    samples: list[StepSample] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    last: tuple | None = None  # (messages sent, the reply message, prompt ids, response ids) of its last completion
+    state: object = None  # the slot state of its last completion (its KV cache, for the next turn)
+    busy: bool = False  # a request of it is decoding
+    queued: deque = field(default_factory=deque)  # its requests waiting for the one decoding
+    future: object = None
+    result: RolloutResult | None = None
+
+
+def supports_tools(tokenizer) -> bool:
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
+
+
+def _template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: tool-call arguments as objects where they parse."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if "tool_calls" in m:
+            calls = []
+            for c in m["tool_calls"]:
+                try:
+                    args = json.loads(c["function"]["arguments"])
+                except ValueError:
+                    args = c["function"]["arguments"]
+                calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def render_prompt_ids(policy, messages: list[dict], tools: list | None) -> list[int]:
+    """The whole conversation through the chat template, with the generation prompt."""
+    kw = {"tools": tools} if tools else {}
+    text = policy.tokenizer.apply_chat_template(_template_messages(messages), tokenize=False,
+                                                add_generation_prompt=True, **kw)
+    return policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def continuation_ids(policy, prompt_ids: list[int], response_ids: list[int], new_messages: list[dict],
+                     tools: list | None) -> list[int]:
+    """prompt + response + the template's text after an assistant turn for `new_messages` (its
+    end-of-turn marker, the messages, the generation prompt), rendered after a placeholder turn."""
+    kw = {"tools": tools} if tools else {}
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL},
+            *_template_messages(new_messages)]
+    text = policy.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+    tail = policy.tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
+    if response_ids and tail and response_ids[-1] == tail[0] and tail[0] in policy.eos_ids:
+        tail = tail[1:]  # the sampled response already ends with the end-of-turn token
+    return prompt_ids + response_ids + tail
+
+
+def cut_response(policy, gen: Generation, req: ChatRequest) -> tuple[list[int], list[float], str, str]:
+    """(ids, logprobs, text, finish_reason) of a completion after the request's max_tokens and stop."""
+    ids, lps = list(gen.response_ids), list(gen.logprobs)
+    reason = "length" if gen.truncated else "stop"
+    if req.max_tokens is not None and len(ids) > req.max_tokens:
+        ids, lps, reason = ids[:req.max_tokens], lps[:req.max_tokens], "length"
+    decode = lambda t: policy.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    text = decode(ids)
+    hits = [text.find(s) for s in req.stop if s in text]
+    if hits:
+        k = next(k for k in range(1, len(ids) + 1) if any(s in decode(ids[:k]) for s in req.stop))
+        ids, lps, reason = ids[:k], lps[:k], "stop"
+        text = text[:min(hits)]
+    return ids, lps, text, reason
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """(content, tool_calls) of a response in the Hermes format: <tool_call>{"name", "arguments"}</tool_call>."""
+    calls = []
+    for m in TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            args = call.get("arguments", {})
+            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                          "function": {"name": call["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return (TOOL_CALL.sub("", text).strip() if calls else text), calls
+
+
+def completion_body(model: str, text: str, calls: list[dict], reason: str, n_prompt: int, ids: list[int],
+                    lps: list[float], policy, with_logprobs: bool) -> dict:
+    """A chat.completion object in the OpenAI schema."""
+    message = {"role": "assistant", "content": text if (text or not calls) else None}
+    if calls:
+        message["tool_calls"] = calls
+    logprobs = None
+    if with_logprobs:
+        toks = [policy.tokenizer.decode([t]) for t in ids]
+        logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                                for t, lp in zip(toks, lps)]}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": None,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": "tool_calls" if calls else reason}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(ids), "total_tokens": n_prompt + len(ids)}}
+
+
+def _reply_message(body: dict) -> dict:
+    """The assistant message of a reply as a later request's normalized messages carry it."""
+    msg = body["choices"][0]["message"]
+    out = {"role": "assistant", "content": msg["content"] or ""}
+    if msg.get("tool_calls"):
+        out["tool_calls"] = msg["tool_calls"]
+    return out
+
+
+class _HttpClients:
+    """One HTTP connection pool for every episode's client (a fresh openai client builds its own, ~90 ms
+    of CPU each); the async one is made on the endpoint's loop, where the async agents run."""
+
+    def __init__(self):
+        self.sync, self.async_ = None, None
+
+    def get_sync(self):
+        import openai  # the `agents` extra
+
+        self.sync = self.sync or openai.DefaultHttpxClient()
+        return self.sync
+
+    def get_async(self):
+        import openai
+
+        self.async_ = self.async_ or openai.DefaultAsyncHttpxClient()
+        return self.async_
+
+
+async def _call_agent(bundle: AgentBundle, task: dict, base_url: str, token: str, http: _HttpClients):
+    import openai  # the `agents` extra
+
+    kw = {"base_url": base_url, "api_key": token, "max_retries": 0, "timeout": bundle.timeout_s}
+    if bundle.is_async:
+        return await bundle.fn(task, openai.AsyncOpenAI(http_client=http.get_async(), **kw))
+    client = openai.OpenAI(http_client=http.get_sync(), **kw)
+    return await asyncio.get_running_loop().run_in_executor(None, bundle.fn, task, client)
+
+
+async def _episode(bundle: AgentBundle, task: dict, base_url: str, token: str, key: str, out: queue.Queue,
+                   http: _HttpClients):
+    """Run one agent; put ("done", key, ("ok", value) | ("error", text) | ("timeout", text)) on `out`."""
+    import traceback
+
+    try:
+        value = await asyncio.wait_for(_call_agent(bundle, dict(task), base_url, token, http), bundle.timeout_s)
+        outcome = ("ok", value)
+    except asyncio.TimeoutError:
+        outcome = ("timeout", f"the agent did not return within agent_timeout_s={bundle.timeout_s}")
+    except Exception:
+        outcome = ("error", traceback.format_exc(limit=-8))
+    out.put(("done", key, outcome))
+
+
+class AgentRunner:
+    """The engine's loop for agent episodes; `engine` is the RolloutEngine it serves (its policy,
+    batch size, heartbeat hooks)."""
+
+    def __init__(self, engine, bundle: AgentBundle, *, shared_prefix, min_shared: int):
+        """`shared_prefix(prompts)`: the engine's own rule for the prefix first prompts share (computed
+        once per rollout and copied to each row that starts with it), at least `min_shared` tokens."""
+        self.engine, self.bundle, self.policy = engine, bundle, engine.policy
+        self.shared_prefix, self.min_shared = shared_prefix, min_shared
+        self.prefix = None
+        self.http = _HttpClients()
+        self.endpoint = ChatEndpoint(threads=max(engine.max_batch_episodes, 4))
+        self.requests_served = 0
+
+    def run(self, tasks: list[dict], *, num_samples: int, group_ids: list[str],
+            params: SamplingParams) -> tuple[list[RolloutResult], int, float, dict]:
+        """(results in task order then sample order, tokens generated, seconds, decode counters)."""
+        engine, policy = self.engine, self.policy
+        if not hasattr(policy, "decode_batch"):
+            raise TypeError("--agent needs a local model (one with a running decode batch)")
+        run_key = secrets.token_hex(4)
+        episodes = [_AgentEpisode(task=t, episode_id=f"{g}#{k}", group_id=g, task_index=i,
+                                  key=f"{run_key}-{i}-{k}")
+                    for i, (t, g) in enumerate(zip(tasks, group_ids)) for k in range(num_samples)]
+        for ep, rng in zip(episodes, policy.row_generators(len(episodes))):
+            ep.rng = rng
+        by_key = {ep.key: ep for ep in episodes}
+        self.endpoint.open_episodes(list(by_key), temperature=None if params.greedy else params.temperature,
+                                    top_p=params.top_p)
+        stats, n_generated = new_stats(), 0
+        t0 = time.perf_counter()
+        rows = min(engine.max_batch_episodes, len(episodes))
+        waiting, starting, running = deque(), deque(episodes), 0
+        try:
+            with policy.decode_batch(params, stats=stats, slots=rows + 1, width=engine.slot_width(256, params)) as batch:
+                self.batch, self.prefix = batch, None
+                while starting or running or len(batch):
+                    while starting and running < rows:  # start agents up to the batch's rows
+                        ep = starting.popleft()
+                        ep.future = self.endpoint.submit(_episode(self.bundle, ep.task, self.endpoint.base_url(ep.key),
+                                                                  self.endpoint.token, ep.key, self.endpoint.requests,
+                                                                  self.http))
+                        running += 1
+                    running -= self._take_events(by_key, waiting, block=not len(batch) and not waiting)
+                    if not len(batch) and not waiting and running:  # only agents are working, not the model
+                        engine.watch("grading", next(e.task_index for e in episodes if e.future and e.result is None))
+                    joining = []
+                    while waiting and len(batch) + len(joining) < rows:
+                        ep, req = waiting.popleft()
+                        entry = self._prompt(ep, req, batch)
+                        if entry is not None:
+                            joining.append(entry)
+                        elif ep.queued and ep.result is None:  # refused: the episode's next request may go
+                            ep.busy = True
+                            waiting.append((ep, ep.queued.popleft()))
+                    batch.join(self._from_shared_prefix(joining, batch))
+                    if not len(batch):
+                        continue
+                    engine.on_step()
+                    for (ep, req, prompt), gen, state in batch.step():
+                        n_generated += len(gen.response_ids)
+                        self._answer(ep, req, prompt, gen, state, batch)
+                        if ep.queued and ep.result is None:
+                            ep.busy = True
+                            waiting.appendleft((ep, ep.queued.popleft()))
+        finally:
+            self.endpoint.close_episodes()
+        return [ep.result for ep in episodes], n_generated, time.perf_counter() - t0, stats
+
+    def _from_shared_prefix(self, joining: list[tuple], batch) -> list[tuple]:
+        """Rows with no KV cache of their own start from the prompt prefix the first requests share
+        (system prompt, worked example), cached once the first time two of them join together."""
+        fresh = [e for e in joining if e[3] is None]
+        if self.prefix is None and len(fresh) >= 2:
+            shared = self.shared_prefix([e[1] for e in fresh])
+            if len(shared) >= self.min_shared:
+                self.prefix = batch.cache_prefix(shared)
+        if self.prefix is None:
+            return joining
+        n, ids = len(self.prefix.token_ids), self.prefix.token_ids
+        return [(key, prompt, rng, self.prefix if state is None and len(prompt) > n and prompt[:n] == ids else state)
+                for key, prompt, rng, state in joining]
+
+    def _take_events(self, by_key: dict, waiting: deque, *, block: bool) -> int:
+        """Move arrived requests to `waiting` and finish the agents that returned; how many returned."""
+        ended = 0
+        try:
+            item = self.endpoint.requests.get(timeout=IDLE_WAIT_S) if block else self.endpoint.requests.get_nowait()
+        except queue.Empty:
+            return 0
+        while True:
+            if isinstance(item, ChatRequest):
+                ep = by_key.get(item.episode)
+                if ep is None or ep.result is not None:
+                    item.answer(503, error_body("this episode ended", kind="service_unavailable"))
+                elif ep.busy:
+                    ep.queued.append(item)  # one completion of an episode at a time
+                else:
+                    ep.busy = True
+                    waiting.append((ep, item))
+            else:
+                _, key, outcome = item
+                self._finish(by_key[key], outcome)
+                ended += 1
+            try:
+                item = self.endpoint.requests.get_nowait()
+            except queue.Empty:
+                return ended
+
+    def _prompt(self, ep: _AgentEpisode, req: ChatRequest, batch):
+        """(key, prompt ids, rng, state) joining the batch for this request, or None if refused (answered)."""
+        if ep.result is not None:
+            req.answer(503, error_body("this episode ended", kind="service_unavailable"))
+            return None
+        if req.tools and not supports_tools(self.policy.tokenizer):
+            ep.busy = False
+            req.answer(400, error_body("tools: this model's chat template does not render tools; describe the "
+                                       "tool in the prompt instead (docs/environments.md)", "tools"))
+            return None
+        try:
+            ids = None
+            if ep.last is not None:
+                sent, reply, prompt, response = ep.last
+                n = len(sent)
+                if req.messages[:n] == sent and len(req.messages) > n + 1 and req.messages[n] == reply:
+                    ids = continuation_ids(self.policy, prompt, response, req.messages[n + 1:], req.tools)
+            if ids is None:
+                ids = render_prompt_ids(self.policy, req.messages, req.tools)
+        except Exception as e:  # a template that refuses the conversation
+            ep.busy = False
+            req.answer(400, error_body(f"messages: the chat template cannot render them: {type(e).__name__}: {e}",
+                                       "messages"))
+            return None
+        state, ep.state = ep.state, None
+        if state is not None and not (len(ids) > len(state.token_ids) and ids[:len(state.token_ids)] == state.token_ids):
+            batch.release(state)  # a rewritten history: its KV cache is no prefix of the new prompt
+            state = None
+        return (ep, req, ids), ids, ep.rng, state
+
+    def _answer(self, ep: _AgentEpisode, req: ChatRequest, prompt: list[int], gen: Generation, state,
+                batch) -> None:
+        ep.busy = False
+        if ep.result is not None:  # the agent ended (or timed out) while this completion decoded
+            batch.release(state)
+            req.answer(503, error_body("this episode ended", kind="service_unavailable"))
+            return
+        ep.state = state
+        ids, lps, text, reason = cut_response(self.policy, gen, req)
+        content, calls = parse_tool_calls(text) if req.tools else (text, [])
+        body = completion_body(req.model or self.endpoint.model_name, content, calls, reason, len(prompt), ids, lps,
+                               self.policy, req.logprobs)
+        ep.samples.append(StepSample(
+            task_id=ep.task["task_id"], episode_id=ep.episode_id, turn=len(ep.samples), prompt_ids=prompt,
+            response_ids=ids, rollout_logprobs=lps, policy_version=getattr(self.policy, "version", 0),
+            truncated=reason == "length"))
+        last_user = next((m["content"] for m in reversed(req.messages) if m["role"] != "assistant"), "")
+        ep.steps.append(Step(observation=last_user, model_response=text,
+                             info={"finish_reason": body["choices"][0]["finish_reason"],
+                                   **({"tool_calls": [c["function"] for c in calls]} if calls else {})}))
+        ep.last = (req.messages, _reply_message(body), prompt, ids)
+        self.requests_served += 1
+        req.answer(200, body)
+
+    def _finish(self, ep: _AgentEpisode, outcome: tuple) -> None:
+        """End the episode with the agent's return value, error or timeout."""
+        self.endpoint.end_episode(ep.key)
+        if ep.state is not None:
+            self.batch.release(ep.state)  # its KV cache is free for another episode
+            ep.state = None
+        kind, value = outcome
+        traj = Trajectory(task_id=ep.task["task_id"], task=dict(ep.task), steps=ep.steps)
+        reward, info = 0.0, {}
+        if kind == "ok":
+            if isinstance(value, dict):
+                info = {k: v for k, v in value.items() if k != "reward"}
+                value = value.get("reward")
+            try:
+                reward = float(value)
+            except (TypeError, ValueError):
+                kind, value = "error", f"the agent returned {value!r}: expected a float or a dict with 'reward'"
+        if kind == "ok" and not ep.samples:
+            kind, value = "error", "the agent returned without asking the policy for a completion"
+        if kind != "ok":
+            report_agent_error(self.bundle.spec, ep.task["task_id"], value)
+            if not traj.steps:
+                traj.steps.append(Step(observation=ep.task.get("question", "")))
+            traj.steps[-1].info.update({"error": value, **({"agent_timeout": True} if kind == "timeout" else {})})
+            traj.termination_reason = "error"
+            ep.result = RolloutResult(trajectory=traj, step_samples=[], group_id=ep.group_id)
+            return
+        last = traj.steps[-1]
+        last.reward, last.done, last.info = reward, True, {**last.info, **info}
+        last.action = info.get("action")
+        traj.final_reward, traj.terminated = reward, True
+        traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "wrong"))
+        for s in ep.samples:
+            s.reward = reward
+        ep.result = RolloutResult(trajectory=traj, step_samples=ep.samples, group_id=ep.group_id)
+
+    def close(self) -> None:
+        if self.http.async_ is not None:
+            self.endpoint.submit(self.http.async_.aclose()).result(timeout=10)
+        if self.http.sync is not None:
+            self.http.sync.close()
+        self.endpoint.close()
