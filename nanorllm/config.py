@@ -90,12 +90,17 @@ class TrainConfig:
     """PPO clip: ratio floor is 1 - clip_low."""
     clip_high: float = 0.28
     """PPO clip: ratio ceiling is 1 + clip_high."""
-    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
-    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same."""
+    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same;
+    seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
     kl_coef: float = 0.0
     """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
+    adv_estimator: Literal["grpo", "rloo", "reinforce++"] = "grpo"
+    """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
+    reinforce++: reward - group mean, then normalised by the mean and std over the whole step's episodes
+    (algos/grpo.py). adv_normalize_std applies to grpo only."""
     adv_normalize_std: bool = True
-    """Divide group-centred rewards by the group std (+ adv_eps)."""
+    """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
     adv_eps: float = 1e-6
     """Epsilon added to the group std."""
     drop_zero_std_groups: bool = True
@@ -115,6 +120,26 @@ class TrainConfig:
     """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
     dual_clip: float = 0.0
     """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """token: PPO ratio per token; sequence (GSPO): one ratio per response (turn), the geometric mean of its token
+    ratios, clipped with gspo_clip_low / gspo_clip_high; needs loss_agg seq-mean and no off_policy_correction."""
+    gspo_clip_low: float = 3e-4
+    """ratio_level=sequence: ratio floor is 1 - this (the GSPO paper's 3e-4)."""
+    gspo_clip_high: float = 4e-4
+    """ratio_level=sequence: ratio ceiling is 1 + this (the GSPO paper's 4e-4)."""
+    entropy_coef: float = 0.0
+    """Subtract this x the mean token entropy from the loss (from the training forward's logits; 0: off)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
+    at max_steps (a function of the step, so a resume continues it exactly)."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from lr / (warmup_steps + 1) to lr, before lr_schedule applies."""
+    updates_per_batch: int = 1
+    """Optimizer steps per rollout batch: its groups split into this many mini-batches (by task-stream position
+    mod this), one step each. A step (max_steps, checkpoints, published weights, lr_schedule) is still one
+    rollout batch."""
+    epochs: int = 1
+    """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
     micro_batch_tokens: int | None = None
     """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
     the free memory by the model's size (trainer/micro_batches.py)."""
@@ -151,6 +176,17 @@ class TrainConfig:
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
     mask_truncated: bool = False
     """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
+    fill_batch: bool = False
+    """DAPO dynamic sampling: a step trains on tasks_per_step groups whose rewards differ, drawing more tasks
+    (in rounds, as many as are missing) until it has them or has drawn fill_batch_cap x tasks_per_step; then it
+    trains on what it has (rollout/fill_rate). Serial, or the pipeline with max_policy_lag 0."""
+    fill_batch_cap: float = 3.0
+    """fill_batch: most tasks one step draws, as a multiple of tasks_per_step (>= 1)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: a response longer than max_new_tokens - this loses up to overlong_penalty,
+    linearly over the buffer's tokens, from its episode's reward before advantages (0: off)."""
+    overlong_penalty: float = 1.0
+    """The most an overlong response loses (overlong_buffer > 0)."""
     # --- processes and devices ---
     serial: bool = False
     """Run rollout and learning in this one process (the debug path)."""
@@ -278,8 +314,9 @@ class TrainConfig:
             p.append(f"dual_clip: must be 0 (off) or > 1, got {self.dual_clip}")
         if self.learner_parallel not in ("ddp", "fsdp"):
             p.append(f"learner_parallel: must be 'ddp' or 'fsdp', got {self.learner_parallel!r}")
-        if self.loss_agg not in ("token-mean", "seq-mean"):
-            p.append(f"loss_agg: must be 'token-mean' or 'seq-mean', got {self.loss_agg!r}")
+        if self.loss_agg not in ("token-mean", "seq-mean", "seq-mean-token-sum-norm"):
+            p.append(f"loss_agg: must be one of token-mean, seq-mean, seq-mean-token-sum-norm, got {self.loss_agg!r}")
+        p += self._algorithm_problems()
         if self.dtype not in ("float32", "bfloat16", "fp32", "bf16"):
             p.append(f"dtype: must be 'float32' or 'bfloat16' (or fp32 / bf16), got {self.dtype!r}")
         if 0 < self.top_p < 1:
@@ -330,6 +367,57 @@ class TrainConfig:
         if self.lora_rank > 0 and self.learner_parallel == "fsdp":
             p.append("learner_parallel: 'fsdp' is not supported with LoRA (--lora-rank > 0); use 'ddp': each rank then "
                      "holds the frozen base once in --dtype and only the adapters' gradients and optimizer state")
+        return p
+
+    def _algorithm_problems(self) -> list[str]:
+        """The GRPO variants' own ranges and the combinations that contradict each other, with the reason."""
+        p = []
+        for name, choices in (("adv_estimator", ("grpo", "rloo", "reinforce++")), ("ratio_level", ("token", "sequence")),
+                              ("lr_schedule", ("constant", "linear", "cosine"))):
+            if getattr(self, name) not in choices:
+                p.append(f"{name}: must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        for name in ("updates_per_batch", "epochs"):
+            if getattr(self, name) < 1:
+                p.append(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "overlong_buffer", "entropy_coef", "overlong_penalty"):
+            if getattr(self, name) < 0:
+                p.append(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("gspo_clip_low", "gspo_clip_high"):
+            if not 0 < getattr(self, name) < 1:
+                p.append(f"{name}: must be in (0, 1), got {getattr(self, name)}")
+        if self.updates_per_batch > self.tasks_per_step >= 1:
+            p.append(f"updates_per_batch: {self.updates_per_batch} mini-batches need at least as many groups, but "
+                     f"tasks_per_step is {self.tasks_per_step}")
+        if self.adv_estimator == "reinforce++" and self.turn_credit == "turn":
+            p.append("adv_estimator: reinforce++ normalises over the whole step's episodes, but turn_credit 'turn' "
+                     "compares a group's turns of one index (returns of first and later turns differ in scale); "
+                     "use grpo or rloo with it")
+        if self.ratio_level == "sequence":
+            if self.off_policy_correction != "none":
+                p.append(f"ratio_level: sequence (GSPO) is itself the importance ratio to the sampler per response; "
+                         f"off_policy_correction {self.off_policy_correction!r} weighs tokens by theirs on top: use none")
+            if self.loss_agg != "seq-mean":
+                p.append(f"ratio_level: sequence (GSPO) averages each response's tokens, then the responses (the "
+                         f"paper's objective): needs loss_agg seq-mean, got {self.loss_agg!r}")
+        if self.overlong_buffer:
+            if self.overlong_buffer > self.max_new_tokens:
+                p.append(f"overlong_buffer: {self.overlong_buffer} is more than max_new_tokens ({self.max_new_tokens})")
+            if self.turn_credit == "turn":
+                p.append("overlong_buffer: the overlong penalty shapes the episode's reward; turn_credit 'turn' scores "
+                         "turns by the env's per-turn rewards: use turn_credit episode")
+        if self.fill_batch:
+            if not self.drop_zero_std_groups:
+                p.append("fill_batch: it replaces groups whose rewards are all the same, so they must not train: "
+                         "drop_zero_std_groups must be true")
+            if not self.serial and self.max_policy_lag != 0:
+                p.append(f"fill_batch: with max_policy_lag {self.max_policy_lag} the pipeline has drawn later steps' "
+                         "tasks before a step's extra ones, which would break the task stream's exactly-once order: "
+                         "use --max-policy-lag 0 (or --serial)")
+            if not self.fill_batch_cap >= 1:
+                p.append(f"fill_batch_cap: must be >= 1, got {self.fill_batch_cap}")
+        if self.warmup_steps >= self.max_steps >= 1 and self.warmup_steps:
+            p.append(f"warmup_steps: {self.warmup_steps} is not below max_steps ({self.max_steps}): the run never "
+                     "reaches --lr")
         return p
 
     def _non_finite(self) -> list[str]:

@@ -46,7 +46,7 @@ def test_choices_off_the_list_are_reported_with_the_other_problems(tmp_path):
     assert sorted(err.value.problems) == sorted([
         "max_turns: must be >= 1, got 0",
         f"turn_credit: must be 'episode' or 'turn', got 'step' ({path}:1)",
-        "loss_agg: must be 'token-mean' or 'seq-mean', got 'sum'",
+        "loss_agg: must be one of token-mean, seq-mean, seq-mean-token-sum-norm, got 'sum'",
         "learner_parallel: must be 'ddp' or 'fsdp', got 'tp'"])
 
 
@@ -57,7 +57,8 @@ def test_dtype_aliases_parse_and_help_lists_the_choices(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         parse_config(["--help"])
     out = capsys.readouterr().out
-    for listed in ["{token-mean,seq-mean}", "{episode,turn}", "{none,tis,mis,decoupled}",
+    for listed in ["{token-mean,seq-mean,seq-mean-token-sum-norm}", "{episode,turn}", "{none,tis,mis,decoupled}",
+                   "{grpo,rloo,reinforce++}", "{token,sequence}", "{constant,linear,cosine}",
                    "{float32,bfloat16,fp32,bf16}", "{ddp,fsdp}"]:
         assert listed in out
 

@@ -91,3 +91,40 @@ def test_every_run_is_written_at_once_and_resume_runs_only_the_missing_ones(tmp_
     assert record["complete"] and [len(s["runs"]) for s in record["configurations"].values()] == [2, 2]
     with pytest.raises(SystemExit, match="updates"):
         main(args + ["--resume", "--updates", "3"])
+
+
+def test_the_variants_table_runs_every_row_serially_with_its_one_setting():
+    from nanorllm.bench.learning import VARIANTS
+
+    rows = "default,rloo,reinforce++,dr-grpo,gspo,updates2,fill-batch,entropy,cosine"
+    cfgs = configurations(LearningConfig(configs=rows))
+    assert list(cfgs) == rows.split(",") and all(c["serial"] for c in cfgs.values())
+    assert cfgs["dr-grpo"] == {"serial": True, "adv_normalize_std": False, "loss_agg": "seq-mean-token-sum-norm"}
+    assert cfgs["gspo"] == {"serial": True, "ratio_level": "sequence", "loss_agg": "seq-mean"}
+    assert cfgs["default"] == {"serial": True} and set(VARIANTS) == set(rows.split(","))
+    from nanorllm.config import TrainConfig
+
+    for name, overrides in cfgs.items():  # every row passes the config's checks
+        assert TrainConfig(**overrides).validate() == [], name
+
+
+def test_markdown_table_marks_a_row_with_fewer_seeds():
+    from nanorllm.bench.learning import markdown_table
+
+    run = {"curve": curve([0.4, 0.5, 0.6]), "wall_s": 20.0, "policy_lag_mean": 0.0, "policy_lag_max": 0,
+           "mismatch_kl_lagged": None}
+    record = {"seeds": [0, 1], "configurations": {"rloo": summarize([run, run]), "gspo": summarize([run])}}
+    table = markdown_table(record).splitlines()
+    assert table[2] == "| rloo | 2 | +0.200 ± 0.000 | 20 | 10 |"
+    assert table[3] == "| gspo (only 1 of 2 seeds: not compared) | 1 | +0.200 ± 0.000 | 20 | 10 |"
+
+
+@pytest.mark.slow
+def test_quick_variants_table_runs_at_tiny_size(tmp_path, capsys):
+    """Two variant rows at tiny-random size, one seed, two updates: the table the docs' command fills."""
+    assert main(["--quick", "--seeds", "0", "--configs", "dr-grpo,fill-batch", "--updates", "2", "--eval-every", "1",
+                 "--eval-limit", "4", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "learning.json").read_text())
+    assert list(record["configurations"]) == ["dr-grpo", "fill-batch"]
+    assert all(len(s["runs"]) == 1 for s in record["configurations"].values())
+    assert "| dr-grpo | 1 |" in capsys.readouterr().out

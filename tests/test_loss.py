@@ -152,7 +152,7 @@ def test_unknown_loss_agg_raises():
         compute_policy_loss(logits, batch, loss_agg="sum")
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "seq-mean-token-sum-norm"])
 def test_normalizer_makes_micro_batches_add_up(loss_agg):
     new_lp = [-0.3, -1.1, -0.8, -2.0, -0.6, -1.4, -0.9]
     ratios = [1.1, 0.7, 1.4, 0.95, 1.3, 0.6, 1.0]
@@ -161,7 +161,7 @@ def test_normalizer_makes_micro_batches_add_up(loss_agg):
     logits, batch = make_case(new_lp, ratios, adv, sample_index=index)
     full, _ = compute_policy_loss(logits, batch, loss_agg=loss_agg)
     full.backward()
-    normalizer = 7 if loss_agg == "token-mean" else 3
+    normalizer = {"token-mean": 7, "seq-mean": 3, "seq-mean-token-sum-norm": 3 * 1}[loss_agg]  # norm_tokens 1
     total, grads = 0.0, []
     for lo, hi, first_sample in [(0, 5, 0), (5, 7, 2)]:
         part_logits = logits.detach()[lo:hi].clone().requires_grad_()

@@ -190,7 +190,7 @@ def test_micro_batches_one_chunk_when_budget_is_large():
     assert len(chunk) == 4
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "seq-mean-token-sum-norm"])
 def test_micro_batched_update_equals_single_batch_update(tiny_policy_factory, loss_agg):
     a, b = tiny_policy_factory(), tiny_policy_factory()
     for pa, pb in zip(a.parameters(), b.parameters()):

@@ -11,6 +11,9 @@ held-out greedy success is measured every `eval_every` updates on the same held-
     lag2-none, lag2-<c>    pipeline, --max-policy-lag 2
     lag4-none, lag4-<c>    pipeline, --max-policy-lag 4
 
+The GRPO variants' table (docs/learning.md), every row the serial loop with one setting fixed in advance
+(`VARIANTS`): `--configs default,rloo,reinforce++,dr-grpo,gspo,updates2,fill-batch,entropy,cosine`.
+
 The lag is a bound, not a setting: samples are as stale as the workers manage to run ahead, which
 they do only while rollout outpaces the learner (more workers, or a slow learner); otherwise every
 bound >= 1 gives lag ~1. So the measured policy_lag_mean is reported beside every configuration.
@@ -44,6 +47,20 @@ from nanorllm.trainer.loop import TrainingRun
 
 TARGET_POINTS = 0.10  # "time to +10 points" of held-out success
 
+# The variants' table: name -> TrainConfig overrides, each run in the serial loop. One setting a row, fixed
+# before any run (docs/learning.md says why each): nothing here is tuned against another row's result.
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "rloo": {"adv_estimator": "rloo"},
+    "reinforce++": {"adv_estimator": "reinforce++"},
+    "dr-grpo": {"adv_normalize_std": False, "loss_agg": "seq-mean-token-sum-norm"},
+    "gspo": {"ratio_level": "sequence", "loss_agg": "seq-mean"},  # the paper's clip: gspo_clip_* defaults
+    "updates2": {"updates_per_batch": 2},
+    "fill-batch": {"fill_batch": True},  # cap: 3 x tasks_per_step
+    "entropy": {"entropy_coef": 1e-3},
+    "cosine": {"lr_schedule": "cosine"},
+}
+
 
 @dataclass
 class LearningConfig:
@@ -68,7 +85,8 @@ class LearningConfig:
     turn_credit: str = "episode"
     """Credit assignment in every configuration (--turn-credit of launch/train.py); compare first-turn gains."""
     configs: str = "serial,lag1-none,lag1-corr,lag2-none,lag2-corr,lag4-none,lag4-corr"
-    """Comma-separated subset of the configurations ('corr' = --correction)."""
+    """Comma-separated subset of the configurations ('corr' = --correction), or of the variants' table's rows
+    (VARIANTS: default, rloo, reinforce++, dr-grpo, gspo, updates2, fill-batch, entropy, cosine; serial)."""
     out: str = "runs/learning"
     """Folder for learning.json and learning.png."""
     devices: str = "auto"
@@ -90,6 +108,9 @@ def configurations(b: LearningConfig) -> dict[str, dict]:
     for name in b.configs.split(","):
         if name == "serial":
             out[name] = {"serial": True}
+            continue
+        if name in VARIANTS:
+            out[name] = {"serial": True, **VARIANTS[name]}
             continue
         lag, corr = name.split("-")
         out[name.replace("corr", b.correction)] = {
@@ -279,6 +300,21 @@ def run_learning(b: LearningConfig) -> int:
         print(f"{name:16s} {s['gain_mean']:+7.3f} ±{s['gain_std']:.3f} {s['first_turn_gain_mean']:+10.3f} "
               f"{s['wall_s_mean']:8.1f} "
               f"{'-' if t10 is None else f'{t10:.1f}':>9s} {s['policy_lag_mean']:5.2f}")
+    print(markdown_table(record))
     print(f"[learning] {Path(b.out) / 'learning.json'}, {Path(b.out) / 'learning.png'} | {record['total_s']:.0f} s")
     return 0
+
+
+def markdown_table(record: dict) -> str:
+    """learning.json's configurations as docs/learning.md's rows; a row with fewer seeds than the record's is
+    marked and gets no comparison (its mean is printed, not ranked)."""
+    n_seeds = len(record["seeds"])
+    lines = ["| row | seeds | held-out gain (mean ± sd) | wall s (mean) | to +10 points s (mean) |", "|---|---|---|---|---|"]
+    for name, s in record["configurations"].items():
+        n = len(s["runs"])
+        t10 = s["time_to_plus10_s_mean"]
+        mark = "" if n == n_seeds else f" (only {n} of {n_seeds} seeds: not compared)"
+        lines.append(f"| {name}{mark} | {n} | {s['gain_mean']:+.3f} ± {s['gain_std']:.3f} | {s['wall_s_mean']:.0f} | "
+                     f"{'not reached by every seed' if t10 is None else f'{t10:.0f}'} |")
+    return "\n".join(lines)
 

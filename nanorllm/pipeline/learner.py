@@ -44,7 +44,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.metrics import decode_metrics
-from nanorllm.trainer.source import rollout_seed
+from nanorllm.trainer.source import fill_metrics, fill_plan, fill_seed, mixed_groups, rollout_seed
 from nanorllm.utils.procs import exit_reason
 
 
@@ -64,6 +64,7 @@ class PipelineSource:
     MAX_BACKOFF_S = 60.0
 
     PARTS_PER_NODE = 1000  # job numbers (and seeds) of node k start at k x this
+    FILL_PARTS = 1_000_000  # fill_batch's round r: job numbers from r x this (seeds: fill_seed, as in serial)
 
     def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, *,
                  stream: TaskStream | None, workers: list[str], ranks: LearnerRanks, start_step: int,
@@ -117,19 +118,25 @@ class PipelineSource:
 
     def _add_step(self, step: int, picked: list, *, node: int) -> None:
         """This node's share of `step`: one job per worker (a group never spans workers)."""
+        first = node * self.PARTS_PER_NODE
+        self.step_jobs[step] = self._submit_parts(step, picked, first_part=first, min_version=max(0, step - self.lag),
+                                                  seed=rollout_seed(self.cfg, step) + 7919 * first)
+
+    def _submit_parts(self, step: int, picked: list, *, first_part: int, seed: int, min_version: int) -> list[str]:
+        """`picked` as one job per worker: job `<step>.<first_part + i>` with seed + 7919 x i; their ids."""
         n_parts = min(len(self.pool.devices), len(picked))
         size = -(-len(picked) // max(n_parts, 1))
         ids = []
         for i in range(n_parts):
-            chunk, part = picked[i * size:(i + 1) * size], node * self.PARTS_PER_NODE + i
+            chunk, part = picked[i * size:(i + 1) * size], first_part + i
             if not chunk:
                 continue
             job = Job(job_id=f"{step}.{part}", step=step, tasks=[t for t, _ in chunk],
                       group_ids=[g for _, g in chunk], num_samples=self.cfg.num_samples_per_task,
-                      seed=rollout_seed(self.cfg, step) + 7919 * part, min_version=max(0, step - self.lag))
+                      seed=seed + 7919 * i, min_version=min_version)
             ids.append(job.job_id)
             self._submit(job)
-        self.step_jobs[step] = ids
+        return ids
 
     def _exchange_jobs(self) -> None:
         """With several nodes: rank 0 sends every other node its new shares, each leader takes its own."""
@@ -271,10 +278,33 @@ class PipelineSource:
             self._assign_waiting()
         self._pump(timeout=0.0)
         self._ready_groups = sum(len(self.specs[jid].group_ids) for jid in self.done)
-        pending, results = list(self.step_jobs[step]), []
+        results = self._take(list(self.step_jobs[step]), version)
+        if results is None:
+            return None, {}
+        if self.ranks.nodes > 1:  # every node's episodes of this step reach rank 0
+            for r in results if not self.draws else []:
+                r.worker_id += self.ranks.node * self.PARTS_PER_NODE  # node k's worker i is k x 1000 + i
+            parts = self.ranks.gather(results)
+            results = [r for part in parts for r in part] if self.draws else results
+        filled = {}
+        if self.cfg.fill_batch and self.draws:
+            results, filled = self._fill(step, results, version)
+            if results is None:
+                return None, {}
+        for jid in self.step_jobs.pop(step):  # a late duplicate of these is now recognised as one
+            self.owner.pop(jid, None)
+            self.specs.pop(jid, None)
+            self.attempts.pop(jid, None)
+        self.step_position.pop(step - 1, None)
+        self._wait_s = time.perf_counter() - t0
+        return results, {**self._batch_metrics(results, version), **filled}
+
+    def _take(self, pending: list[str], version: int) -> list | None:
+        """The episodes of jobs `pending`, stale ones re-issued on current weights until fresh; None: stopped."""
+        results = []
         while pending:
             if not self._collect(pending):
-                return None, {}
+                return None
             stale_jobs = []
             for jid in pending:  # one job = one weights version, so it is all fresh or all stale
                 fresh, stale = split_stale(self.done.pop(jid).results, version, self.lag)
@@ -285,18 +315,28 @@ class PipelineSource:
             for jid in stale_jobs:  # the same groups again, on current weights
                 self._submit(dataclasses.replace(self.specs[jid], min_version=version))
             pending = stale_jobs
-        if self.ranks.nodes > 1:  # every node's episodes of this step reach rank 0
-            for r in results if not self.draws else []:
-                r.worker_id += self.ranks.node * self.PARTS_PER_NODE  # node k's worker i is k x 1000 + i
-            parts = self.ranks.gather(results)
-            results = [r for part in parts for r in part] if self.draws else results
-        for jid in self.step_jobs.pop(step):  # a late duplicate of these is now recognised as one
-            self.owner.pop(jid, None)
-            self.specs.pop(jid, None)
-            self.attempts.pop(jid, None)
-        self.step_position.pop(step - 1, None)
-        self._wait_s = time.perf_counter() - t0
-        return results, self._batch_metrics(results, version)
+        return results
+
+    def _fill(self, step: int, results: list, version: int) -> tuple[list | None, dict]:
+        """fill_batch (max_policy_lag 0: no later step has drawn yet, so the extra tasks follow the step's own in
+        the stream and its checkpoint position covers them): rounds of as many new tasks as mixed groups are
+        missing, one job per worker each, until tasks_per_step are mixed or the cap's tasks are drawn. A worker
+        lost meanwhile has its extra jobs re-issued like any other. On this node's workers only."""
+        need, cap = fill_plan(self.cfg)
+        drawn, rounds, mixed = need, 0, mixed_groups(results)
+        while mixed < need and drawn < cap:
+            rounds += 1
+            picked = self.stream.take(min(need - mixed, cap - drawn))
+            drawn += len(picked)
+            ids = self._submit_parts(step, picked, first_part=self.FILL_PARTS * rounds, min_version=version,
+                                     seed=fill_seed(self.cfg, step, rounds))
+            self.step_jobs[step] += ids  # cleaned up with the step's own
+            got = self._take(ids, version)
+            if got is None:
+                return None, {}
+            results = results + got
+            mixed += mixed_groups(got)
+        return results, fill_metrics(self.cfg, drawn, mixed)
 
     def _batch_metrics(self, results: list, version: int) -> dict:
         lags = [version - r.policy_version for r in results]

@@ -9,8 +9,18 @@ older policy version (pipeline lag) is importance-corrected and clipped, not sil
 on-policy. The k3 term is clamped as the usual implementations do: one token the policy has made
 nearly impossible under the reference (d = 30 gives e^30) must not own the whole step's gradient. Aggregation:
 - "token-mean": sum over all response tokens / total response tokens in the whole step;
-- "seq-mean": each sample's token mean, summed / total samples in the whole step.
+- "seq-mean": each sample's token mean, summed / total samples in the whole step;
+- "seq-mean-token-sum-norm" (Dr. GRPO): each sample's token sum / a constant (`norm_tokens`, the run's
+  max_new_tokens), summed / total samples in the whole step: a long response's tokens weigh what a
+  short one's do, and nothing depends on the step's lengths. The update passes samples x norm_tokens.
 Micro-batches pass the whole step's `normalizer`, so accumulating their gradients equals one big batch.
+
+GSPO (`ratio_level="sequence"`): one ratio per sample (a turn's response), the geometric mean of its
+token ratios, s = exp(mean_t(logp_new - logp_rollout)), clipped at sequence level (the paper's
+eps 3e-4 / 4e-4, TrainConfig.gspo_clip_*). In the GSPO-token form every token carries
+s_t = sg(s) x pi(y_t) / sg(pi(y_t)): its value is s, its gradient s x grad log pi(y_t), so with
+"seq-mean" the gradient is the paper's s x A x mean_t grad log pi. Entropy (`entropy_coef` > 0):
+the per-token entropy of the same logits is subtracted, coefficient times, before aggregation.
 
 Off-policy correction (`correction`), for samples the learner did not generate itself (pipeline lag,
 or sampler numerics that differ from the training forward). Three policies per token:
@@ -19,6 +29,8 @@ weights, before this update, no grad) and pi (the same, with grad). We take one 
 batch, so pi_prox is pi's value: ratio_prox = pi / pi_prox is 1 with the gradient of log pi, and its
 clip never binds. `prox_logprobs` defaults to pi detached for that reason; the trainer recomputes it
 with an extra no-grad forward only when the training forward is not deterministic (dropout on).
+With several optimizer steps a batch (`updates_per_batch`, `epochs`) pi_prox is the batch's first
+policy, one no-grad forward before its first step (trainer/step.py), and the clip then binds.
 With w = pi_prox / pi_rollout (detached):
 
     none       pg as above: PPO clip of pi / pi_rollout (the default)
@@ -42,6 +54,7 @@ import torch.nn.functional as F
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
 CORRECTIONS = ("none", "tis", "mis", "decoupled")
+AGGREGATIONS = ("token-mean", "seq-mean", "seq-mean-token-sum-norm")
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
@@ -55,7 +68,8 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
                         temperature: float = 1.0, loss_agg: str = "token-mean", kl_coef: float = 0.0,
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
                         correction: str = "none", is_cap: float = 2.0, is_band: tuple[float, float] = (0.5, 2.0),
-                        dual_clip: float = 0.0, prox_logprobs: torch.Tensor | None = None):
+                        dual_clip: float = 0.0, prox_logprobs: torch.Tensor | None = None,
+                        ratio_level: str = "token", entropy_coef: float = 0.0, norm_tokens: int = 1):
     """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; metrics (`loss_metrics`) are
     detached 0-d tensors, sums and counts over this micro-batch, so callers add them up across
     micro-batches without a host synchronisation. With
@@ -72,6 +86,10 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
     keep = torch.ones_like(is_w)
     if correction != "none":
         ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
+    if ratio_level == "sequence":
+        ratio = sequence_ratio(log_ratio, batch) * torch.exp(new_lp - new_lp.detach())  # (N,) GSPO-token
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)  # (N,)
     if dual_clip > 0:
@@ -88,23 +106,42 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         d = (ref_logprobs - new_lp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl = (torch.exp(d) - d - 1.0).clamp(max=KL_MAX)
         per_token = per_token + kl_coef * kl
+    if entropy_coef > 0:
+        per_token = per_token - entropy_coef * entropy
 
     if loss_agg == "token-mean":
         norm = normalizer if normalizer is not None else per_token.numel()
         loss = per_token.sum() / max(norm, 1)
     elif loss_agg == "seq-mean":
-        idx = batch["sample_index"]
-        n_seg = batch["num_samples"] if "num_samples" in batch else (int(idx.max()) + 1 if idx.numel() else 0)
+        idx, n_seg = batch["sample_index"], num_samples(batch)
         seg_sum = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, per_token)
         seg_len = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, torch.ones_like(per_token))
         seq_mean = torch.where(seg_len > 0, seg_sum / seg_len.clamp(min=1), 0.0)  # a sample with no tokens adds 0
         norm = max(normalizer, 1) if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
         loss = seq_mean.sum() / norm
+    elif loss_agg == "seq-mean-token-sum-norm":
+        norm = normalizer if normalizer is not None else num_samples(batch) * norm_tokens
+        loss = per_token.sum() / max(norm, 1)
     else:
-        raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', got {loss_agg!r}")
+        raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {loss_agg!r}")
     return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
                               is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
                               is_cap=is_cap if correction in ("tis", "decoupled") else None)
+
+
+def num_samples(batch: dict) -> int:
+    """The samples a batch's tokens belong to (sample_index runs 0 .. this - 1)."""
+    idx = batch["sample_index"]
+    return batch["num_samples"] if "num_samples" in batch else (int(idx.max()) + 1 if idx.numel() else 0)
+
+
+def sequence_ratio(log_ratio: torch.Tensor, batch: dict) -> torch.Tensor:
+    """(N,) per token, detached: exp of the mean log ratio of the token's sample (its turn's response)."""
+    idx, n_seg = batch["sample_index"], num_samples(batch)
+    lr = log_ratio.detach()
+    seg_sum = torch.zeros(n_seg, device=lr.device).index_add(0, idx, lr)
+    seg_len = torch.zeros(n_seg, device=lr.device).index_add(0, idx, torch.ones_like(lr))
+    return torch.exp(seg_sum / seg_len.clamp(min=1))[idx]
 
 
 @torch.no_grad()

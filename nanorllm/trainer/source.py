@@ -8,8 +8,9 @@ the workers' queue. lifecycle.py's `make_source` picks one.
 import time
 from typing import Callable, Protocol
 
+from nanorllm.algos.grpo import group_by_task_id, is_zero_std
 from nanorllm.config import TrainConfig
-from nanorllm.core.types import RolloutResult
+from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.build import training_engine
@@ -23,6 +24,26 @@ SERIAL_HANG_S = 600.0  # a serial rollout without progress this long is hung, un
 def rollout_seed(cfg: TrainConfig, step: int) -> int:
     """Sampling seed of one step's batch: the same in serial and pipeline mode."""
     return cfg.seed * 1_000_003 + step
+
+
+def fill_seed(cfg: TrainConfig, step: int, round_: int) -> int:
+    """Sampling seed of fill_batch's extra round `round_` (1, 2, ...) of a step; the pipeline adds its job part."""
+    return rollout_seed(cfg, step) + 7919 * 1_000_000 * round_
+
+
+def fill_plan(cfg: TrainConfig) -> tuple[int, int]:
+    """(mixed groups a step wants, most tasks it draws) under fill_batch."""
+    return cfg.tasks_per_step, int(cfg.fill_batch_cap * cfg.tasks_per_step)
+
+
+def fill_metrics(cfg: TrainConfig, drawn: int, mixed: int) -> dict:
+    """A fill_batch step's scalars, from the tasks it drew and the mixed-reward groups it got."""
+    return {"rollout/extra_groups": drawn - cfg.tasks_per_step, "rollout/fill_rate": mixed / cfg.tasks_per_step}
+
+
+def mixed_groups(results: list[RolloutResult]) -> int:
+    """Groups whose episodes' rewards are not all the same (the ones with a learning signal)."""
+    return sum(not is_zero_std(rs) for rs in group_by_task_id(results).values())
 
 
 class RolloutSource(Protocol):
@@ -67,10 +88,34 @@ class SerialSource:
             dog.follow(self.engine, tasks)
             out = self.engine.run(tasks, num_samples=self.cfg.num_samples_per_task,
                                   group_ids=[g for _, g in picked], seed=rollout_seed(self.cfg, step))
+            outs, extra = [out], {}
+            if self.cfg.fill_batch:  # each extra round's tasks are the ones a hang report names
+                outs, extra = self.fill(step, out, follow=lambda round_tasks: dog.follow(self.engine, round_tasks))
         rollout_s = time.perf_counter() - t0
-        return out.results, {"perf/rollout_s": rollout_s,
-                             "perf/gen_tokens_per_s": out.timings["gen_tokens"] / max(rollout_s, 1e-9),
-                             **decode_metrics([out.timings])}
+        gen_tokens = sum(o.timings["gen_tokens"] for o in outs)
+        return [r for o in outs for r in o.results], {
+            "perf/rollout_s": rollout_s, "perf/gen_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+            **decode_metrics([o.timings for o in outs]), **extra}
+
+    def fill(self, step: int, first: RolloutBatch, *, follow: Callable[[list[dict]], None] = lambda tasks: None
+             ) -> tuple[list[RolloutBatch], dict]:
+        """DAPO dynamic sampling: rounds of as many new tasks as mixed-reward groups are missing, drawn in
+        stream order (a resume redraws them from the step's position, with the same seeds), until the step
+        has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks. Constant groups stay in
+        the batch (its reward scalars) and the update drops them."""
+        need, cap = fill_plan(self.cfg)
+        outs, drawn, rounds = [first], need, 0
+        mixed = mixed_groups(first.results)
+        while mixed < need and drawn < cap:
+            rounds += 1
+            picked = self.stream.take(min(need - mixed, cap - drawn))
+            drawn += len(picked)
+            follow([t for t, _ in picked])
+            out = self.engine.run([t for t, _ in picked], num_samples=self.cfg.num_samples_per_task,
+                                  group_ids=[g for _, g in picked], seed=fill_seed(self.cfg, step, rounds))
+            outs.append(out)
+            mixed += mixed_groups(out.results)
+        return outs, fill_metrics(self.cfg, drawn, mixed)
 
     def after_update(self, step: int) -> dict:
         self.policy.version = step + 1

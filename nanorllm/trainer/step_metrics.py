@@ -93,3 +93,19 @@ def derived_metrics(m: dict, results: list, *, step_s: float, skipped_nan_total:
         "train/episodes": len(results),
         "perf/episodes_per_s": len(results) / step_s,
     }
+
+
+def merge_updates(ns: list[dict[str, float]]) -> dict[str, float]:
+    """Several `update` results of one rollout batch (updates_per_batch x epochs) as one: sums and counts
+    added (the host counts come with the first only), the largest is_weight_max, the loss and gradient
+    norm averaged over the optimizer steps taken, skipped_nan the number skipped."""
+    out = {k: sum(n.get(k, 0.0) for n in ns) for k in ns[0] if k not in ("grad_norm", "perf/gather_s")}
+    out["is_weight_max"] = max(n["is_weight_max"] for n in ns)
+    out["loss"] = out["loss"] / len(ns)
+    norms = [n["grad_norm"] for n in ns if "grad_norm" in n and not n["skipped_nan"]]
+    if norms:
+        out["grad_norm"] = sum(norms) / len(norms)
+    if any("perf/gather_s" in n for n in ns):
+        out["perf/gather_s"] = sum(n.get("perf/gather_s", 0.0) for n in ns)
+    out["optimizer_steps"] = float(sum(1 for n in ns if "grad_norm" in n and not n["skipped_nan"]))
+    return out

@@ -41,9 +41,10 @@ def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
 
 
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
-           ref_policy=None, host: dict[str, float]) -> dict[str, float]:
+           ref_policy=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
     """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
-    `host`'s counts), the gradient norm and `skipped_nan`, as numbers."""
+    `host`'s counts), the gradient norm and `skipped_nan`, as numbers. `prox`: pi_prox per sample
+    (id -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer steps share a rollout batch."""
     correct = cfg.off_policy_correction != "none"
     optimizer.zero_grad(set_to_none=True)
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
@@ -56,13 +57,17 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
     if step["samples"]:
         policy.train_module.train(not cfg.disable_dropout)
         normalizer = step["tokens"] if cfg.loss_agg == "token-mean" else step["samples"]
+        if cfg.loss_agg == "seq-mean-token-sum-norm":  # Dr. GRPO: a constant per sample, not its length
+            normalizer = step["samples"] * cfg.max_new_tokens
         runs = ranks.micro_batch_count(len(chunks))  # with idle ones, so every rank runs the same collectives
         for i in range(runs):
             with ranks.accumulating(policy, last=i == runs - 1):
                 if i >= len(chunks):
-                    ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout)
+                    ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout and prox is None)
                     continue
                 batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device)
+                if prox is not None:
+                    batch["prox_logprobs"] = torch.cat([prox[id(s)] for s in chunks[i]])  # token order = sample order
                 sums.host["padded_tokens"] += batch["input_ids"].numel()
                 sums.host["real_tokens"] += batch["num_tokens"]
                 loss, metrics = micro_batch_loss(policy, batch, cfg, ref_policy=ref_policy, normalizer=normalizer)
@@ -88,8 +93,8 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
 def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: float) -> tuple[torch.Tensor, dict]:
     """One micro-batch's forward(s) and loss, with its metrics as tensors."""
     batch["lag"] = policy.version - batch["policy_version"]  # (N,)
-    prox_lp = None
-    if cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # dropout in the grad forward: pi_prox apart
+    prox_lp = batch.get("prox_logprobs")  # several steps on one batch: the batch's first policy, computed before
+    if prox_lp is None and cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # dropout: pi_prox apart
         prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
     ref_lp = None
     if cfg.kl_coef > 0:
@@ -98,10 +103,35 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
                                          batch["shared_columns"])
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
     out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
-    return compute_policy_loss(out.logits, batch, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+    sequence = cfg.ratio_level == "sequence"
+    clip_low, clip_high = (cfg.gspo_clip_low, cfg.gspo_clip_high) if sequence else (cfg.clip_low, cfg.clip_high)
+    return compute_policy_loss(out.logits, batch, clip_low=clip_low, clip_high=clip_high,
                                temperature=cfg.temperature, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
                                ref_logprobs=ref_lp, normalizer=normalizer, correction=cfg.off_policy_correction,
-                               is_cap=cfg.is_cap, is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp)
+                               is_cap=cfg.is_cap, is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp,
+                               ratio_level="sequence" if sequence else "token",
+                               entropy_coef=cfg.entropy_coef, norm_tokens=cfg.max_new_tokens)
+
+
+def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:
+    """pi_prox for every sample at the current weights (the rollout batch's first policy), one no-grad forward
+    per micro-batch: id(sample) -> (R,) logprobs. Needed by a correction when several optimizer steps train on
+    one batch, since after the first step the grad forward's own value no longer is the batch's policy. Every
+    rank runs as many forwards (an idle one where it has fewer), as DDP and FSDP forwards are collectives."""
+    out: dict[int, torch.Tensor] = {}
+    chunks = micro_batches(samples, step_micro_batch_tokens(policy, cfg.micro_batch_tokens),
+                           max_pad_frac=step_max_pad_frac(policy, cfg.max_pad_frac)) if samples else []
+    for i in range(ranks.micro_batch_count(len(chunks))):
+        if i >= len(chunks):
+            ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
+            with torch.no_grad():
+                policy.forward(ids, torch.ones_like(ids), torch.zeros((1, 2), dtype=torch.long, device=policy.device), 0)
+            continue
+        batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device)
+        lp = proximal_logprobs(policy, batch, cfg.temperature)
+        for s, part in zip(chunks[i], lp.split([len(s.response_ids) for s in chunks[i]])):
+            out[id(s)] = part
+    return out
 
 
 def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
