@@ -43,6 +43,9 @@ class TrainConfig:
     eval_tasks: str | None = None
     """Held-out tasks, same formats ('': none). None: the env's own default held-out set. Any task that also
     appears in --tasks is removed from training."""
+    task_fields: str | None = None
+    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
+    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
     limit: int | None = None
     """Use only the first N training tasks."""
     eval_limit: int | None = None
@@ -271,6 +274,12 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if self.tasks == "":
             p.append("tasks: empty")
+        from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
+
+        try:
+            parse_task_fields(self.task_fields)
+        except TaskFieldsError as e:
+            p.append(f"task_fields: {e}")
         if self.run_name is not None:
             parts = self.run_name.replace("\\", "/").split("/")
             if Path(self.run_name).is_absolute() or ".." in parts or all(x in ("", ".") for x in parts):
