@@ -9,6 +9,7 @@ import difflib
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from types import UnionType
@@ -24,6 +25,31 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = problems
         super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def eval_problems(cfg) -> list[str]:
+    """What is wrong with the evaluation fields (eval_samples, eval_k, eval_temperature, eval_set) of a TrainConfig
+    or an EvalConfig, naming the field."""
+    p = []
+    if cfg.eval_samples is not None and cfg.eval_samples < 1:
+        p.append(f"eval_samples: must be >= 1 or unset (greedy only), got {cfg.eval_samples}")
+    elif cfg.eval_k and cfg.eval_samples is None:
+        p.append(f"eval_k: {list(cfg.eval_k)} needs --eval-samples n >= its largest k")
+    elif cfg.eval_samples is not None:
+        bad = [k for k in cfg.eval_k if not 1 <= k <= cfg.eval_samples]
+        if bad:
+            p.append(f"eval_k: each k must be in 1..{cfg.eval_samples} (--eval-samples), got {bad}")
+    if not cfg.eval_temperature > 0:
+        p.append(f"eval_temperature: must be > 0, got {cfg.eval_temperature}")
+    names = []
+    for item in cfg.eval_set:
+        name, sep, spec = item.partition("=")
+        if not sep or not spec or not re.fullmatch(r"[a-z0-9_]+", name):
+            p.append(f"eval_set: {item!r} is not name=spec with a name of a-z, 0-9 and _")
+        elif name in names:
+            p.append(f"eval_set: name {name!r} is given twice")
+        names.append(name)
+    return p
 
 
 @dataclass
@@ -50,6 +76,16 @@ class TrainConfig:
     """Use only the first N training tasks."""
     eval_limit: int | None = None
     """Use only the first N held-out tasks."""
+    eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """More held-out sets, name=spec, one flag each (--eval-set gsm8k=../shared/data/gsm8k/test.jsonl): evaluated
+    beside --eval-tasks (not removed from training), logged as eval/<name>/... and kept in eval.json."""
+    eval_samples: int | None = None
+    """Sampled episodes per held-out task at --eval-temperature, for pass@k and mean@n beside greedy success.
+    None: greedy only."""
+    eval_temperature: float = 0.7
+    """Sampling temperature of the --eval-samples episodes."""
+    eval_k: tuple[int, ...] = ()
+    """The k of each pass@k (each <= --eval-samples). Empty: 1, the powers of two below n, and n."""
     max_prompt_tokens: int | None = None
     """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
     refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
@@ -208,6 +244,7 @@ class TrainConfig:
         if isinstance(self.env_arg, dict):  # a config file's mapping
             self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
         self.env_arg = tuple(self.env_arg)
+        self.eval_set, self.eval_k = tuple(self.eval_set), tuple(self.eval_k)
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
@@ -274,6 +311,7 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if self.tasks == "":
             p.append("tasks: empty")
+        p += eval_problems(self)
         from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 
         try:
