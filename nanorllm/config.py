@@ -17,6 +17,7 @@ from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hin
 
 import tyro
 
+DEFAULT_ENV_NAME = "math"  # TrainConfig.env's default (envs/registry.py DEFAULT_ENV)
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
 
@@ -62,6 +63,14 @@ class TrainConfig:
     module.path:Name or path/to/file.py:Name."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
+    list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
+    single-turn (--env single) and they give the only reward; with one, see --reward-mode."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
+    reward_mode: str = "add"
+    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
@@ -245,6 +254,7 @@ class TrainConfig:
             self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
         self.env_arg = tuple(self.env_arg)
         self.eval_set, self.eval_k = tuple(self.eval_set), tuple(self.eval_k)
+        self.reward, self.reward_weights = tuple(self.reward), tuple(self.reward_weights)
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
@@ -327,14 +337,31 @@ class TrainConfig:
             p.append(f"output_dir: {self.output_dir!r} {why}")
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
+        p += self._reward_problems()
         try:
-            env = env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
+            env = env_from_config(self, rewards=False)  # imports the env's module: a bad spec stops here
         except EnvSpecError as e:
             p.append(f"env: {e}")
         else:
             if self.tasks is None and not env.default_tasks:
                 p.append(f"tasks: the env {self.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
         return non_finite + [m for m in p if m.split(":")[0] not in {n.split(":")[0] for n in non_finite}]
+
+    def _reward_problems(self) -> list[str]:
+        p = []
+        if self.reward_mode not in ("add", "replace"):
+            p.append(f"reward_mode: must be 'add' or 'replace', got {self.reward_mode!r}")
+        if self.reward_weights and len(self.reward_weights) != len(self.reward):
+            p.append(f"reward_weights: {len(self.reward_weights)} weight(s) for {len(self.reward)} --reward function(s)")
+        from nanorllm.envs.modules import EnvSpecError
+        from nanorllm.envs.reward_fns import load_reward_function
+
+        for spec in self.reward:
+            try:
+                load_reward_function(spec)  # imports the file: a bad spec or signature stops here
+            except EnvSpecError as e:
+                p.append(f"reward: {e}")
+        return p
 
     def _non_finite(self) -> list[str]:
         """nan anywhere, inf anywhere but in the fields where it means 'no limit'."""
@@ -503,6 +530,7 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
+    resumed = base is not None  # a resumed run's saved config: its env stands
     base = base or TrainConfig()
     file = None
     if known.config:
@@ -511,6 +539,9 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
+    env_given = resumed or (file is not None and "env" in file.values) or any(a.split("=")[0] == "--env" for a in rest)
+    if cfg.reward and cfg.env == DEFAULT_ENV_NAME and not env_given:
+        cfg = replace(cfg, env="single")  # reward functions and no --env: one turn, scored by them alone
     problems = cfg.validate()
     if file is not None:
         from_file = {n for n, v in file.values.items() if getattr(cfg, n) == v}  # not changed by a flag
