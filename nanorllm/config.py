@@ -6,6 +6,7 @@ Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by c
 """
 
 import difflib
+import importlib.util
 import json
 import math
 import os
@@ -209,6 +210,9 @@ class TrainConfig:
     """Where run folders go."""
     run_name: str | None = None
     """Run folder name; None makes <tasks>__<exp>__<seed>__<timestamp>."""
+    report_to: str = "tensorboard"
+    """Where scalars go, a comma list: tensorboard, jsonl (runs/<run>/metrics.jsonl, one object per step), wandb
+    (pip install -e .[wandb]; WANDB_MODE=offline needs no network)."""
     exp_name: str = "grpo"
     """Experiment name used in the run folder name."""
     seed: int = 0
@@ -338,6 +342,13 @@ class TrainConfig:
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
         p += self._reward_problems()
+        from nanorllm.utils.sinks import parse_report_to
+
+        try:
+            if "wandb" in parse_report_to(self.report_to) and importlib.util.find_spec("wandb") is None:
+                p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
+        except ValueError as e:
+            p.append(f"report_to: {e}")
         try:
             env = env_from_config(self, rewards=False)  # imports the env's module: a bad spec stops here
         except EnvSpecError as e:

@@ -49,6 +49,7 @@ from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.sinks import parse_report_to
 
 
 def default_run_name(cfg: TrainConfig) -> str:
@@ -208,7 +209,8 @@ class TrainingRun:
         self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
-                                purge_step=self.start_step + 1 if state else None)
+                                purge_step=self.start_step + 1 if state else None,
+                                report_to=parse_report_to(cfg.report_to), config=cfg.saved())
         self.say(format_config(cfg).replace("|-|-|\n", ""))
         self.say(describe(self.env))
         if self.overrides:
