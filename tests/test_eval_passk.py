@@ -103,3 +103,14 @@ def test_training_logs_pass_at_k_for_every_set_and_keeps_them_in_eval_json(tmp_p
     summary = json.loads((tmp_path / "e" / "eval.json").read_text())
     assert set(summary["before"]["sets"]) == {"pq"} and summary["after"]["sets"]["pq"]["n"] == 4  # --eval-limit 4
     assert "pass@2" in summary["after"] and "gain" in summary
+
+
+def test_launch_eval_refuses_bad_eval_flags_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "launch"))
+    import eval as launch_eval
+
+    path = math_parquet(tmp_path / "math.parquet")
+    assert launch_eval.main(["--model", "no-such-model", "--eval-samples", "2", "--eval-k", "4"]) == 2
+    assert "eval_k: each k must be in 1..2 (--eval-samples), got [4]" in capsys.readouterr().err
+    assert launch_eval.main(["--model", "no-such-model", "--tasks", str(path), "--task-fields", "question=nope"]) == 2
+    assert "column 'nope' (--task-fields question=nope) not found" in capsys.readouterr().err

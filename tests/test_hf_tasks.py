@@ -48,7 +48,10 @@ def test_csv_json_array_arrow_folder_and_folder_of_parquet_files_load_the_same_t
     frame.iloc[3:].to_parquet(tmp_path / "parts" / "b.parquet")
     fields = {**MATH_FIELDS, "task_id": "id"}
     expected = [(str(100 + i), f"What is {i} + {i}?", str(2 * i)) for i in range(6)]
-    for spec in ["m.csv", "m.json", "arrow", "parts"]:
+    datasets.DatasetDict({"train": datasets.Dataset.from_pandas(frame.iloc[:1]),
+                          "test": datasets.Dataset.from_pandas(frame)}).save_to_disk(str(tmp_path / "splits"))
+    assert len(load_tasks(str(tmp_path / "splits"), fields=fields)) == 1  # the train split by default
+    for spec in ["m.csv", "m.json", "arrow", "parts", "splits@test"]:
         tasks = load_tasks(str(tmp_path / spec), fields=fields)
         assert [(t["task_id"], t["question"], t["answer"]) for t in tasks] == expected, spec
 
@@ -64,6 +67,14 @@ def test_a_missing_or_mistyped_column_names_the_file_the_column_and_the_columns_
         load_tasks(str(path), fields={"question": "id", "answer": "solution"})
     assert info.value.problems == [f"{path}: column 'id' (--task-fields question=id) holds int64, expected text "
                                    "(columns: problem, solution, id, level)"]
+
+
+def test_an_empty_parquet_file_is_refused_naming_it(tmp_path):
+    path = tmp_path / "empty.parquet"
+    pd.DataFrame({"question": pd.Series([], dtype=str), "answer": pd.Series([], dtype=str)}).to_parquet(path)
+    with pytest.raises(TaskFileError) as info:
+        load_tasks(str(path))
+    assert info.value.problems == [f"{path}: no tasks (the source has no rows)"]
 
 
 def test_bad_rows_of_a_parquet_file_are_all_reported_by_row(tmp_path):

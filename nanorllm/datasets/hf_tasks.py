@@ -41,7 +41,7 @@ def is_datasets_source(spec: str) -> bool:
     if spec.startswith(HUB_PREFIX):
         return True
     path = Path(spec)
-    if path.is_dir():
+    if path.is_dir() or (not path.exists() and Path(spec.rpartition("@")[0]).is_dir()):  # dir, dir@split
         return True
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -83,6 +83,15 @@ def _pick_split(spec: str, loaded, split: str | None):
     return loaded
 
 
+def _parquet_rows(path: Path) -> int | None:
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows if path.suffix.lower() == ".parquet" else None
+    except Exception:
+        return None
+
+
 def _open(spec: str, cache_dir: str):
     """The `datasets.Dataset` a spec names (one split)."""
     datasets = _import_datasets(spec)
@@ -110,7 +119,9 @@ def _open(spec: str, cache_dir: str):
         return datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache_dir)
     except TaskFileError:
         raise
-    except Exception as e:  # a file the reader cannot parse
+    except Exception as e:  # a file the reader cannot parse (datasets also refuses a parquet file with no rows)
+        if _parquet_rows(path) == 0:
+            raise TaskFileError(spec, [f"{spec}: no tasks (the source has no rows)"]) from None
         raise TaskFileError(spec, [f"{spec}: cannot read it as {path.suffix or 'a dataset folder'} "
                                    f"({type(e).__name__}: {e})"]) from None
 
