@@ -5,8 +5,12 @@
     GEMINI_API_KEY=... python launch/eval.py --model gemini:gemini-2.5-flash --tasks tasks.jsonl
     python launch/eval.py --env calc --tasks calc:count=200,seed=2 --max-turns 3 --max-new-tokens 48
 
-Prints one JSON line: {"success_rate", "first_turn_success", "mean_turns", "n", "grader_timeouts",
-"first_timeout_task"}.
+    python launch/eval.py --tasks data.parquet --task-fields question=problem,answer=solution --eval-samples 8 \
+        --eval-set gsm8k=../shared/data/gsm8k/test.jsonl
+
+Prints one JSON line per set ("set": "tasks" for --tasks, then each --eval-set's name): {"set", "success_rate",
+"first_turn_success", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}, and with --eval-samples n
+"pass@k" for each k and "mean@n".
 """
 
 import json
@@ -25,7 +29,9 @@ def main(argv: list[str]) -> int:
     except (TaskFileError, EnvSpecError, ValueError) as e:  # bad task spec or env: before the model loads
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    sets = result.pop("sets", {})
+    for name, row in {"tasks": result, **sets}.items():
+        print(json.dumps({"set": name, **row}))
     return 0
 
 

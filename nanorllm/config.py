@@ -6,9 +6,11 @@ Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by c
 """
 
 import difflib
+import importlib.util
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from types import UnionType
@@ -16,6 +18,7 @@ from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hin
 
 import tyro
 
+DEFAULT_ENV_NAME = "math"  # TrainConfig.env's default (envs/registry.py DEFAULT_ENV)
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
 
@@ -24,6 +27,31 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = problems
         super().__init__(f"{len(problems)} problem(s) in {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def eval_problems(cfg) -> list[str]:
+    """What is wrong with the evaluation fields (eval_samples, eval_k, eval_temperature, eval_set) of a TrainConfig
+    or an EvalConfig, naming the field."""
+    p = []
+    if cfg.eval_samples is not None and cfg.eval_samples < 1:
+        p.append(f"eval_samples: must be >= 1 or unset (greedy only), got {cfg.eval_samples}")
+    elif cfg.eval_k and cfg.eval_samples is None:
+        p.append(f"eval_k: {list(cfg.eval_k)} needs --eval-samples n >= its largest k")
+    elif cfg.eval_samples is not None:
+        bad = [k for k in cfg.eval_k if not 1 <= k <= cfg.eval_samples]
+        if bad:
+            p.append(f"eval_k: each k must be in 1..{cfg.eval_samples} (--eval-samples), got {bad}")
+    if not cfg.eval_temperature > 0:
+        p.append(f"eval_temperature: must be > 0, got {cfg.eval_temperature}")
+    names = []
+    for item in cfg.eval_set:
+        name, sep, spec = item.partition("=")
+        if not sep or not spec or not re.fullmatch(r"[a-z0-9_]+", name):
+            p.append(f"eval_set: {item!r} is not name=spec with a name of a-z, 0-9 and _")
+        elif name in names:
+            p.append(f"eval_set: name {name!r} is given twice")
+        names.append(name)
+    return p
 
 
 @dataclass
@@ -42,6 +70,14 @@ class TrainConfig:
     """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
+    list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
+    single-turn (--env single) and they give the only reward; with one, see --reward-mode."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
+    reward_mode: str = "add"
+    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
@@ -49,10 +85,23 @@ class TrainConfig:
     eval_tasks: str | None = None
     """Held-out tasks, same formats ('': none). None: the env's own default held-out set. Any task that also
     appears in --tasks is removed from training."""
+    task_fields: str | None = None
+    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
+    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
     limit: int | None = None
     """Use only the first N training tasks."""
     eval_limit: int | None = None
     """Use only the first N held-out tasks."""
+    eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """More held-out sets, name=spec, one flag each (--eval-set gsm8k=../shared/data/gsm8k/test.jsonl): evaluated
+    beside --eval-tasks (not removed from training), logged as eval/<name>/... and kept in eval.json."""
+    eval_samples: int | None = None
+    """Sampled episodes per held-out task at --eval-temperature, for pass@k and mean@n beside greedy success.
+    None: greedy only."""
+    eval_temperature: float = 0.7
+    """Sampling temperature of the --eval-samples episodes."""
+    eval_k: tuple[int, ...] = ()
+    """The k of each pass@k (each <= --eval-samples). Empty: 1, the powers of two below n, and n."""
     max_prompt_tokens: int | None = None
     """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
     refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
@@ -218,6 +267,9 @@ class TrainConfig:
     """Where run folders go."""
     run_name: str | None = None
     """Run folder name; None makes <tasks>__<exp>__<seed>__<timestamp>."""
+    report_to: str = "tensorboard"
+    """Where scalars go, a comma list: tensorboard, jsonl (runs/<run>/metrics.jsonl, one object per step), wandb
+    (pip install -e .[wandb]; WANDB_MODE=offline needs no network)."""
     exp_name: str = "grpo"
     """Experiment name used in the run folder name."""
     seed: int = 0
@@ -262,6 +314,8 @@ class TrainConfig:
         if isinstance(self.env_arg, dict):  # a config file's mapping
             self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
         self.env_arg = tuple(self.env_arg)
+        self.eval_set, self.eval_k = tuple(self.eval_set), tuple(self.eval_k)
+        self.reward, self.reward_weights = tuple(self.reward), tuple(self.reward_weights)
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
@@ -330,6 +384,13 @@ class TrainConfig:
                      f"got {self.num_samples_per_task}")
         if self.tasks == "":
             p.append("tasks: empty")
+        p += eval_problems(self)
+        from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
+
+        try:
+            parse_task_fields(self.task_fields)
+        except TaskFieldsError as e:
+            p.append(f"task_fields: {e}")
         if self.run_name is not None:
             parts = self.run_name.replace("\\", "/").split("/")
             if Path(self.run_name).is_absolute() or ".." in parts or all(x in ("", ".") for x in parts):
@@ -343,8 +404,16 @@ class TrainConfig:
             p.append(f"agent_timeout_s: must be > 0, got {self.agent_timeout_s}")
         from nanorllm.envs.registry import EnvSpecError, env_from_config
 
+        p += self._reward_problems()
+        from nanorllm.utils.sinks import parse_report_to
+
         try:
-            env = env_from_config(self)  # imports the env's module: a bad spec stops here, before any model loads
+            if "wandb" in parse_report_to(self.report_to) and importlib.util.find_spec("wandb") is None:
+                p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
+        except ValueError as e:
+            p.append(f"report_to: {e}")
+        try:
+            env = env_from_config(self, rewards=False)  # imports the env's module: a bad spec stops here
         except EnvSpecError as e:
             p.append(f"{'agent' if self.agent else 'env'}: {e}")
         else:
@@ -418,6 +487,24 @@ class TrainConfig:
         if self.warmup_steps >= self.max_steps >= 1 and self.warmup_steps:
             p.append(f"warmup_steps: {self.warmup_steps} is not below max_steps ({self.max_steps}): the run never "
                      "reaches --lr")
+        return p
+
+    def _reward_problems(self) -> list[str]:
+        p = []
+        if self.reward_mode not in ("add", "replace"):
+            p.append(f"reward_mode: must be 'add' or 'replace', got {self.reward_mode!r}")
+        if self.reward_weights and len(self.reward_weights) != len(self.reward):
+            p.append(f"reward_weights: {len(self.reward_weights)} weight(s) for {len(self.reward)} --reward function(s)")
+        if self.reward and self.agent:
+            p.append("reward: --reward functions score an --env's episodes; an --agent function returns its own reward")
+        from nanorllm.envs.modules import EnvSpecError
+        from nanorllm.envs.reward_fns import load_reward_function
+
+        for spec in self.reward:
+            try:
+                load_reward_function(spec)  # imports the file: a bad spec or signature stops here
+            except EnvSpecError as e:
+                p.append(f"reward: {e}")
         return p
 
     def _non_finite(self) -> list[str]:
@@ -587,18 +674,20 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
+    resumed = base is not None  # a resumed run's saved config: its env stands
     base = base or TrainConfig()
     file = None
     if known.config:
         file = load_config_file(known.config)
         base = TrainConfig(**{**asdict(base), **file.values})
-    env_given = ((file is not None and "env" in file.values)
-                 or any(a == "--env" or a.startswith("--env=") for a in rest))
+    env_flag = (file is not None and "env" in file.values) or any(a.split("=")[0] == "--env" for a in rest)
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
+    if cfg.reward and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
+        cfg = replace(cfg, env="single")  # reward functions and no --env: one turn, scored by them alone
     problems = cfg.validate()
-    if cfg.agent and env_given and cfg.env == "math":  # validate() sees only an env other than the default
+    if cfg.agent and env_flag and cfg.env == "math":  # validate() sees only an env other than the default
         problems.append("agent: --agent replaces --env (the agent function is the episode); got --env 'math' too")
     if file is not None:
         from_file = {n for n, v in file.values.items() if getattr(cfg, n) == v}  # not changed by a flag

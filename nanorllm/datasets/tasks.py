@@ -15,26 +15,11 @@ that it can be fixed in one pass instead of one crash at a time.
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 from nanorllm.datasets.arithmetic import make_arithmetic_tasks, parse_arith_spec
-
-_THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
-
-
-class TaskFileError(Exception):
-    """A tasks file that cannot be used; `problems` lists every defect found in it."""
-
-    def __init__(self, path: str | os.PathLike, problems: list[str]):
-        super().__init__(path, problems)
-        self.path = str(path)
-        self.problems = list(problems)
-
-    def __str__(self) -> str:
-        n = len(self.problems)
-        summary = f"{n} problem{'' if n == 1 else 's'} in tasks file {self.path}:"
-        return "\n".join([summary, *self.problems])
+from nanorllm.datasets.errors import TaskFileError
+from nanorllm.datasets.golds import extract_boxed, normalize_answer_text, number_text
 
 
 def _is_arith_spec(spec: str) -> bool:
@@ -43,20 +28,6 @@ def _is_arith_spec(spec: str) -> bool:
 
 def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
-
-
-def _normalize_answer_text(text: str) -> str:
-    """Final-answer text without surrounding space or thousands separators ("1,000" -> "1000")."""
-    text = text.strip()
-    if _THOUSANDS.fullmatch(text):
-        text = text.replace(",", "")
-    return text
-
-
-def _number_text(value: int | float) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _text_field(record: dict, key: str) -> tuple[str | None, str | None]:
@@ -71,28 +42,36 @@ def _text_field(record: dict, key: str) -> tuple[str | None, str | None]:
     return value.strip(), None
 
 
-def _seed_answer(record: dict) -> tuple[str | None, str | None]:
+def _seed_answer(record: dict, key: str = "answer") -> tuple[str | None, str | None]:
     """The answer of a seed-schema record; JSON numbers become their decimal text."""
-    value = record.get("answer")
+    value = record.get(key)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
-            return None, f"field 'answer' is not a finite number ({value})"
-        return _number_text(value), None
-    if "answer" in record and not isinstance(value, str):
-        return None, f"field 'answer' must be a string or number, got {_type_name(value)}"
-    return _text_field(record, "answer")
+            return None, f"field {key!r} is not a finite number ({value})"
+        return number_text(value), None
+    if key in record and not isinstance(value, str):
+        return None, f"field {key!r} must be a string or number, got {_type_name(value)}"
+    return _text_field(record, key)
 
 
-def _gsm8k_answer(record: dict) -> tuple[str | None, str | None]:
-    """The final answer after the last "####" of a GSM8K solution text."""
-    solution, problem = _text_field(record, "answer")
+def _gsm8k_answer(record: dict, key: str = "answer", *, plain: bool = False) -> tuple[str | None, str | None]:
+    """The final answer after the last "####" of a GSM8K solution text, else a MATH solution's last
+    \\boxed{}; with `plain` (a mapped column) any other text or number is the answer itself."""
+    if plain and key in record and not isinstance(record[key], str):
+        return _seed_answer(record, key)
+    solution, problem = _text_field(record, key)
     if problem:
         return None, problem
     if "####" not in solution:
-        return None, "field 'answer' has no '#### <answer>' line"
-    answer = _normalize_answer_text(solution.rsplit("####", 1)[1])
+        boxed = extract_boxed(solution)
+        if boxed:
+            return boxed, None
+        if plain:
+            return normalize_answer_text(solution), None
+        return None, f"field {key!r} has no '#### <answer>' line"
+    answer = normalize_answer_text(solution.rsplit("####", 1)[1])
     if not answer:
-        return None, "field 'answer' is empty after '####'"
+        return None, f"field {key!r} is empty after '####'"
     return answer, None
 
 
@@ -122,7 +101,7 @@ def _read_records(path: Path, problems: list[tuple[int, str]]) -> list[tuple[int
     return records
 
 
-def _load_file(label: str) -> list[dict]:
+def _load_file(label: str, fields: dict[str, str] | None = None) -> list[dict]:
     path = Path(label)
     if not path.is_file():
         reason = "is not a file" if path.exists() else "file not found"
@@ -135,47 +114,51 @@ def _load_file(label: str) -> list[dict]:
     if not records and not problems:
         raise TaskFileError(label, [f"{label}: no tasks (the file has no JSON records)"])
 
-    gsm8k = bool(records) and "task_id" not in records[0][1]
+    col = {k: (fields or {}).get(k, k) for k in ("question", "answer", "task_id")}
+    gsm8k = bool(records) and col["task_id"] not in records[0][1]
     first_line = records[0][0] if records else 0
     tasks = []
     id_lines: dict[str, int] = {}
     for line_no, record in records:
         found = []
-        question, problem = _text_field(record, "question")
+        question, problem = _text_field(record, col["question"])
         found.append(problem)
         if gsm8k:
-            if "task_id" in record:
+            if col["task_id"] in record:
                 found.append(
-                    f"field 'task_id' is present, but line {first_line} has none "
+                    f"field {col['task_id']!r} is present, but line {first_line} has none "
                     "so the file was read as GSM8K format"
                 )
             task_id = f"{path.stem}-{line_no:05d}"
-            answer, problem = _gsm8k_answer(record)
+            answer, problem = _gsm8k_answer(record, col["answer"], plain=bool(fields))
         else:
-            task_id, problem = _text_field(record, "task_id")
+            task_id, problem = _text_field(record, col["task_id"])
             found.append(problem)
             if task_id is not None:
                 if task_id in id_lines:
                     found.append(
-                        f"field 'task_id' duplicates line {id_lines[task_id]} ({task_id!r})"
+                        f"field {col['task_id']!r} duplicates line {id_lines[task_id]} ({task_id!r})"
                     )
                 else:
                     id_lines[task_id] = line_no
-            answer, problem = _seed_answer(record)
+            answer, problem = _seed_answer(record, col["answer"])
         found.append(problem)
         found = [p for p in found if p]
         if found:
             problems.extend((line_no, p) for p in found)
-        else:
-            tasks.append({"task_id": task_id, "question": question, "answer": answer})
+        else:  # a mapped layout keeps its own columns beside the three the env reads (reward functions see them)
+            extras = {k: v for k, v in record.items() if k not in ("task_id", "question", "answer")} if fields else {}
+            tasks.append({**extras, "task_id": task_id, "question": question, "answer": answer})
     if problems:
         problems.sort(key=lambda item: item[0])
         raise TaskFileError(label, [f"{label}:{line_no}: {p}" for line_no, p in problems])
     return tasks
 
 
-def load_tasks(spec: str, *, limit: int | None = None) -> list[dict]:
-    """Tasks from an arithmetic spec ("arith", "arith:...") or a JSONL file path.
+def load_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | None = None) -> list[dict]:
+    """Tasks from an arithmetic spec ("arith", "arith:..."), a JSONL file, or a source the `datasets`
+    library reads (parquet, CSV, a JSON array, an Arrow folder, a folder of such files, hf:NAME...;
+    nanorllm/datasets/hf_tasks.py). `fields` maps question / answer / task_id to the source's own columns.
 
     A file is validated in full before anything is returned: every problem found is collected
     into one TaskFileError. `limit` keeps the first N tasks.
@@ -188,7 +171,11 @@ def load_tasks(spec: str, *, limit: int | None = None) -> list[dict]:
         if limit is not None:
             params["count"] = min(params["count"], limit)
         return make_arithmetic_tasks(**params)
-    tasks = _load_file(spec)
+    from nanorllm.datasets import hf_tasks  # imports `datasets` itself only for a source that needs it
+
+    if hf_tasks.is_datasets_source(spec):
+        return hf_tasks.load_dataset_tasks(spec, limit=limit, fields=fields)
+    tasks = _load_file(spec, fields)
     return tasks if limit is None else tasks[:limit]
 
 

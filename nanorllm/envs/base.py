@@ -105,11 +105,18 @@ class EpisodeSettings:
     system_prompt: str | None = None  # None: the bundle's own
     worked_example: bool = True
     grader_timeout_s: float = 5.0
+    task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
 
     @classmethod
     def from_config(cls, cfg) -> "EpisodeSettings":
+        from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
+
+        try:
+            task_fields = parse_task_fields(getattr(cfg, "task_fields", None))
+        except TaskFieldsError:
+            task_fields = None  # TrainConfig.validate names the field
         return cls(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt, worked_example=cfg.worked_example,
-                   grader_timeout_s=cfg.grader_timeout_s)
+                   grader_timeout_s=cfg.grader_timeout_s, task_fields=task_fields)
 
 
 class EnvBundle:
@@ -142,10 +149,11 @@ class EnvBundle:
                                 example=self.example if s.worked_example else None)
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
-        """Rows with a task_id; by default the math formats (arith:... specs, JSONL files)."""
+        """Rows with a task_id; by default the math formats (arith:... specs, JSONL files, the `datasets` formats
+        with the run's --task-fields)."""
         from nanorllm.datasets.tasks import load_tasks
 
-        return load_tasks(spec, limit=limit)
+        return load_tasks(spec, limit=limit, fields=self.settings.task_fields)
 
     def metrics(self, results: list[RolloutResult]) -> dict:
         """The env's own scalars for a batch of episodes (logged beside the rollout metrics)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
+from nanorllm.datasets.golds import extract_boxed  # noqa: F401  (the grader's box is the task readers' box)
 from nanorllm.envs.symbolic import CHECKER
 
 MAX_ANSWER_CHARS = 200
@@ -42,20 +43,6 @@ class Verdict:
     correct: bool
     extracted: str | None  # the box content; None when there is no closed box
     timed_out: bool = False  # the symbolic check ran out of CPU time (counted, scored 0)
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (nested braces allowed); None if there is no closed box."""
-    start = text.rfind("\\boxed{")
-    while start != -1:
-        i, depth = start + len("\\boxed{"), 1
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            return text[start + len("\\boxed{"): i - 1].strip()
-        start = text.rfind("\\boxed{", 0, start)  # unclosed: fall back to an earlier, closed box
-    return None
 
 
 # ---- numbers ----------------------------------------------------------------------------------

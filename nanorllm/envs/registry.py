@@ -7,45 +7,17 @@ Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason an
 raised at start before any model loads.
 """
 
-import hashlib
-import importlib
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
+from nanorllm.envs.modules import EnvSpecError, _import_module  # noqa: F401  (EnvSpecError is imported from here)
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
-                "calc": "nanorllm.envs.calc_env:CalculatorTool"}
+                "calc": "nanorllm.envs.calc_env:CalculatorTool",
+                "single": "nanorllm.envs.reward_fns:SingleTurn"}  # one turn, scored by --reward functions
 DEFAULT_ENV = "math"
-
-
-class EnvSpecError(ValueError):
-    pass
-
-
-def _import_module(where: str, spec: str):
-    if where.endswith(".py"):
-        path = Path(where).resolve()
-        if not path.is_file():
-            raise EnvSpecError(f"{spec!r}: file {path} not found")
-        # One module name per file, so a second load (another engine, a worker) reuses it.
-        name = f"nanorllm_user_env_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-        if name in sys.modules:
-            return sys.modules[name]
-        mod_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[name] = module
-        try:
-            mod_spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return module
-    return importlib.import_module(where)
 
 
 def bundle_class(spec: str) -> type[EnvBundle]:
@@ -176,11 +148,17 @@ def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s:
     return bundle
 
 
-def env_from_config(cfg) -> EnvBundle:
-    """The run's episodes: its --agent when it names one, else its --env."""
+def env_from_config(cfg, *, rewards: bool = True) -> EnvBundle:
+    """The run's episodes: its --agent when it names one, else its --env; with --reward functions, wrapped so
+    that they score its episodes (envs/reward_fns.py)."""
     if getattr(cfg, "agent", None):
         return load_agent(cfg.agent, EpisodeSettings.from_config(cfg), timeout_s=cfg.agent_timeout_s)
-    return load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
+    bundle = load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
+    if not rewards or not getattr(cfg, "reward", ()):
+        return bundle
+    from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
+
+    return RewardBundle(bundle, load_reward_functions(cfg.reward, cfg.reward_weights), cfg.reward_mode)
 
 
 def task_specs(cfg, env: EnvBundle | None = None) -> tuple[str | None, str]:

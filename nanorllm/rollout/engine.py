@@ -139,6 +139,9 @@ class RolloutEngine:
             n_generated, gen_s, stats = self._run_in_flight(live, params)
         else:
             n_generated, gen_s, stats = self._run_turn_by_turn(live, params)
+        score_batch = getattr(self.env, "score_batch", None)  # --reward functions: the call's episodes at once
+        if score_batch is not None:
+            score_batch([ep.result for ep in episodes])
         elapsed = time.perf_counter() - t0
         version = getattr(self.policy, "version", 0)
         for ep in episodes:

@@ -141,7 +141,7 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     if status == "stopped" and checkpoints and run.run_dir is not None:
         print(f"[stopped] checkpoint under {run.run_dir / 'checkpoints'}; continue with --resume {run.run_dir}")
     s = out.summary
-    if status == "done" and "before" in s and "after" in s and not quiet:
+    if status == "done" and "gain" in s and not quiet:  # a held-out set (not only --eval-set ones) before and after
         b, a = s["before"]["success_rate"], s["after"]["success_rate"]
         print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {s['after']['n']} tasks | {run.run_dir}")
     return out

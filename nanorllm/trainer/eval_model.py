@@ -1,13 +1,19 @@
 """Evaluate any model on a task set with the training's self-refine loop, greedily (`python launch/eval.py`):
-a local one (built-in name, HF directory, hub id) or an API one (gemini:<model-name>)."""
+a local one (built-in name, HF directory, hub id) or an API one (gemini:<model-name>). The same evaluation
+flags as training (--eval-samples for pass@k, --eval-set for more sets, --task-fields) mean the same here."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Annotated
 
+import tyro
+
+from nanorllm.config import eval_problems
+from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import load_agent, load_env
 from nanorllm.policy.base import SamplingParams
-from nanorllm.trainer.evaluate import evaluate
+from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.utils.devices import configure_threads
 
 
@@ -26,8 +32,20 @@ class EvalConfig:
     """An --agent episode still running this long is ended as an error."""
     model: str = "smollm2-135m-instruct"
     """Built-in name, HF model directory, hub id, or gemini:<model-name> (needs GEMINI_API_KEY)."""
+    task_fields: str | None = None
+    """The sources' own column names, key=column: question=problem,answer=solution,task_id=id."""
     limit: int | None = None
-    """Evaluate only the first N tasks."""
+    """Evaluate only the first N tasks (of each set)."""
+    eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """More sets, name=spec, one flag each; one output line per set."""
+    eval_samples: int | None = None
+    """Sampled episodes per task at --eval-temperature, for pass@k and mean@n beside greedy success."""
+    eval_temperature: float = 0.7
+    """Sampling temperature of the --eval-samples episodes."""
+    eval_k: tuple[int, ...] = ()
+    """The k of each pass@k (each <= --eval-samples). Empty: 1, the powers of two below n, and n."""
+    seed: int = 0
+    """Seed of the sampled episodes."""
     max_turns: int = 2
     """Self-refine turns per episode."""
     max_new_tokens: int = 32
@@ -56,11 +74,19 @@ def load_policy(cfg: EvalConfig):
 
 
 def evaluate_model(cfg: EvalConfig) -> dict:
-    """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}). A bad task file
-    raises TaskFileError, a bad env spec EnvSpecError, both before the model loads."""
-    settings = EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example)
+    """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}), with pass@k / mean@n
+    under --eval-samples and each --eval-set's summary under "sets". Bad input (a task file, an env or agent
+    spec, a flag) raises TaskFileError, EnvSpecError or ValueError, all before the model loads."""
+    problems = eval_problems(cfg)
+    try:
+        fields = parse_task_fields(cfg.task_fields)
+    except TaskFieldsError as e:
+        problems.append(f"task_fields: {e}")
     if cfg.agent and cfg.env != "math":
-        raise ValueError(f"agent: --agent replaces --env; got --env {cfg.env!r} too")
+        problems.append(f"agent: --agent replaces --env; got --env {cfg.env!r} too")
+    if problems:
+        raise ValueError("; ".join(problems))
+    settings = EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example, task_fields=fields)
     env = (load_agent(cfg.agent, settings, timeout_s=cfg.agent_timeout_s) if cfg.agent
            else load_env(cfg.env, settings, cfg.env_arg))
     spec = cfg.tasks if cfg.tasks is not None else env.default_eval_tasks
@@ -68,6 +94,20 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         raise ValueError(f"tasks: the {'agent' if cfg.agent else 'env'} {cfg.agent or cfg.env!r} has no default "
                          "held-out tasks (EnvBundle.default_eval_tasks); give --tasks")
     tasks = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
+    sets = {name: check_task_rows(env.load_tasks(s, limit=cfg.limit), s)
+            for name, _, s in (item.partition("=") for item in cfg.eval_set)}
     policy = load_policy(cfg)
-    return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens), env=env,
-                    max_batch_episodes=cfg.max_batch_episodes)
+    sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens)
+
+    def one(rows: list[dict]) -> dict:
+        res = evaluate(policy, rows, sampling=sampling, env=env, max_batch_episodes=cfg.max_batch_episodes)
+        if cfg.eval_samples:
+            res.update(evaluate_sampled(policy, rows, sampling=replace(sampling, temperature=cfg.eval_temperature),
+                                        env=env, samples=cfg.eval_samples, ks=cfg.eval_k, seed=cfg.seed,
+                                        max_batch_episodes=cfg.max_batch_episodes))
+        return res
+
+    out = one(tasks)
+    if sets:
+        out["sets"] = {name: one(rows) for name, rows in sets.items()}
+    return out

@@ -39,7 +39,7 @@ from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
 from nanorllm.rollout.build import sampling_params
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
-from nanorllm.trainer.evaluate import evaluate
+from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.reference import reference_policy
@@ -51,6 +51,7 @@ from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.sinks import parse_report_to
 
 
 def default_run_name(cfg: TrainConfig) -> str:
@@ -71,6 +72,15 @@ def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[d
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return train, heldout, dropped, order
+
+
+def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:
+    """{name: tasks} of each --eval-set name=spec (at most --eval-limit tasks each)."""
+    sets = {}
+    for item in cfg.eval_set:
+        name, _, spec = item.partition("=")
+        sets[name] = check_task_rows(env_tasks(env, spec, cfg.eval_limit), spec)
+    return sets
 
 
 def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
@@ -126,6 +136,7 @@ class TrainingRun:
         self.devices: DeviceMap | None = None
         self.train_tasks: list[dict] = []
         self.eval_tasks: list[dict] = []
+        self.eval_sets: dict[str, list[dict]] = {}  # --eval-set name=spec: evaluated, not removed from training
         self.task_order: dict | None = None  # the fingerprint checkpoints carry (trainer/fingerprint.py)
         self.run_dir: Path | None = None
         self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
@@ -150,6 +161,7 @@ class TrainingRun:
         self.cfg = cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
         self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = \
             load_task_sets(cfg, self.env)
+        self.eval_sets = eval_sets(cfg, self.env)
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
         try:
@@ -205,7 +217,8 @@ class TrainingRun:
         self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
-                                purge_step=self.start_step + 1 if state else None)
+                                purge_step=self.start_step + 1 if state else None,
+                                report_to=parse_report_to(cfg.report_to), config=cfg.saved())
         self.say(format_config(cfg).replace("|-|-|\n", ""))
         self.say(describe(self.env))
         if self.overrides:
@@ -278,19 +291,36 @@ class TrainingRun:
             self.write_eval_summary(self.evaluate(0), None)
 
     def evaluate(self, step: int) -> dict | None:
-        if not self.eval_tasks:
+        """The held-out set's results (greedy, and pass@k with --eval-samples), with each --eval-set's under
+        "sets"; None when there is nothing to evaluate."""
+        if not self.eval_tasks and not self.eval_sets:
             return None
+        res = self.evaluate_set("", self.eval_tasks, step) if self.eval_tasks else {}
+        if self.eval_sets:
+            res["sets"] = {name: self.evaluate_set(name, tasks, step) for name, tasks in self.eval_sets.items()}
+        return res
+
+    def evaluate_set(self, name: str, tasks: list[dict], step: int) -> dict:
+        """One set, logged as eval/... (the held-out set, name '') or eval/<name>/..."""
         t0 = time.perf_counter()
-        res = evaluate(self.policy, self.eval_tasks, sampling=sampling_params(self.cfg), env=self.env,
-                       max_batch_episodes=self.cfg.max_batch_episodes,
-                       hang_timeout_s=self.cfg.worker_timeout_s or self.EVAL_HANG_S)
-        self.logger.scalars({f"eval/{k}": v for k, v in res.items() if k != "n"}, step)
+        hang_s = self.cfg.worker_timeout_s or self.EVAL_HANG_S
+        res = evaluate(self.policy, tasks, sampling=sampling_params(self.cfg), env=self.env,
+                       max_batch_episodes=self.cfg.max_batch_episodes, hang_timeout_s=hang_s)
+        if self.cfg.eval_samples:
+            res.update(evaluate_sampled(self.policy, tasks, env=self.env, samples=self.cfg.eval_samples,
+                                        sampling=replace(sampling_params(self.cfg), temperature=self.cfg.eval_temperature),
+                                        ks=self.cfg.eval_k, seed=self.cfg.seed,
+                                        max_batch_episodes=self.cfg.max_batch_episodes, hang_timeout_s=hang_s))
+        prefix = f"eval/{name}/" if name else "eval/"
+        self.logger.scalars({f"{prefix}{k}": v for k, v in res.items() if k != "n"}, step)
+        label = f" {name}" if name else ""
         if res["grader_timeouts"]:
-            self.say(f"[grader] held-out eval at step {step}: {res['grader_timeouts']} answer check(s) ran out of "
-                     f"--grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
+            self.say(f"[grader] held-out eval{label} at step {step}: {res['grader_timeouts']} answer check(s) ran out "
+                     f"of --grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
                      f"{res['first_timeout_task']}")
-        self.say(f"[eval] step {step} | success {res['success_rate']:.3f} | first turn "
-                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f} | n {res['n']} | "
+        sampled = "".join(f" | {k} {v:.3f}" for k, v in res.items() if k.startswith(("pass@", "mean@")))
+        self.say(f"[eval{label}] step {step} | success {res['success_rate']:.3f} | first turn "
+                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f}{sampled} | n {res['n']} | "
                  f"{time.perf_counter() - t0:.1f} s")
         return res
 
@@ -301,7 +331,7 @@ class TrainingRun:
             summary["before"] = before
         if after is not None:
             summary["after"] = after
-        if "before" in summary and "after" in summary:
+        if "success_rate" in summary.get("before", {}) and "success_rate" in summary.get("after", {}):
             summary["gain"] = summary["after"]["success_rate"] - summary["before"]["success_rate"]
         write_atomic(path, json.dumps(summary, indent=2) + "\n")
 

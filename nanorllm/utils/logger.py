@@ -1,7 +1,8 @@
 """RunLogger: everything a run writes while it trains, from the one process that trains.
 
 - TensorBoard scalars (namespaced: reward/, loss/, perf/, pipeline/, eval/ ...), the config as a
-  text table, and every `sample_every` steps a few whole trajectories as text;
+  text table, and every `sample_every` steps a few whole trajectories as text; the same scalars to
+  `metrics.jsonl` and Weights & Biases with `--report-to` (utils/sinks.py);
 - one console line per step;
 - `rollouts.jsonl`: the most recent episodes, bounded, rewritten atomically, for debugging. Each
   record carries the step it was trained in, so a resumed run cuts the file back to its checkpoint
@@ -16,6 +17,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from nanorllm.core.types import RolloutResult
+from nanorllm.utils.sinks import JsonlSink, WandbSink
 
 
 def episode_record(r: RolloutResult) -> dict:
@@ -42,9 +44,13 @@ def format_episode(rec: dict) -> str:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, *, dump_size: int = 512, purge_step: int | None = None):
+    def __init__(self, run_dir: Path, *, dump_size: int = 512, purge_step: int | None = None,
+                 report_to: tuple[str, ...] = ("tensorboard",), config: dict | None = None):
         self.run_dir = Path(run_dir)
-        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=purge_step) if "tensorboard" in report_to else None
+        self.sinks = ([JsonlSink(self.run_dir, purge_step=purge_step)] if "jsonl" in report_to else []) + \
+                     ([WandbSink(self.run_dir, config=config, resume=purge_step is not None)]
+                      if "wandb" in report_to else [])
         self.dump_path = self.run_dir / "rollouts.jsonl"
         self.recent: deque = deque(maxlen=dump_size)
         if self.dump_path.exists():  # a resumed run keeps its history up to the checkpoint
@@ -56,12 +62,16 @@ class RunLogger:
                 self._write_dump()
 
     def scalars(self, metrics: dict, step: int) -> None:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)):
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        for k, v in numbers.items():
+            if self.writer is not None:
                 self.writer.add_scalar(k, v, step)
+        for sink in self.sinks:
+            sink.scalars(numbers, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        self.writer.add_text(tag, text, step)
+        if self.writer is not None:
+            self.writer.add_text(tag, text, step)
 
     def episodes(self, results: list[RolloutResult], step: int, *, log_text: bool, n_text: int = 4) -> None:
         records = [{**episode_record(r), "step": step} for r in results]
@@ -78,7 +88,11 @@ class RunLogger:
         os.replace(tmp, self.dump_path)
 
     def flush(self) -> None:
-        self.writer.flush()
+        if self.writer is not None:
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+        for sink in self.sinks:
+            sink.close()

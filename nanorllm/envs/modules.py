@@ -1,0 +1,36 @@
+"""Importing what a spec string names: a module path or a file path, once per process.
+
+Shared by the env registry and the reward functions (both take `module.path:Name` or `path/to/file.py:Name`),
+so that a worker that imports a user's file for one of them reuses it for the other.
+"""
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+
+class EnvSpecError(ValueError):
+    pass
+
+
+def _import_module(where: str, spec: str):
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise EnvSpecError(f"{spec!r}: file {path} not found")
+        # One module name per file, so a second load (another engine, a worker) reuses it.
+        name = f"nanorllm_user_env_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    return importlib.import_module(where)

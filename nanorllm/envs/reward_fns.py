@@ -1,0 +1,213 @@
+"""Reward functions as users already write them, scoring a batch of episodes at once.
+
+    --reward path/to/rewards.py:fn --reward module.path:fn2 --reward-weights 1.0 0.5 --reward-mode add
+
+Two signatures are recognised, by their parameter names:
+
+- TRL: `fn(completions, **columns) -> list[float]`, one call per batch. `completions` are the episodes' last
+  responses (text); every task column (question, answer, task_id and a dataset's own columns) comes as a
+  list beside them, each one the function names (all of them to a `**kwargs`); `prompts` (the questions)
+  and `completion_ids` (the last responses' token ids) only when it asks for them.
+- verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float` (or a dict with a
+  "score"), one call per episode: data_source is the task's "data_source" column or the env's name,
+  ground_truth its answer, extra_info the whole task.
+
+`RewardBundle` wraps the run's env bundle: with an env the functions' weighted sum is added to the env's
+reward (`add`) or takes its place (`replace`); with no `--env` the run uses `single`, one turn whose only
+reward is the functions'. The engine calls `score_batch` once per rollout call, in a worker or in the
+trainer alike (the spec strings travel; each process imports the files again, as it does `--env` files).
+A function that raises ends the batch's episodes as env errors (counted in rollout/env_errors, left out of
+training); one that returns the wrong number of values, or a value that is not a finite number, is a
+`RewardFunctionError` naming it, which stops the run.
+"""
+
+import inspect
+import math
+import numbers
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from nanorllm.core.types import RolloutResult
+from nanorllm.envs.base import EnvBundle
+from nanorllm.envs.math_env import MathSelfRefine
+from nanorllm.envs.modules import EnvSpecError, _import_module
+
+VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
+_reported: set[tuple] = set()
+
+
+class RewardFunctionError(ValueError):
+    """A reward function returned something that cannot be a batch of rewards."""
+
+
+class SingleTurnEnv:
+    """One response, no feedback, no reward of its own: the reward functions score it."""
+
+    def __init__(self, *, max_turns: int = 1):
+        self.task: dict | None = None
+
+    def reset(self, task: dict) -> dict:
+        self.task = task
+        return {"question": task["question"]}
+
+    def step(self, response: str) -> tuple[None, float, bool, dict]:
+        return None, 0.0, True, {}
+
+
+class SingleTurn(MathSelfRefine):
+    """The math prompt and tasks, one turn, scored only by --reward functions (`--env single`)."""
+
+    name = "single"
+    env_class = SingleTurnEnv
+
+    def make_env(self) -> SingleTurnEnv:
+        return SingleTurnEnv()
+
+
+@dataclass
+class RewardFunction:
+    spec: str
+    name: str
+    fn: Callable
+    kind: str  # "trl" or "verl"
+    params: tuple[str, ...]  # the names a TRL function takes (all columns when it has **kwargs)
+    var_kw: bool
+    weight: float = 1.0
+
+    def __call__(self, results: list[RolloutResult], env_name: str) -> list[float]:
+        tasks = [r.trajectory.task for r in results]
+        completions = [r.trajectory.steps[-1].model_response if r.trajectory.steps else "" for r in results]
+        if self.kind == "verl":
+            out = [self.fn(data_source=t.get("data_source", env_name), solution_str=c, ground_truth=t.get("answer"),
+                           extra_info=t) for t, c in zip(tasks, completions)]
+            out = [v.get("score") if isinstance(v, dict) else v for v in out]
+        else:
+            kwargs = {}
+            if self.var_kw or "prompts" in self.params:
+                kwargs["prompts"] = [t.get("question") for t in tasks]
+            if self.var_kw or "completion_ids" in self.params:
+                kwargs["completion_ids"] = [r.step_samples[-1].response_ids if r.step_samples else [] for r in results]
+            for column in dict.fromkeys(k for t in tasks for k in t):
+                if (self.var_kw or column in self.params) and column not in ("completions", *kwargs):
+                    kwargs[column] = [t.get(column) for t in tasks]
+            out = self.fn(completions, **kwargs)
+        return self.check(out, len(results))
+
+    def check(self, out: object, n: int) -> list[float]:
+        if not isinstance(out, (list, tuple)) or len(out) != n:
+            got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise RewardFunctionError(f"reward function {self.spec}: returned {got} for a batch of {n} completions "
+                                      "(expected one number each)")
+        bad = [(i, v) for i, v in enumerate(out)
+               if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)]
+        if bad:
+            i, v = bad[0]
+            raise RewardFunctionError(f"reward function {self.spec}: value {i} is {v!r}, not a finite number "
+                                      f"({len(bad)} such of {n})")
+        return [float(v) for v in out]
+
+
+def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
+    """The function a spec names (path/to/file.py:fn or module.path:fn), its signature recognised."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise EnvSpecError(f"{spec!r}: expected path/to/file.py:function or module.path:function")
+    try:
+        module = _import_module(where, spec)
+    except EnvSpecError:
+        raise
+    except Exception as e:
+        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise EnvSpecError(f"{spec!r}: {where!r} has no function {name!r}")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError) as e:
+        raise EnvSpecError(f"{spec!r}: cannot read the signature of {name}: {e}") from e
+    names = tuple(p for p, v in params.items() if v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD))
+    var_kw = any(v.kind == v.VAR_KEYWORD for v in params.values())
+    if all(p in names for p in VERL_PARAMS):
+        kind = "verl"
+    elif names[:1] == ("completions",) or (names and "completions" in names):
+        kind = "trl"
+    else:
+        raise EnvSpecError(f"{spec!r}: {name}{inspect.signature(fn)} has neither TRL's signature "
+                           "fn(completions, **columns) -> list[float] nor verl's compute_score(data_source, "
+                           "solution_str, ground_truth, extra_info) -> float")
+    return RewardFunction(spec=spec, name=name, fn=fn, kind=kind, params=names, var_kw=var_kw, weight=weight)
+
+
+def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = ()) -> list[RewardFunction]:
+    weights = weights or (1.0,) * len(specs)
+    fns = [load_reward_function(s, w) for s, w in zip(specs, weights)]
+    names = [f.name for f in fns]
+    for f in fns:  # two functions of one name log apart: reward/<name>, reward/<name>_2 ...
+        if names.count(f.name) > 1:
+            f.name = f"{f.name}_{[g for g in fns if g.name == f.name].index(f) + 1}"
+    return fns
+
+
+class RewardBundle(EnvBundle):
+    """`inner`'s episodes, scored (also) by reward functions; everything else is `inner`'s."""
+
+    def __init__(self, inner: EnvBundle, functions: list[RewardFunction], mode: str = "add"):
+        self.inner, self.functions, self.mode = inner, functions, mode
+        self.settings, self.options, self.spec, self.name = inner.settings, inner.options, inner.spec, inner.name
+        self.default_tasks, self.default_eval_tasks = inner.default_tasks, inner.default_eval_tasks
+
+    def make_env(self):
+        return self.inner.make_env()
+
+    def make_agent(self):
+        return self.inner.make_agent()
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        return self.inner.load_tasks(spec, limit=limit)
+
+    def metrics(self, results: list[RolloutResult]) -> dict:
+        scored = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
+        out = dict(self.inner.metrics(results))
+        for f in self.functions:
+            values = [r.trajectory.steps[-1].info.get(f"reward/{f.name}") for r in scored]
+            values = [v for v in values if v is not None]
+            if values:
+                out[f"reward/{f.name}"] = sum(values) / len(values)
+        return out
+
+    def score_batch(self, results: list[RolloutResult]) -> None:
+        """Each function once over the call's episodes (env errors left out); rewards set in place."""
+        live = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
+        if not live:
+            return
+        try:
+            scores = {f.name: f(live, self.name) for f in self.functions}
+        except RewardFunctionError:
+            raise
+        except Exception as e:  # the batch's episodes say nothing about the policy: env errors
+            key = (type(e).__name__, str(e)[:80])
+            if key not in _reported:
+                _reported.add(key)
+                print(f"[reward] a reward function raised; the {len(live)} episodes of this batch are dropped "
+                      f"(counted in rollout/env_errors; printed once):\n{traceback.format_exc(limit=-8)}",
+                      file=sys.stderr, flush=True)
+            for r in live:
+                r.trajectory.termination_reason = "error"
+            return
+        for i, r in enumerate(live):
+            extra = sum(f.weight * scores[f.name][i] for f in self.functions)
+            last = r.trajectory.steps[-1]
+            for f in self.functions:
+                last.info[f"reward/{f.name}"] = scores[f.name][i]
+            if self.mode == "replace":
+                for s in r.trajectory.steps:
+                    s.reward = 0.0
+            last.reward += extra
+            total = sum(s.reward for s in r.trajectory.steps)
+            r.trajectory.final_reward = total
+            for s in r.step_samples:
+                s.reward = total
+            if self.name == "single":
+                r.trajectory.termination_reason = "correct" if total > 0 else "max_turns"

@@ -1,0 +1,155 @@
+"""--reward functions in TRL's and verl's shapes: what they are passed, how they combine with an env's reward,
+what happens when they fail, and real runs (serial and with a worker) scored by them."""
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from nanorllm.config import ConfigError, parse_config
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.math_env import MathSelfRefine
+from nanorllm.envs.reward_fns import RewardBundle, RewardFunctionError, load_reward_functions
+from nanorllm.run.lifecycle import main
+from nanorllm.chaos.process import PIPELINE
+from tests.procs import TINY_ARGS, read_scalars
+
+REWARDS = textwrap.dedent('''
+    seen = []
+
+    def trl_plain(completions, answer):
+        seen.append(("trl_plain", list(completions), list(answer)))
+        return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+    def trl_all(completions, prompts, completion_ids, **columns):
+        seen.append(("trl_all", prompts, completion_ids, sorted(columns)))
+        return [0.5] * len(completions)
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(("verl", data_source, solution_str, ground_truth, extra_info["level"]))
+        return {"score": 2.0}
+
+    def short(completions, **kw):
+        return [1.0]
+
+    def nan(completions, **kw):
+        return [float("nan")] * len(completions)
+
+    calls = [0]
+
+    def flaky(completions, **kw):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("the judge is down")
+        return [float(len(c) % 2) for c in completions]
+
+    def wrong(text, gold):
+        return [0.0]
+''')
+
+
+@pytest.fixture
+def rewards_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARDS)
+    return str(path)
+
+
+def episode(response: str, answer: str, env_reward: float = 0.0, reason: str = "max_turns") -> RolloutResult:
+    task = {"task_id": f"t{answer}", "question": f"q{answer}", "answer": answer, "level": "easy"}
+    steps = [Step(observation="q", model_response="first", reward=0.0),
+             Step(observation="retry", model_response=response, reward=env_reward)]
+    traj = Trajectory(task_id=task["task_id"], steps=steps, final_reward=env_reward, termination_reason=reason,
+                      task=task)
+    samples = [StepSample(task_id=task["task_id"], episode_id="e", turn=i, prompt_ids=[1], response_ids=[7, i],
+                          rollout_logprobs=[0.0, 0.0]) for i in range(2)]
+    return RolloutResult(trajectory=traj, step_samples=samples)
+
+
+def bundle(rewards_file, names, mode="add", weights=()):
+    fns = load_reward_functions(tuple(f"{rewards_file}:{n}" for n in names), weights)
+    return RewardBundle(MathSelfRefine(EpisodeSettings()), fns, mode)
+
+
+def test_trl_and_verl_functions_get_what_their_signatures_ask_for(rewards_file):
+    b = bundle(rewards_file, ["trl_plain", "trl_all", "compute_score"])
+    import sys
+    seen = next(m for n, m in sys.modules.items() if n.startswith("nanorllm_user_env_my_rewards")).seen
+    seen.clear()
+    b.score_batch([episode("it is 4", "4"), episode("it is 5", "6")])
+    assert seen[0] == ("trl_plain", ["it is 4", "it is 5"], ["4", "6"])
+    assert seen[1] == ("trl_all", ["q4", "q6"], [[7, 1], [7, 1]], ["answer", "level", "question", "task_id"])
+    assert seen[2:] == [("verl", "math", "it is 4", "4", "easy"), ("verl", "math", "it is 5", "6", "easy")]
+
+
+def test_add_puts_the_weighted_sum_on_the_env_reward_and_replace_takes_its_place(rewards_file):
+    added = [episode("it is 4", "4", env_reward=1.0, reason="correct"), episode("no", "6")]
+    bundle(rewards_file, ["trl_plain", "trl_all"], "add", (2.0, 1.0)).score_batch(added)
+    assert [r.reward for r in added] == [1.0 + 2.0 + 0.5, 0.0 + 0.0 + 0.5]
+    assert [s.reward for s in added[0].step_samples] == [3.5, 3.5]  # what the advantage reads
+    assert added[0].trajectory.steps[-1].info == {"reward/trl_plain": 1.0, "reward/trl_all": 0.5}
+    replaced = [episode("it is 4", "4", env_reward=1.0), episode("no", "6", env_reward=1.0)]
+    b = bundle(rewards_file, ["trl_plain"], "replace")
+    b.score_batch(replaced)
+    assert [r.reward for r in replaced] == [1.0, 0.0]
+    assert b.metrics(replaced) == {"reward/trl_plain": 0.5}
+
+
+def test_a_wrong_length_or_a_non_finite_value_is_an_error_naming_the_function(rewards_file):
+    with pytest.raises(RewardFunctionError, match=r"my_rewards.py:short: returned 1 values for a batch of 2"):
+        bundle(rewards_file, ["short"]).score_batch([episode("a", "1"), episode("b", "2")])
+    with pytest.raises(RewardFunctionError, match=r"my_rewards.py:nan: value 0 is nan, not a finite number"):
+        bundle(rewards_file, ["nan"]).score_batch([episode("a", "1")])
+
+
+def test_a_function_that_raises_ends_the_batch_as_env_errors(rewards_file, capsys):
+    batch = [episode("a", "1"), episode("b", "2")]
+    bundle(rewards_file, ["flaky"]).score_batch(batch)
+    assert [r.trajectory.termination_reason for r in batch] == ["error", "error"]
+    assert "the judge is down" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--reward", "{f}:wrong"], "reward: '{f}:wrong': wrong(text, gold) has neither TRL's signature"),
+    (["--reward", "{f}:missing"], "reward: '{f}:missing': '{f}' has no function 'missing'"),
+    (["--reward", "nope.py:fn"], "not found"),
+    (["--reward", "{f}:trl_plain", "--reward-weights", "1", "2"], "reward_weights: 2 weight(s) for 1 --reward"),
+    (["--reward", "{f}:trl_plain", "--reward-mode", "mul"], "reward_mode: must be 'add' or 'replace', got 'mul'"),
+])
+def test_bad_reward_flags_are_refused_at_start(rewards_file, tmp_path, capsys, flags, expected):
+    flags = [f.replace("{f}", rewards_file) for f in flags]
+    assert main([*TINY_ARGS, "--serial", *flags, "--output-dir", str(tmp_path / "out")]) == 2
+    assert expected.replace("{f}", rewards_file) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_reward_functions_without_an_env_make_a_single_turn_run_and_an_env_given_stays(rewards_file):
+    assert parse_config(["--reward", f"{rewards_file}:trl_plain"]).env == "single"
+    assert parse_config(["--reward", f"{rewards_file}:trl_plain", "--env", "math"]).env == "math"
+    assert parse_config([]).env == "math"
+    with pytest.raises(ConfigError):
+        parse_config(["--reward", f"{rewards_file}:wrong"])
+
+
+@pytest.mark.slow
+def test_a_serial_run_scored_by_a_function_that_fails_once_drops_that_step_and_trains_on(rewards_file, tmp_path):
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards_file}:flaky", "--max-steps", "3", "--eval-tasks", "",
+                 "--lr", "1e-3", "--no-drop-zero-std-groups", "--output-dir", str(tmp_path), "--run-name", "f"]) == 0
+    scalars = read_scalars(tmp_path / "f")
+    assert scalars["rollout/env_errors"][0] == (1, 8.0)  # 4 tasks x 2 samples of the first batch
+    assert [s for s, _ in scalars["reward/flaky"]] == [2, 3]
+    assert all(0 <= v <= 1 for _, v in scalars["reward/flaky"])
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["env"] == "single"
+
+
+@pytest.mark.slow
+def test_a_worker_imports_the_reward_file_and_its_scores_reach_the_learner(rewards_file, tmp_path):
+    assert main([*TINY_ARGS, *PIPELINE, "--num-workers", "1", "--reward", f"{rewards_file}:trl_all",
+                 "--env", "math", "--reward-mode", "replace", "--max-steps", "2", "--eval-tasks", "",
+                 "--output-dir", str(tmp_path), "--run-name", "w"]) == 0
+    scalars = read_scalars(tmp_path / "w")
+    assert scalars["reward/trl_all"] == [(1, 0.5), (2, 0.5)]
+    assert [v for _, v in scalars["reward/mean"]] == [0.5, 0.5]  # replace: the math env's 0/1 is gone
+    assert not math.isnan(scalars["loss/policy"][0][1])
