@@ -145,6 +145,8 @@ class TrainConfig:
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
     mask_truncated: bool = False
     """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
+    memory_plan_only: bool = False
+    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
     # --- processes and devices ---
     serial: bool = False
     """Run rollout and learning in this one process (the debug path)."""
