@@ -145,6 +145,9 @@ class TrainConfig:
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
     mask_truncated: bool = False
     """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing (transformers' own, non-reentrant): each decoder layer keeps only its input for the
+    backward and is recomputed there: less learner memory for more compute; turns the shared-prompt-prefix forward off."""
     memory_plan_only: bool = False
     """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
     # --- processes and devices ---
