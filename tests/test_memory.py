@@ -114,3 +114,27 @@ def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "0.54 GB of /dev/shm, 0.07 GB" in line and "--shm-size" in line and "--ipc=host" in line
     assert "Traceback" not in r.stderr and not runs.exists()
+
+
+def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProcess:
+    from tests.procs import train_command
+
+    return subprocess.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_the_last_step(tmp_path):
+    r = run_with_fault(tmp_path, "learner_oom:2", "--serial", "--max-steps", "3")
+    assert r.returncode == 1, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("[failed] out of memory")]
+    assert line.startswith("[failed] out of memory at step 2; the plan was: [memory] learner cpu: weights")
+    assert "--grad-checkpointing" in line
+    assert (tmp_path / "r" / "checkpoints" / "step_1").is_dir() and not (tmp_path / "r" / "final_model").exists()
+
+
+def test_a_worker_out_of_memory_is_said_and_the_worker_restarts(tmp_path):
+    r = run_with_fault(tmp_path, "worker_oom", "--num-workers", "1", "--max-steps", "2", "--restart-backoff-s", "0.2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "out of memory on cpu" in out and "restarting it in" in out
+    assert (tmp_path / "r" / "final_model").is_dir()
