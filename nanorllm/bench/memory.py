@@ -11,6 +11,7 @@ already holds the block (it is its parameters on a CPU learner, or a part of its
 """
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,15 +48,19 @@ def measure(flags: list[str]) -> dict:
     devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
     plan = plan_run(cfg, devices)
     with tempfile.TemporaryDirectory() as tmp:
+        log = open(Path(tmp) / "console.txt", "w+")
         proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "train.py"), *flags, "--output-dir", tmp],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
         peaks: dict[int, int] = {}
         t0 = time.perf_counter()
         while proc.poll() is None:
             for pid in [proc.pid, *children(proc.pid)]:
                 peaks[pid] = max(peaks.get(pid, 0), vm_hwm(pid))
             time.sleep(0.2)
-        err = proc.stderr.read()
+        log.seek(0)
+        err = log.read()
+        log.close()
+    step_s = [float(m) for m in re.findall(r"step \d+/\d+ \|[^\n\r]*\| ([0-9.]+) s", err)]
     if proc.returncode != 0:
         raise SystemExit(f"the run exited {proc.returncode}:\n{err[-2000:]}")
     learner = peaks.pop(proc.pid)
@@ -65,7 +70,7 @@ def measure(flags: list[str]) -> dict:
         rows.append({"process": f"worker {i}", "planned_gb": (p.total + plan.shm_bytes) / GB, "measured_gb": m / GB})
     for r in rows:
         r["error"] = r["planned_gb"] / r["measured_gb"] - 1
-    return {"flags": flags, "plan": plan.table(), "rows": rows, "wall_s": time.perf_counter() - t0}
+    return {"flags": flags, "plan": plan.table(), "rows": rows, "wall_s": time.perf_counter() - t0, "step_s": step_s}
 
 
 def main(argv: list[str]) -> int:
@@ -76,6 +81,7 @@ def main(argv: list[str]) -> int:
     flags = argv[argv.index("--") + 1:] if "--" in argv else argv
     result = measure(flags)
     print(result["plan"])
+    print(f"step seconds: {result['step_s']}")
     for r in result["rows"]:
         within = "met" if abs(r["error"]) <= 0.2 else "missed"
         print(f"{r['process']}: planned {r['planned_gb']:.2f} GB, measured {r['measured_gb']:.2f} GB "
