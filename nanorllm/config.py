@@ -236,6 +236,11 @@ class TrainConfig:
     linearly over the buffer's tokens, from its episode's reward before advantages (0: off)."""
     overlong_penalty: float = 1.0
     """The most an overlong response loses (overlong_buffer > 0)."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing (transformers' own, non-reentrant): each decoder layer keeps only its input for the
+    backward and is recomputed there: less learner memory for more compute; turns the shared-prompt-prefix forward off."""
+    memory_plan_only: bool = False
+    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
     # --- processes and devices ---
     serial: bool = False
     """Run rollout and learning in this one process (the debug path)."""

@@ -9,6 +9,8 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
     learner_step:N   the learner raises an exception when it is about to train step N
     disk_full:N      writing step N's checkpoint fails with ENOSPC after the model files are written
     nan_weights:N    one weight turns NaN as step N's update starts (an update that diverged)
+    learner_oom:N    the learner raises torch.OutOfMemoryError as step N's update starts (a CUDA OOM there)
+    worker_oom       worker 0's first process raises torch.OutOfMemoryError in its first job (a decode OOM)
     grader_hang      every env step sleeps for an hour (a grader stuck where no timeout reaches)
     fixed_answer:T   every response is graded as if it were T (a model that always answers T, e.g.
                      \\boxed{1}: the tiny random model never closes a box, so it never reaches the grader)
@@ -35,6 +37,10 @@ def before_update(step: int, params: list) -> None:
     turns the first of the (name, parameter) pairs that train NaN."""
     if fault("learner_step") == str(step):
         raise RuntimeError(f"injected fault: learner_step {step}")
+    if fault("learner_oom") == str(step):
+        import torch
+
+        raise torch.OutOfMemoryError(f"injected fault: learner_oom {step}")
     if fault("nan_weights") == str(step):
         import torch
 

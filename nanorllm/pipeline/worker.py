@@ -13,7 +13,8 @@ Staying honest with the learner, which must be able to tell a slow worker from a
   or grading which task);
 - the stop signal is a flag in shared memory, so there is no lock for a dying process to hold;
 - any exception outside an episode is sent to the learner as a message and printed here, so a
-  worker that cannot start still says why. An exception inside a job fails only that job.
+  worker that cannot start still says why. An exception inside a job fails only that job; an out-of-memory
+  error stops the worker (said as such), which restarts like any worker that died.
 Workers ignore SIGINT: Ctrl-C goes to the launcher, which saves, then stops them. Each worker leads its
 own process group, so the processes an env's code starts go with it when the pool stops it.
 """
@@ -87,9 +88,12 @@ def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int
     sender = _Sender(results, cfg.queue_size, torn=fault("torn_result") is not None and worker_id == 0
                      and incarnation == 0)
     try:
-        _serve(worker_id, cfg, device, threads, num_processes, jobs, sender, weights, heartbeat, stop)
-    except BaseException:
+        _serve(worker_id, cfg, device, threads, num_processes, jobs, sender, weights, heartbeat, stop,
+               inject_oom=fault("worker_oom") is not None and worker_id == 0 and incarnation == 0)
+    except BaseException as e:
         error = traceback.format_exc()
+        if isinstance(e, torch.OutOfMemoryError):  # the whole process restarts: its memory goes back
+            error = f"out of memory on {device}; the run's plan: see its [memory] line\n{error}"
         print(f"[worker {worker_id}] stopped by an error:\n{error}", file=sys.stderr, flush=True)
         sender.put(Fatal(worker_id, error), waiting=lambda: None)
         sender.drain(timeout_s=5.0)
@@ -97,7 +101,7 @@ def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int
 
 
 def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender: _Sender, weights,
-           hb, stop: torch.Tensor) -> None:
+           hb, stop: torch.Tensor, *, inject_oom: bool = False) -> None:
     hb.doing(wid, "starting")
     if device.startswith("cuda"):
         torch.cuda.set_device(device)  # this process's default device, for allocations we do not place
@@ -148,10 +152,14 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
         engine.watch = lambda activity, task, jid=job.job_id: hb.doing(wid, activity, jid, task)
         t_run = time.perf_counter()
         try:
+            if inject_oom:
+                raise torch.OutOfMemoryError("injected fault: worker_oom")
             out = engine.run(job.tasks, num_samples=job.num_samples, group_ids=job.group_ids, seed=job.seed)
             for r in out.results:
                 r.worker_id = wid
             msg = JobDone(job.job_id, wid, policy.version, out.results, acc, out.timings)
+        except torch.OutOfMemoryError:
+            raise  # not this job's fault: the process restarts (its allocator's memory with it), the job is re-issued
         except Exception:
             msg = JobFailed(job.job_id, wid, policy.version, traceback.format_exc(), acc)
         now = time.perf_counter()

@@ -58,6 +58,7 @@ class HFCausalPolicy(Policy):
         self.model = model.to(device)
         self.train_module = self.model  # what the learner's forward calls: the model, its DDP wrapper or its FSDP shards
         self.share_prefix = True  # the shared-prompt-prefix forward (off under FSDP: its shapes depend on the data)
+        self.grad_checkpointing = False  # set by enable_grad_checkpointing
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
@@ -255,7 +256,8 @@ class HFCausalPolicy(Policy):
             hook = net.get_output_embeddings().register_forward_pre_hook(
                 lambda _, args: (args[0].flatten(0, 1).index_select(0, rows)[None], *args[1:]))
             try:
-                logits = self.train_module(input_ids=ids, logits_to_keep=0, **kwargs).logits  # (1, N, V)
+                with self._checkpointed_layers():
+                    logits = self.train_module(input_ids=ids, logits_to_keep=0, **kwargs).logits  # (1, N, V)
             finally:
                 hook.remove()
         if logits.shape[:2] != (1, rows.shape[0]):  # shapes are host metadata: no device read
@@ -263,6 +265,39 @@ class HFCausalPolicy(Policy):
                                f"{tuple(logits.shape)} for {rows.shape[0]} positions); HFCausalPolicy.forward "
                                "gathers them in a forward pre-hook on get_output_embeddings()")
         return ForwardOutput(logits=logits[0])
+
+    def enable_grad_checkpointing(self) -> None:
+        """Activation checkpointing through transformers' own (non-reentrant): each decoder layer keeps its
+        input only and is recomputed in the backward. Two things transformers does not do for us:
+        it checkpoints a layer only while `layer.training` is true, and the learner's forward runs in eval
+        mode (--disable-dropout), so `forward` marks the decoder layers alone as training (their dropouts
+        and attention stay in eval mode: the same function); and it drops a KV cache handed to a
+        checkpointed layer, so the shared-prompt-prefix forward (which hands the prefix's keys and values
+        to every layer) is off: each row computes its prefix, which the checkpointing recomputes too."""
+        kwargs = {"use_reentrant": False}
+        if hasattr(self.model, "activation_checkpointing_enable"):  # transformers 5.x's name; the old one warns
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self.grad_checkpointing, self.share_prefix = True, False
+
+    @contextlib.contextmanager
+    def _checkpointed_layers(self):
+        """While the forward runs: the decoder layers (only them) in training mode, so transformers checkpoints them."""
+        if not self.grad_checkpointing:
+            yield
+            return
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in self._trained_model().modules() if isinstance(m, GradientCheckpointingLayer)]
+        was = [m.training for m in layers]
+        for m in layers:
+            m.training = True
+        try:
+            yield
+        finally:
+            for m, w in zip(layers, was):
+                m.training = w
 
     def _trained_model(self) -> torch.nn.Module:
         """The model the learner's forward runs: this one, the one inside its DDP wrapper, or its FSDP

@@ -27,6 +27,8 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     configure_threads(ranks.device, cfg.threads, start["processes"])
     policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
                                       lora=LoraSpec.from_config(cfg))  # adapters: rank 0's reach it in attach
+    if cfg.grad_checkpointing:
+        policy.enable_grad_checkpointing()
     ref_policy = reference_policy(policy, cfg, ranks.device, start["reference_model"])
     optimizer = make_optimizer(policy, cfg)
     source, remote = None, ranks.nodes > 1 and not cfg.serial

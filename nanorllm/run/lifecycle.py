@@ -14,7 +14,8 @@ Ctrl-C / SIGTERM / SIGHUP (signals.py): the step in progress is abandoned (or, i
 has begun, seen through), the shutdown runs, exit code 130 / 143 / 129. An error: the traceback, the
 same shutdown, exit code 1. Bad input (task file, config, checkpoint, a resume that changes the model
 or the task order, devices, a run folder another process holds, LoRA targets the model lacks): exit code 2
-before anything is written (the run folder and its lock file aside).
+before anything is written (the run folder and its lock file aside). A memory plan that does not fit the
+machine (nanorllm/memory/plan.py) is refused with exit 2 before even that, before any model loads.
 """
 
 import os
@@ -25,20 +26,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, plan_run
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.policy.lora import LoraError
-from nanorllm.ranks.group import under_torchrun
+
+from nanorllm.ranks.group import learner_spec, under_torchrun
 from nanorllm.run.args import parse_train_args
 from nanorllm.run.ranks import follow_torchrun, start_learner
 from nanorllm.trainer.checkpoint import CheckpointError
 from nanorllm.trainer.loop import TrainedNothing, TrainingRun
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
-from nanorllm.utils.devices import DeviceError
+from nanorllm.utils.devices import DeviceError, resolve_devices
 
-BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError)
+BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError)
 
 
 @dataclass
@@ -64,6 +69,26 @@ def make_source(run: TrainingRun) -> RolloutSource:
                           ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop_requested)
 
 
+def check_memory(cfg: TrainConfig, *, quiet: bool = False) -> tuple[bool, MemoryPlan | None]:
+    """(go on, the memory plan of `cfg` on its devices), the plan printed (one line); MemoryPlanError if it
+    does not fit. False: --memory-plan-only (the caller stops, exit 0). Before any model loads or anything
+    is written."""
+    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
+    plan = plan_run(cfg, devices)
+    if plan is None:
+        if not quiet or cfg.memory_plan_only:
+            print(f"[memory] no plan: the config of {cfg.model!r} cannot be read without loading it", flush=True)
+        return not cfg.memory_plan_only, None
+    if not quiet or cfg.memory_plan_only:
+        print(plan.table(), flush=True)
+    if cfg.memory_plan_only:
+        return False, plan
+    problems = plan.problems()
+    if problems:
+        raise MemoryPlanError("; ".join(problems))
+    return True, plan
+
+
 def _attempt(what: str, fn: Callable[[], object]) -> None:
     """Run one shutdown action; an error in it is printed, never raised over the original one."""
     try:
@@ -82,6 +107,15 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     False for a run whose folder is thrown away (benchmarks) -- no save at shutdown. on_step(run, n):
     called once before the first step (n = start step) and after each step n is on record. finish(run):
     what a finished run does once its workers are gone (default: final eval and final_model/)."""
+    plan = None
+    if resume_dir is None:  # a resumed run's config is read from its folder, in setup
+        try:
+            go, plan = check_memory(cfg, quiet=quiet)
+            if not go:
+                return RunOutcome(exit_code=0)
+        except (MemoryPlanError, DeviceError, LoraError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return RunOutcome(exit_code=2)
     run = TrainingRun(cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
     signals = StopSignals(run)
     source, status, out = None, "failed", RunOutcome(exit_code=1)
@@ -113,6 +147,12 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     except TrainedNothing as e:
         signals.may_raise = False
         print(f"[failed] {e}", file=sys.stderr, flush=True)
+    except torch.OutOfMemoryError:
+        signals.may_raise = False
+        traceback.print_exc()
+        print(f"[failed] out of memory at step {run.final_step + 1}; the plan was: {plan.table() if plan else 'none'}; "
+              "shrink it with --lora-rank, --dtype bf16, --grad-checkpointing, --micro-batch-tokens, "
+              "--max-batch-episodes, --num-workers", file=sys.stderr, flush=True)
     except BaseException:
         signals.may_raise = False
         traceback.print_exc()

@@ -196,6 +196,8 @@ class TrainingRun:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
+        if cfg.grad_checkpointing:
+            self.policy.enable_grad_checkpointing()
         self.say(trainable_line(self.policy))
         self.check_prompt_lengths()
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise

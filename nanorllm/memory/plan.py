@@ -1,0 +1,241 @@
+"""A memory plan before anything loads: what each process of a run will hold, and whether it fits.
+
+Out-of-memory is otherwise learnt from a crash minutes in (or from the kernel's OOM killer, silently).
+The plan counts, per process, from the model's config alone (the model built on the `meta` device:
+exact parameter counts, no weights):
+
+    learner   weights (fp32 masters; under LoRA the frozen base in --dtype + fp32 adapters),
+              grads and AdamW's two moments (of what trains), activations of the largest
+              micro-batch, the slot KV cache of its own decoding (held-out eval, --serial rollouts),
+              counted at a step's rollout size
+    worker i  its replica (in --dtype), its slot KV cache
+    /dev/shm  the shared weight block (pipeline/weights.py): on a CPU learner whose parameters are
+              stored in the replica dtype it IS the learner's weights, counted once
+
+and a process's runtime (Python, torch, transformers: RUNTIME_BYTES). Everything on CPU shares the
+host's MemAvailable; a CUDA device's parts are held against its `mem_get_info`. The activation
+figure is the saved values of the forward (10 x hidden + 4 x intermediate per layer and token, in
+the compute dtype) plus the head's fp32 logits work at the scored tokens only (the head gather):
+what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+
+RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transformers and nanorllm (measured here)
+LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
+HEAD_BYTES_PER_VOCAB = 20  # fp32 logits, log-softmax, its exp, the entropy's product, the gradient
+CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
+FIRST_PROMPT_TOKENS = 256  # a first prompt's length before the tokenizer is loaded (system prompt, worked example)
+FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
+GB = 1e9
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit this machine: the message names the biggest parts and the flags that shrink them."""
+
+
+def model_config(name: str):
+    """The transformers config of a model name, without loading weights; None where it cannot be read
+    without loading (a peft adapter folder, a hub id not cached)."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from nanorllm.policy.byte_tokenizer import tiny_tokenizer
+    from nanorllm.policy.models import SMOLLM2, TINY, cache_dir
+    from nanorllm.policy.presets import PRESETS, PREFIX, is_preset
+
+    if is_preset(name):
+        key = name.removeprefix(PREFIX)
+        if key not in PRESETS:
+            return None
+        _, config_cls, shape = PRESETS[key]
+        return config_cls(**shape)
+    if name == TINY:
+        return LlamaConfig(vocab_size=len(tiny_tokenizer()), hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    if name == SMOLLM2:
+        cached = cache_dir() / SMOLLM2
+        if (cached / "config.json").exists():
+            return AutoConfig.from_pretrained(cached)
+        _, config_cls, shape = PRESETS["smollm2-135m"]  # the GGUF's architecture, not yet converted
+        return config_cls(**shape)
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):
+        return None
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
+    except Exception:
+        return None
+
+
+def parameter_counts(config, lora) -> tuple[int, int]:
+    """(every parameter, those that train) of the model `config` describes, counted on the meta device;
+    `lora` a LoraSpec (its adapters train) or None (everything trains)."""
+    from transformers import AutoModelForCausalLM
+
+    from nanorllm.policy.lora import target_names
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    if lora is None:
+        return total, total
+    leaves = set(target_names(model, lora.targets))
+    adapters = sum(lora.rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in leaves
+                   and m is not model.get_output_embeddings())
+    return total + adapters, adapters
+
+
+@dataclass
+class Part:
+    name: str
+    nbytes: int
+    note: str = ""
+
+
+@dataclass
+class Process:
+    name: str  # "learner", "worker 0", ...
+    device: str
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def line(self) -> str:
+        parts = ", ".join(f"{p.name} {p.nbytes / GB:.2f}{f' ({p.note})' if p.note else ''}" for p in self.parts)
+        return f"{self.name} {self.device}: {parts} = {self.total / GB:.2f} GB"
+
+
+@dataclass
+class MemoryPlan:
+    processes: list[Process]
+    shm_bytes: int  # the shared weight block(s) in host shared memory
+    shm_free: int
+    free: dict[str, int]  # bytes free per device ("cpu": the host's MemAvailable)
+    micro_batch_tokens: int
+
+    def need(self) -> dict[str, int]:
+        """Bytes planned per device; /dev/shm pages are host memory too (counted in the learner's weights
+        where they are the learner's parameters, else as a part of their own on "cpu")."""
+        out: dict[str, int] = {}
+        for p in self.processes:
+            key = "cpu" if p.device == "cpu" else p.device
+            out[key] = out.get(key, 0) + p.total
+        return out
+
+    def table(self) -> str:
+        cells = [p.line() for p in self.processes]
+        cells.append(f"/dev/shm: {self.shm_bytes / GB:.2f} of {self.shm_free / GB:.1f} GB free")
+        cells += [f"{'machine' if d == 'cpu' else d} {f / GB:.1f} GB free" for d, f in self.free.items()]
+        return "[memory] " + " | ".join(cells)
+
+    def problems(self) -> list[str]:
+        """What does not fit, each with its figures, the biggest parts and the flags that shrink them."""
+        out = []
+        for device, need in self.need().items():
+            free = self.free.get(device, 1 << 62)
+            if need > FIT_SHARE * free:
+                parts = sorted(((f"{p.name} {pr.name}", p.nbytes) for pr in self.processes
+                                if (pr.device == "cpu") == (device == "cpu") and (device == "cpu" or pr.device == device)
+                                for p in pr.parts), key=lambda x: -x[1])[:3]
+                biggest = ", ".join(f"{n} {b / GB:.2f} GB" for n, b in parts)
+                out.append(f"the plan needs {need / GB:.1f} GB on {'the host (all CPU processes)' if device == 'cpu' else device}, "
+                           f"{free / GB:.1f} GB is free there; biggest: {biggest}. Shrink it with --lora-rank 16, "
+                           f"--dtype bf16, --grad-checkpointing, --micro-batch-tokens, --max-batch-episodes, --num-workers")
+        if self.shm_bytes > FIT_SHARE * self.shm_free:
+            out.append(f"the shared weight block needs {self.shm_bytes / GB:.2f} GB of /dev/shm, {self.shm_free / GB:.2f} GB "
+                       f"is free there; enlarge /dev/shm (a container: docker run --shm-size=2g, or --ipc=host), "
+                       f"or shrink the block with --dtype bf16 or --lora-rank 16, or run --serial (no shared block)")
+        return out
+
+
+def free_bytes(device: str) -> int:
+    """CUDA's free memory on `device`, or the host's MemAvailable."""
+    from nanorllm.policy.slot_cache import free_memory
+
+    return free_memory(torch.device(device))
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 1 << 62
+
+
+def activation_bytes(config, tokens: int, *, dtype_bytes: int, scored_frac: float, checkpointing: bool) -> int:
+    """Bytes a forward/backward of `tokens` padded tokens keeps alive at its peak (module docstring)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    layer = (LAYER_SAVED_PER_HIDDEN * hidden + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+    body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * dtype_bytes + layer) if checkpointing else layers * layer
+    return int(tokens * (body + scored_frac * HEAD_BYTES_PER_VOCAB * config.vocab_size))
+
+
+def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
+    """policy/slot_cache.py's cache_bytes, from the config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * config.num_hidden_layers * (slots + 1) * kv_heads * width * head_dim * dtype_bytes
+
+
+def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None
+             ) -> MemoryPlan | None:
+    """The plan of `cfg` on `devices` (a DeviceMap); None where the model's config cannot be read
+    without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default)."""
+    from nanorllm.policy.lora import LoraSpec
+    from nanorllm.rollout.engine import FEEDBACK_TOKENS
+
+    config = config if config is not None else model_config(cfg.model)
+    if config is None:
+        return None
+    lora = LoraSpec.from_config(cfg)
+    total, trainable = parameter_counts(config, lora)
+    compute = 2 if cfg.dtype in ("bfloat16", "bf16") else 4
+    learner_dev = devices.learner
+    # weights: fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters
+    weights = total * 4 if lora is None else (total - trainable) * compute + trainable * 4
+    tokens = cfg.micro_batch_tokens or 4096
+    first = (cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64
+    episode = first + cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
+    width = -(-episode // 64) * 64
+    scored = min(1.0, cfg.max_turns * cfg.max_new_tokens / episode)
+    acts = activation_bytes(config, tokens, dtype_bytes=compute, scored_frac=scored,
+                            checkpointing=getattr(cfg, "grad_checkpointing", False))
+    rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
+    # the learner decodes the held-out eval (and --serial's rollouts): counted at a step's rollout size
+    learner_rows = min(rollout_rows, (cfg.eval_limit or rollout_rows) + 1) if not cfg.serial else rollout_rows
+    learner = Process("learner", learner_dev, [
+        Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
+        Part("activations", acts, f"{tokens} tokens"),
+        Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute)),
+        Part("runtime", RUNTIME_BYTES)])
+    if cfg.kl_coef > 0 and lora is None:
+        learner.parts.insert(3, Part("reference", total * compute))
+    processes = [learner]
+    # the shared block: what the workers load (every parameter, or the adapters), in the replica dtype
+    shm = 0
+    if devices.workers:
+        shared = (total if lora is None else trainable) * (compute if lora is None else 4)
+        in_place = learner_dev == "cpu" and lora is None and compute == 4
+        host_readers = any(not w.startswith("cuda") for w in devices.workers) or learner_dev == "cpu"
+        if host_readers:
+            shm = shared
+            if not in_place:
+                learner.parts.append(Part("shm block", shared))
+    for i, dev in enumerate(devices.workers):
+        replica = total * compute if lora is None else (total - trainable) * compute + trainable * 4
+        processes.append(Process(f"worker {i}", dev, [
+            Part("weights", replica),
+            Part("kv", kv_bytes(config, slots=rollout_rows, width=width, dtype_bytes=compute)),
+            Part("runtime", RUNTIME_BYTES if dev == "cpu" else 0)]))
+    devices_used = {"cpu"} | {p.device for p in processes}
+    free = dict(free) if free is not None else {d: free_bytes(d) for d in sorted(devices_used)}
+    return MemoryPlan(processes=processes, shm_bytes=shm, shm_free=shm_free_bytes() if shm_free is None else shm_free,
+                      free=free, micro_batch_tokens=tokens)

@@ -1,0 +1,140 @@
+"""The memory plan: exact parameter counts from a config alone, the KV cache's bytes as the cache counts
+them, and runs the plan refuses at start (exit 2, nothing loaded, nothing written) or only prints."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nanorllm.config import TrainConfig
+from nanorllm.memory.plan import GB, kv_bytes, model_config, parameter_counts, plan_run
+from nanorllm.policy.byte_tokenizer import tiny_tokenizer
+from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
+from nanorllm.policy.models import tiny_model
+from nanorllm.policy.slot_cache import cache_bytes
+from nanorllm.utils.devices import DeviceMap
+from tests.procs import ROOT, child_env
+
+TRAIN = [sys.executable, str(ROOT / "launch" / "train.py")]
+CPU = DeviceMap(learners=["cpu"], workers=["cpu"])
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        return int(dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]) * 1024
+
+
+def test_parameter_counts_from_the_config_alone_equal_the_built_models():
+    model = tiny_model(tiny_tokenizer())
+    assert parameter_counts(model_config("tiny-random"), None) == (sum(p.numel() for p in model.parameters()),) * 2
+    spec = LoraSpec(rank=4, alpha=8.0)
+    total, trainable = parameter_counts(model_config("tiny-random"), spec)
+    peft = add_adapters(model, spec, base_name="tiny-random")
+    assert trainable == sum(p.numel() for _, p in trainable_parameters(peft))
+    assert total == sum(p.numel() for p in peft.parameters())
+
+
+def test_the_default_model_and_presets_are_counted_without_weights():
+    assert parameter_counts(model_config("smollm2-135m-instruct"), None)[0] == 134_515_008
+    assert parameter_counts(model_config("preset:qwen2.5-1.5b"), None)[0] == 1_543_714_304
+
+
+def test_kv_bytes_are_the_slot_caches():
+    model = tiny_model(tiny_tokenizer())
+    for slots, width in [(9, 128), (257, 448)]:
+        assert kv_bytes(model.config, slots=slots, width=width, dtype_bytes=2) == \
+            cache_bytes(model, slots=slots, width=width, dtype=torch.bfloat16)
+
+
+def test_the_plan_sums_weights_grads_adam_and_refuses_what_the_host_cannot_hold():
+    cfg = TrainConfig(model="preset:qwen2.5-1.5b")
+    plan = plan_run(cfg, CPU, free={"cpu": 200 * 10**9}, shm_free=100 * 10**9)
+    learner = {p.name: p.nbytes for p in plan.processes[0].parts}
+    n = 1_543_714_304
+    assert (learner["weights"], learner["grads"], learner["adam"]) == (4 * n, 4 * n, 8 * n)
+    assert plan.shm_bytes == 4 * n  # the CPU learner's fp32 parameters are the shared block, counted once
+    assert plan.problems() == []
+    small = plan_run(cfg, CPU, free={"cpu": 16 * 10**9}, shm_free=100 * 10**9)
+    [problem] = small.problems()
+    assert "activations learner" in problem and "adam learner" in problem and "--lora-rank" in problem
+    lora = plan_run(TrainConfig(model="preset:qwen2.5-1.5b", lora_rank=16, dtype="bf16"), CPU,
+                    free={"cpu": 200 * 10**9}, shm_free=100 * 10**9)
+    parts = {p.name: p.nbytes for p in lora.processes[0].parts}
+    assert parts["adam"] < 0.02 * learner["adam"] and parts["weights"] < 0.55 * learner["weights"]
+    assert lora.shm_bytes == parts["grads"]  # only the fp32 adapters are shared
+
+
+def test_a_small_dev_shm_is_named_with_the_container_setting():
+    plan = plan_run(TrainConfig(), CPU, free={"cpu": 100 * 10**9}, shm_free=64 * 2**20)
+    [problem] = plan.problems()
+    assert "/dev/shm" in problem and "--shm-size" in problem and "--ipc=host" in problem
+    assert plan_run(TrainConfig(serial=True), DeviceMap(["cpu"], []), free={"cpu": 100 * 10**9},
+                    shm_free=64 * 2**20).problems() == []  # one process: no shared block
+
+
+def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
+    r = subprocess.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "[memory] learner cpu: weights" in r.stdout and "| worker 0 cpu:" in r.stdout and "/dev/shm:" in r.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(mem_available() > 50 * GB, reason="this host could hold a 1.5B fp32 full fine-tune's plan")
+def test_a_full_fine_tune_of_1_5b_in_fp32_is_refused_in_seconds_before_loading(tmp_path):
+    t0 = time.perf_counter()
+    r = subprocess.run([*TRAIN, "--model", "preset:qwen2.5-1.5b", "--output-dir", str(tmp_path / "runs")],
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert time.perf_counter() - t0 < 60
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert "adam learner" in line and "--lora-rank" in line and "--grad-checkpointing" in line
+    assert "[models]" not in r.stdout and "[engine]" not in r.stdout  # nothing loaded
+    assert not (tmp_path / "runs").exists()
+
+
+def unshare_allowed() -> bool:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not unshare_allowed(), reason="needs root and unshare -m for a private /dev/shm")
+def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written(tmp_path):
+    runs = tmp_path / "runs"
+    script = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {ROOT / 'launch' / 'train.py'} "
+              f"--output-dir {runs} --run-name r")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=child_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert "0.54 GB of /dev/shm, 0.07 GB" in line and "--shm-size" in line and "--ipc=host" in line
+    assert "Traceback" not in r.stderr and not runs.exists()
+
+
+def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProcess:
+    from tests.procs import train_command
+
+    return subprocess.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_the_last_step(tmp_path):
+    r = run_with_fault(tmp_path, "learner_oom:2", "--serial", "--max-steps", "3")
+    assert r.returncode == 1, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("[failed] out of memory")]
+    assert line.startswith("[failed] out of memory at step 2; the plan was: [memory] learner cpu: weights")
+    assert "--grad-checkpointing" in line
+    assert (tmp_path / "r" / "checkpoints" / "step_1").is_dir() and not (tmp_path / "r" / "final_model").exists()
+
+
+def test_a_worker_out_of_memory_is_said_and_the_worker_restarts(tmp_path):
+    r = run_with_fault(tmp_path, "worker_oom", "--num-workers", "1", "--max-steps", "2", "--restart-backoff-s", "0.2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "out of memory on cpu" in out and "restarting it in" in out
+    assert (tmp_path / "r" / "final_model").is_dir()
