@@ -305,6 +305,7 @@ class StuckEnv:
 
 class Stuck(EnvBundle):
     env_class = StuckEnv
+    default_tasks = "arith:max=20,terms=2,ops=+-,count=200,seed=1"  # math questions; the env grades none
 """
 FORKING_ENV = """
 import multiprocessing, subprocess
@@ -320,6 +321,7 @@ class ForkingEnv:
 
 class Forking(EnvBundle):
     env_class = ForkingEnv
+    default_tasks = "arith:max=20,terms=2,ops=+-,count=200,seed=1"  # math questions; the env grades none
 """
 
 
