@@ -115,6 +115,7 @@ def test_a_run_on_nan_rewards_fails_instead_of_reporting_done(tmp_path, mode):
             def step(self, response): return None, float("nan"), True, {}
         class Nanny(EnvBundle):
             env_class = NanEnv
+            default_tasks, default_eval_tasks = "arith:count=40,seed=1", "arith:count=8,seed=2"
     """)
     rc, out, _ = run_train([*mode, "--env", env, "--max-steps", "4", "--run-name", "n"], tmp_path / "runs")
     assert rc == 1, out
@@ -197,6 +198,7 @@ def test_an_env_that_breaks_the_protocol_for_some_tasks_trains_on_the_others(tmp
                 return None, float(len(response) % 2), True, {}
         class Sloppy(EnvBundle):
             env_class = SloppyEnv
+            default_tasks, default_eval_tasks = "arith:count=40,seed=1", "arith:count=8,seed=2"
     """)
     rc, out, _ = run_train(["--serial", "--env", env, "--max-steps", "2", "--run-name", "s", "--no-save-model",
                             "--no-drop-zero-std-groups"], tmp_path / "runs")
@@ -323,6 +325,7 @@ def test_a_worker_that_exits_inside_the_env_is_reported_as_grading(tmp_path):
                 return None, 0.0, True, {}
         class Quitter(EnvBundle):
             env_class = QuitEnv
+            default_tasks, default_eval_tasks = "arith:count=40,seed=1", "arith:count=8,seed=2"
     """)
     rc, out, _ = run_train(["--num-workers", "1", "--env", env, "--max-steps", "1", "--run-name", "q",
                             "--max-restarts-per-worker", "0"], tmp_path / "runs")
