@@ -34,3 +34,16 @@ def _import_module(where: str, spec: str):
             raise
         return module
     return importlib.import_module(where)
+
+
+def import_spec(spec: str, expected: str):
+    """(module, where, name) of a `where:name` spec, its module imported; `expected` says the form in the error."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise EnvSpecError(f"{spec!r}: expected {expected}")
+    try:
+        return _import_module(where, spec), where, name
+    except EnvSpecError:
+        raise
+    except Exception as e:
+        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e

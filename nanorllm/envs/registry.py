@@ -12,7 +12,7 @@ import math
 
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
-from nanorllm.envs.modules import EnvSpecError, _import_module  # noqa: F401  (EnvSpecError is imported from here)
+from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
                 "calc": "nanorllm.envs.calc_env:CalculatorTool",
@@ -128,15 +128,7 @@ def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
 def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0) -> AgentBundle:
     """The AgentBundle of an --agent spec (module.path:fn or path/to/file.py:fn), refused like an --env
     spec when it does not import, names nothing or names a function of the wrong signature."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise EnvSpecError(f"{spec!r}: expected module.path:function or path/to/file.py:function")
-    try:
-        module = _import_module(where, spec)
-    except EnvSpecError:
-        raise
-    except Exception as e:
-        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e
+    module, where, name = import_spec(spec, "module.path:function or path/to/file.py:function")
     fn = getattr(module, name, None)
     if fn is None:
         raise EnvSpecError(f"{spec!r}: {where!r} has no {name!r}")

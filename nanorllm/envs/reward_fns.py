@@ -32,7 +32,7 @@ from typing import Callable
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.envs.modules import EnvSpecError, _import_module
+from nanorllm.envs.modules import EnvSpecError, import_spec
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 _reported: set[tuple] = set()
@@ -111,15 +111,7 @@ class RewardFunction:
 
 def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
     """The function a spec names (path/to/file.py:fn or module.path:fn), its signature recognised."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise EnvSpecError(f"{spec!r}: expected path/to/file.py:function or module.path:function")
-    try:
-        module = _import_module(where, spec)
-    except EnvSpecError:
-        raise
-    except Exception as e:
-        raise EnvSpecError(f"{spec!r}: cannot import {where!r}: {type(e).__name__}: {e}") from e
+    module, where, name = import_spec(spec, "path/to/file.py:function or module.path:function")
     fn = getattr(module, name, None)
     if not callable(fn):
         raise EnvSpecError(f"{spec!r}: {where!r} has no function {name!r}")
