@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nanorllm.config import TrainConfig
-from nanorllm.memory.plan import GB, kv_bytes, model_config, parameter_counts, plan_run
+from nanorllm.memory.plan import GB, kv_bytes, largest_micro_batch, model_config, parameter_counts, plan_run
+from nanorllm.memory.prompts import PromptShape, prompt_shape
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
 from nanorllm.policy.models import tiny_model
@@ -66,6 +67,45 @@ def test_the_plan_sums_weights_grads_adam_and_refuses_what_the_host_cannot_hold(
     parts = {p.name: p.nbytes for p in lora.processes[0].parts}
     assert parts["adam"] < 0.02 * learner["adam"] and parts["weights"] < 0.55 * learner["weights"]
     assert lora.shm_bytes == parts["grads"]  # only the fp32 adapters are shared
+
+
+def test_the_first_prompts_are_measured_as_the_rollout_renders_them():
+    from nanorllm.envs.registry import env_from_config, task_specs
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+
+    cfg = TrainConfig(model="tiny-random")
+    shape = prompt_shape(cfg)
+    policy = HFCausalPolicy.from_name("tiny-random")
+    env = env_from_config(cfg)
+    tasks = env.load_tasks(task_specs(cfg, env)[0], limit=8)
+    prompts = []
+    for t in tasks:
+        agent = env.make_agent()
+        agent.reset(t, t["question"])
+        prompts.append(policy.first_prompt_ids(agent.messages))
+    assert shape.first == max(map(len, prompts))
+    n = shape.shared
+    assert 0 < n < min(map(len, prompts)) and len({tuple(p[:n]) for p in prompts}) == 1
+    assert len({p[n] for p in prompts}) > 1  # the longest common prefix, not a shorter one
+    assert prompt_shape(TrainConfig(model="/no/such/model")) is None  # no tokenizer without loading: the guess
+
+
+def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_can_fill():
+    cfg = TrainConfig()  # 8 tasks x 4 samples, 2 turns of 32 tokens
+    mb = largest_micro_batch(cfg, budget=4096, width=276, shared=71)
+    assert (mb.rows, mb.tokens, mb.scored) == (14, 14 * 205 + 71, 14 * 64)  # 4096 // 276 = 14 rows
+    assert largest_micro_batch(TrainConfig(tasks_per_step=2, num_samples_per_task=2), budget=4096, width=276,
+                               shared=71).rows == 4  # a step of 4 episodes fills no more
+    ckpt = largest_micro_batch(TrainConfig(grad_checkpointing=True), budget=4096, width=276, shared=71)
+    assert (ckpt.shared, ckpt.tokens) == (0, 14 * 276)  # checkpointed layers get no shared KV: each row its prefix
+    assert largest_micro_batch(cfg, budget=4096, width=5000, shared=71).tokens == 5000  # one long row, alone
+    big = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
+                   prompts=PromptShape(first=84, shared=71))
+    small = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
+                     prompts=PromptShape(first=84, shared=0))
+    act = {p.name: p.nbytes for p in big.processes[0].parts}["activations"]
+    assert act < {p.name: p.nbytes for p in small.processes[0].parts}["activations"]
+    assert "14 x 276 tokens, 71 shared" in big.table()
 
 
 def test_a_small_dev_shm_is_named_with_the_container_setting():

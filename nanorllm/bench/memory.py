@@ -3,9 +3,9 @@
     python -m nanorllm.bench.memory [--json out.json] -- TRAIN_FLAGS...
     python -m nanorllm.bench.memory -- --max-steps 1 --eval-limit 8 --no-save-model     # the default model
 
-One launch/train.py run with TRAIN_FLAGS (its run folder in a temporary directory), its processes'
-VmHWM (/proc/<pid>/status) read every 0.2 s until it exits: the learner's, and every child that loaded
-a model (a worker: the largest children, one per worker). A worker's RSS also counts the pages of the
+One launch/train.py run with TRAIN_FLAGS (its run folder in a temporary directory unless TRAIN_FLAGS
+name an --output-dir), its processes' VmHWM (/proc/<pid>/status) read every 0.2 s until it exits: the
+learner's, and every child that loaded a model (a worker: the largest children, one per worker). A worker's RSS also counts the pages of the
 shared weight block it reads, so its planned peak is its plan plus that block; the learner's plan
 already holds the block (it is its parameters on a CPU learner, or a part of its own).
 """
@@ -49,7 +49,9 @@ def measure(flags: list[str]) -> dict:
     plan = plan_run(cfg, devices)
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "console.txt", "w+")
-        proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "train.py"), *flags, "--output-dir", tmp],
+        keep = "--output-dir" in flags or any(f.startswith("--output-dir=") for f in flags)  # the run folder is kept
+        proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "train.py"), *flags,
+                                 *([] if keep else ["--output-dir", tmp])],
                                 stdout=log, stderr=subprocess.STDOUT, text=True)
         peaks: dict[int, int] = {}
         t0 = time.perf_counter()
@@ -70,7 +72,8 @@ def measure(flags: list[str]) -> dict:
         rows.append({"process": f"worker {i}", "planned_gb": (p.total + plan.shm_bytes) / GB, "measured_gb": m / GB})
     for r in rows:
         r["error"] = r["planned_gb"] / r["measured_gb"] - 1
-    return {"flags": flags, "plan": plan.table(), "rows": rows, "wall_s": time.perf_counter() - t0, "step_s": step_s}
+    return {"flags": flags, "plan": plan.table(), "rows": rows, "wall_s": time.perf_counter() - t0, "step_s": step_s,
+            "console_tail": err[-3000:]}
 
 
 def main(argv: list[str]) -> int:

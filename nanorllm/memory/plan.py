@@ -17,6 +17,10 @@ host's MemAvailable; a CUDA device's parts are held against its `mem_get_info`. 
 figure is the saved values of the forward (10 x hidden + 4 x intermediate per layer and token, in
 the compute dtype) plus the head's fp32 logits work at the scored tokens only (the head gather):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
+It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
+first prompt measured with the tokenizer, memory/prompts.py; every turn's response at --max-new-tokens)
+as the token budget holds, the prompt's shared leading tokens once (the shared-prefix forward), each
+row's responses scored.
 """
 
 import os
@@ -25,11 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanorllm.memory.prompts import PromptShape, prompt_shape
+
 RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transformers and nanorllm (measured here)
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
 HEAD_BYTES_PER_VOCAB = 20  # fp32 logits, log-softmax, its exp, the entropy's product, the gradient
 CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
-FIRST_PROMPT_TOKENS = 256  # a first prompt's length before the tokenizer is loaded (system prompt, worked example)
+FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/prompts.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
 GB = 1e9
 
@@ -168,13 +174,43 @@ def shm_free_bytes(path: str = "/dev/shm") -> int:
         return 1 << 62
 
 
-def activation_bytes(config, tokens: int, *, dtype_bytes: int, scored_frac: float, checkpointing: bool) -> int:
-    """Bytes a forward/backward of `tokens` padded tokens keeps alive at its peak (module docstring)."""
+def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, checkpointing: bool) -> int:
+    """Bytes a forward/backward keeps alive at its peak (module docstring): `tokens` computed through the
+    decoder, `scored` of them through the head."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     inter = getattr(config, "intermediate_size", None) or 4 * hidden
     layer = (LAYER_SAVED_PER_HIDDEN * hidden + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
     body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * dtype_bytes + layer) if checkpointing else layers * layer
-    return int(tokens * (body + scored_frac * HEAD_BYTES_PER_VOCAB * config.vocab_size))
+    return int(tokens * body + scored * HEAD_BYTES_PER_VOCAB * config.vocab_size)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest micro-batch a run forms: `rows` episodes of `width` tokens, `shared` leading ones computed once."""
+
+    rows: int
+    width: int
+    shared: int
+    scored_per_row: int
+
+    @property
+    def tokens(self) -> int:  # through the decoder
+        return self.rows * (self.width - self.shared) + self.shared
+
+    @property
+    def scored(self) -> int:  # through the head
+        return self.rows * self.scored_per_row
+
+
+def largest_micro_batch(cfg, *, budget: int, width: int, shared: int) -> MicroBatch:
+    """trainer/micro_batches.py's chunking of a step's longest episodes: rows x width within `budget` (one
+    row when an episode is longer), never more rows than a step has episodes. The shared prefix is computed
+    once unless the forward cannot share it (dropout on, --grad-checkpointing, FSDP: HFCausalPolicy.forward)."""
+    episodes = cfg.tasks_per_step * cfg.num_samples_per_task
+    rows = max(1, min(episodes, budget // width))
+    sharing = cfg.disable_dropout and not getattr(cfg, "grad_checkpointing", False) and cfg.learner_parallel != "fsdp"
+    return MicroBatch(rows=rows, width=width, shared=min(shared, width - 1) if sharing and rows > 1 else 0,
+                      scored_per_row=cfg.max_turns * cfg.max_new_tokens)
 
 
 def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
@@ -185,10 +221,11 @@ def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
     return 2 * config.num_hidden_layers * (slots + 1) * kv_heads * width * head_dim * dtype_bytes
 
 
-def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None
-             ) -> MemoryPlan | None:
+def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
+             prompts: PromptShape | None = None) -> MemoryPlan | None:
     """The plan of `cfg` on `devices` (a DeviceMap); None where the model's config cannot be read
-    without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default)."""
+    without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default);
+    `prompts`: the first prompts' shape (measured here by default, memory/prompts.py)."""
     from nanorllm.policy.lora import LoraSpec
     from nanorllm.rollout.engine import FEEDBACK_TOKENS
 
@@ -202,18 +239,21 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     # weights: fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters
     weights = total * 4 if lora is None else (total - trainable) * compute + trainable * 4
     tokens = cfg.micro_batch_tokens or 4096
-    first = (cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64
+    prompts = prompt_shape(cfg) if prompts is None else prompts
+    if prompts is None:  # a guess: the tokenizer cannot be had without loading a model
+        prompts = PromptShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
+    first = min(prompts.first, cfg.max_prompt_tokens or prompts.first)
     episode = first + cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
-    width = -(-episode // 64) * 64
-    scored = min(1.0, cfg.max_turns * cfg.max_new_tokens / episode)
-    acts = activation_bytes(config, tokens, dtype_bytes=compute, scored_frac=scored,
+    width = -(-episode // 64) * 64  # the KV cache's slot width
+    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=prompts.shared)
+    acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
                             checkpointing=getattr(cfg, "grad_checkpointing", False))
     rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
     # the learner decodes the held-out eval (and --serial's rollouts): counted at a step's rollout size
     learner_rows = min(rollout_rows, (cfg.eval_limit or rollout_rows) + 1) if not cfg.serial else rollout_rows
     learner = Process("learner", learner_dev, [
         Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
-        Part("activations", acts, f"{tokens} tokens"),
+        Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
         Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute)),
         Part("runtime", RUNTIME_BYTES)])
     if cfg.kl_coef > 0 and lora is None:

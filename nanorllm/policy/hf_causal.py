@@ -113,8 +113,7 @@ class HFCausalPolicy(Policy):
 
     # ---- prompts as token streams ----------------------------------------------------------
     def first_prompt_ids(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_message: dict) -> list[int]:
         # Render a placeholder assistant turn followed by the new message; the text after the
@@ -344,6 +343,12 @@ def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
 
 
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """An opening prompt's token ids: the chat template with its generation prompt."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:
