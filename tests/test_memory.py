@@ -12,7 +12,7 @@ import torch
 
 from nanorllm.config import TrainConfig
 from nanorllm.memory.plan import GB, kv_bytes, largest_micro_batch, model_config, parameter_counts, plan_run
-from nanorllm.memory.prompts import PromptShape, prompt_shape
+from nanorllm.memory.tasks import TaskShape, task_shape
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
 from nanorllm.policy.models import tiny_model
@@ -74,7 +74,7 @@ def test_the_first_prompts_are_measured_as_the_rollout_renders_them():
     from nanorllm.policy.hf_causal import HFCausalPolicy
 
     cfg = TrainConfig(model="tiny-random")
-    shape = prompt_shape(cfg)
+    shape = task_shape(cfg)
     policy = HFCausalPolicy.from_name("tiny-random")
     env = env_from_config(cfg)
     tasks = env.load_tasks(task_specs(cfg, env)[0], limit=8)
@@ -87,7 +87,23 @@ def test_the_first_prompts_are_measured_as_the_rollout_renders_them():
     n = shape.shared
     assert 0 < n < min(map(len, prompts)) and len({tuple(p[:n]) for p in prompts}) == 1
     assert len({p[n] for p in prompts}) > 1  # the longest common prefix, not a shorter one
-    assert prompt_shape(TrainConfig(model="/no/such/model")) is None  # no tokenizer without loading: the guess
+    assert shape.eval_tasks == 200  # the math env's held-out set
+    assert task_shape(TrainConfig(model="tiny-random", eval_limit=8, eval_set=("a=arith:count=20,seed=3",))).eval_tasks == 8
+    assert task_shape(TrainConfig(model="/no/such/model")) is None  # no tokenizer without loading: the guess
+
+
+def test_the_learners_kv_cache_holds_every_held_out_episode_at_once():
+    config = model_config("tiny-random")
+    def learner_kv(cfg, eval_tasks):
+        plan = plan_run(cfg, CPU, config=config, free={"cpu": 10**12}, shm_free=10**12,
+                        tasks=TaskShape(first=84, shared=71, eval_tasks=eval_tasks))
+        return {p.name: p.nbytes for p in plan.processes[0].parts}["kv"]
+    kv = lambda slots: kv_bytes(config, slots=slots, width=320, dtype_bytes=4)  # 84 + 2 x 32 + 128 -> 320
+    assert learner_kv(TrainConfig(), 200) == kv(201)  # 200 held-out tasks decode at once (the engine's slots + 1)
+    assert learner_kv(TrainConfig(eval_samples=4), 200) == kv(257)  # 800 episodes, --max-batch-episodes 256 at once
+    assert learner_kv(TrainConfig(), 8) == kv(9)
+    assert learner_kv(TrainConfig(serial=True), 8) == kv(33)  # its rollouts: 8 tasks x 4 samples
+    assert learner_kv(TrainConfig(), None) == kv(257)  # not measured: the most the engine decodes at once
 
 
 def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_can_fill():
@@ -100,9 +116,9 @@ def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_c
     assert (ckpt.shared, ckpt.tokens) == (0, 14 * 276)  # checkpointed layers get no shared KV: each row its prefix
     assert largest_micro_batch(cfg, budget=4096, width=5000, shared=71).tokens == 5000  # one long row, alone
     big = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
-                   prompts=PromptShape(first=84, shared=71))
+                   tasks=TaskShape(first=84, shared=71))
     small = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
-                     prompts=PromptShape(first=84, shared=0))
+                     tasks=TaskShape(first=84, shared=0))
     act = {p.name: p.nbytes for p in big.processes[0].parts}["activations"]
     assert act < {p.name: p.nbytes for p in small.processes[0].parts}["activations"]
     assert "14 x 276 tokens, 71 shared" in big.table()

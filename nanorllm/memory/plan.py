@@ -6,8 +6,8 @@ exact parameter counts, no weights):
 
     learner   weights (fp32 masters; under LoRA the frozen base in --dtype + fp32 adapters),
               grads and AdamW's two moments (of what trains), activations of the largest
-              micro-batch, the slot KV cache of its own decoding (held-out eval, --serial rollouts),
-              counted at a step's rollout size
+              micro-batch, the slot KV cache of its own decoding (the held-out eval, every episode at
+              once up to --max-batch-episodes; --serial's rollouts)
     worker i  its replica (in --dtype), its slot KV cache
     /dev/shm  the shared weight block (pipeline/weights.py): on a CPU learner whose parameters are
               stored in the replica dtype it IS the learner's weights, counted once
@@ -18,7 +18,7 @@ figure is the saved values of the forward (10 x hidden + 4 x intermediate per la
 the compute dtype) plus the head's fp32 logits work at the scored tokens only (the head gather):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
 It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
-first prompt measured with the tokenizer, memory/prompts.py; every turn's response at --max-new-tokens)
+first prompt measured with the tokenizer, memory/tasks.py; every turn's response at --max-new-tokens)
 as the token budget holds, the prompt's shared leading tokens once (the shared-prefix forward), each
 row's responses scored.
 """
@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanorllm.memory.prompts import PromptShape, prompt_shape
+from nanorllm.memory.tasks import TaskShape, task_shape
 
 RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transformers and nanorllm (measured here)
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
 HEAD_BYTES_PER_VOCAB = 20  # fp32 logits, log-softmax, its exp, the entropy's product, the gradient
 CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
-FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/prompts.py)
+FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/tasks.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
 GB = 1e9
 
@@ -222,10 +222,10 @@ def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
 
 
 def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
-             prompts: PromptShape | None = None) -> MemoryPlan | None:
+             tasks: TaskShape | None = None) -> MemoryPlan | None:
     """The plan of `cfg` on `devices` (a DeviceMap); None where the model's config cannot be read
     without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default);
-    `prompts`: the first prompts' shape (measured here by default, memory/prompts.py)."""
+    `tasks`: what the plan reads of the run's tasks (measured here by default, memory/tasks.py)."""
     from nanorllm.policy.lora import LoraSpec
     from nanorllm.rollout.engine import FEEDBACK_TOKENS
 
@@ -239,18 +239,19 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     # weights: fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters
     weights = total * 4 if lora is None else (total - trainable) * compute + trainable * 4
     tokens = cfg.micro_batch_tokens or 4096
-    prompts = prompt_shape(cfg) if prompts is None else prompts
-    if prompts is None:  # a guess: the tokenizer cannot be had without loading a model
-        prompts = PromptShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
-    first = min(prompts.first, cfg.max_prompt_tokens or prompts.first)
+    tasks = task_shape(cfg) if tasks is None else tasks
+    if tasks is None:  # guesses: the tokenizer cannot be had without loading a model
+        tasks = TaskShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
+    first = min(tasks.first, cfg.max_prompt_tokens or tasks.first)
     episode = first + cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
     width = -(-episode // 64) * 64  # the KV cache's slot width
-    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=prompts.shared)
+    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=tasks.shared)
     acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
                             checkpointing=getattr(cfg, "grad_checkpointing", False))
     rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
-    # the learner decodes the held-out eval (and --serial's rollouts): counted at a step's rollout size
-    learner_rows = min(rollout_rows, (cfg.eval_limit or rollout_rows) + 1) if not cfg.serial else rollout_rows
+    # the learner decodes the held-out eval, every episode at once up to --max-batch-episodes (and --serial's rollouts)
+    eval_episodes = (cfg.max_batch_episodes if tasks.eval_tasks is None else tasks.eval_tasks) * (cfg.eval_samples or 1)
+    learner_rows = max(rollout_rows if cfg.serial else 0, min(cfg.max_batch_episodes, eval_episodes) + 1)
     learner = Process("learner", learner_dev, [
         Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
         Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
