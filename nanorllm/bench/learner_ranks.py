@@ -22,15 +22,14 @@ batch exactly as a training run does (ranks/group.py), so this is the training p
 
 import datetime
 import os
-import queue
 import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from nanorllm.bench.record import median, record_run
+from nanorllm.bench.spawned import spawned_answer
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.envs.registry import task_specs
@@ -46,23 +45,8 @@ from nanorllm.trainer.update import make_optimizer
 
 def _on_spawned_ranks(world: int, target, *args):
     """Run target(rank, world, address, *args, out) on `world` spawned processes; rank 0's `out.put`."""
-    ctx = mp.get_context("spawn")
-    out, address = ctx.Queue(), f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=target, args=(r, world, address, *args, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        while True:
-            try:
-                return out.get(timeout=1.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}") from None
-    finally:  # once rank 0 has answered, a slow teardown is not a failure
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    return spawned_answer(target, [(r, world, address, *args) for r in range(world)])
 
 
 def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps: int) -> list[dict]:

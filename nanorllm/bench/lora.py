@@ -26,13 +26,11 @@ and each worker's peak and final RSS (plain, unmerged, merged: one fresh process
 """
 
 import os
-import queue
 import resource
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.multiprocessing as mp
 
 from nanorllm.bench.record import median, record_run
 from nanorllm.config import TrainConfig
@@ -209,22 +207,6 @@ def _worker_main(cfg: TrainConfig, variant: str, prompts: list[list[int]], new_t
     out.put({"tokens_per_s": rate, "rss": _peak_rss(), "rss_now": _rss_now()})
 
 
-def _in_fresh_process(target, *args):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    p = ctx.Process(target=target, args=(*args, out))
-    p.start()
-    try:
-        while True:
-            try:
-                return out.get(timeout=1.0)
-            except queue.Empty:
-                if p.exitcode is not None:
-                    raise RuntimeError(f"{target.__name__} exited with {p.exitcode}") from None
-    finally:
-        p.join(timeout=60)
-
-
 def _batch(b: LoraBenchConfig) -> tuple[list, list[list[int]]]:
     """The update's episodes (from the base model) and the decode prompts."""
     torch.set_num_threads(b.threads)
@@ -248,13 +230,13 @@ def run_lora_bench(b: LoraBenchConfig) -> int:
     learners = {}
     for mode in modes:
         print(f"[bench] learner: {mode} ...", flush=True)
-        learners[mode] = _in_fresh_process(_learner_main, _cfg(b, mode), results)
+        learners[mode] = spawned_answer(_learner_main, [(_cfg(b, mode), results)])
     workers = {}
     for variant in ("plain", "unmerged", "merged"):
         print(f"[bench] worker memory: {variant} ...", flush=True)
-        workers[variant] = _in_fresh_process(_worker_main, _cfg(b, "lora"), variant, prompts, b.new_tokens)
+        workers[variant] = spawned_answer(_worker_main, [(_cfg(b, "lora"), variant, prompts, b.new_tokens)])
     print(f"[bench] decode, {b.rounds} interleaved rounds ...", flush=True)
-    decode = _in_fresh_process(_decode_main, _cfg(b, "lora"), prompts, b.new_tokens, b.rounds)
+    decode = spawned_answer(_decode_main, [(_cfg(b, "lora"), prompts, b.new_tokens, b.rounds)])
     figures = {}
     for mode, got in learners.items():
         figures.update({f"_{mode}_{k}": v for k, v in got.items() if k != "state"})
