@@ -239,10 +239,14 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     # weights: fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters
     weights = total * 4 if lora is None else (total - trainable) * compute + trainable * 4
     tokens = cfg.micro_batch_tokens or 4096
-    tasks = task_shape(cfg) if tasks is None else tasks
+    # the longest first prompt the run accepts (rollout/prompt_budget.py): a longer one is refused or dropped
+    context = getattr(config, "max_position_embeddings", None)
+    room = cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
+    limit = cfg.max_prompt_tokens or (context - room if context else None)
+    tasks = task_shape(cfg, prompt_limit=limit) if tasks is None else tasks
     if tasks is None:  # guesses: the tokenizer cannot be had without loading a model
         tasks = TaskShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
-    first = min(tasks.first, cfg.max_prompt_tokens or tasks.first)
+    first = min(tasks.first, limit or tasks.first)
     episode = first + cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
     width = -(-episode // 64) * 64  # the KV cache's slot width
     mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=tasks.shared)

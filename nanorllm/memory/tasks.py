@@ -52,15 +52,20 @@ def plan_tokenizer(name: str):
         return None
 
 
-def task_shape(cfg) -> TaskShape | None:
+def task_shape(cfg, *, prompt_limit: int | None = None) -> TaskShape | None:
     """The first prompts of the run's first SAMPLE_TASKS training tasks and its largest held-out set
-    (module docstring); None where they cannot be measured here."""
+    (module docstring); None where they cannot be measured here. With `prompt_limit` (the longest first
+    prompt the run accepts, rollout/prompt_budget.py) a question is rendered from its first
+    CHARS_PER_TOKEN x (limit + 1) characters only: a longer prompt is refused or dropped at setup anyway."""
     tokenizer = plan_tokenizer(cfg.model)
     if tokenizer is None:
         return None
     from nanorllm.envs.registry import env_from_config, task_specs
     from nanorllm.policy.hf_causal import chat_prompt_ids
     from nanorllm.rollout.engine import shared_prefix
+    from nanorllm.rollout.prompt_budget import CHARS_PER_TOKEN
+
+    cap = None if prompt_limit is None else CHARS_PER_TOKEN * (prompt_limit + 1)
 
     try:
         env = env_from_config(cfg)
@@ -69,7 +74,7 @@ def task_shape(cfg) -> TaskShape | None:
         prompts = []
         for task in tasks:
             agent = env.make_agent()
-            agent.reset(task, task["question"])
+            agent.reset(task, task["question"][:cap])
             prompts.append(chat_prompt_ids(tokenizer, agent.messages))
         held_out = [eval_spec] if eval_spec else []
         held_out += [item.partition("=")[2] for item in getattr(cfg, "eval_set", ())]
