@@ -227,7 +227,8 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default);
     `tasks`: what the plan reads of the run's tasks (measured here by default, memory/tasks.py)."""
     from nanorllm.policy.lora import LoraSpec
-    from nanorllm.rollout.engine import FEEDBACK_TOKENS
+    from nanorllm.rollout.build import sampling_params
+    from nanorllm.rollout.engine import longest_episode
 
     config = config if config is not None else model_config(cfg.model)
     if config is None:
@@ -241,13 +242,13 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     tokens = cfg.micro_batch_tokens or 4096
     # the longest first prompt the run accepts (rollout/prompt_budget.py): a longer one is refused or dropped
     context = getattr(config, "max_position_embeddings", None)
-    room = cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
+    room = longest_episode(0, sampling_params(cfg), cfg.max_turns)  # the turns' responses and feedback
     limit = cfg.max_prompt_tokens or (context - room if context else None)
     tasks = task_shape(cfg, prompt_limit=limit) if tasks is None else tasks
     if tasks is None:  # guesses: the tokenizer cannot be had without loading a model
         tasks = TaskShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
     first = min(tasks.first, limit or tasks.first)
-    episode = first + cfg.max_turns * cfg.max_new_tokens + (cfg.max_turns - 1) * FEEDBACK_TOKENS
+    episode = first + room
     width = -(-episode // 64) * 64  # the KV cache's slot width
     mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=tasks.shared)
     acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
