@@ -91,6 +91,8 @@ def test_every_run_is_written_at_once_and_resume_runs_only_the_missing_ones(tmp_
     assert record["complete"] and [len(s["runs"]) for s in record["configurations"].values()] == [2, 2]
     with pytest.raises(SystemExit, match="updates"):
         main(args + ["--resume", "--updates", "3"])
+    with pytest.raises(SystemExit, match="threads"):  # wall times measured with other threads do not mix
+        main(args + ["--resume", "--threads", "1"])
 
 
 def test_the_variants_table_runs_every_row_serially_with_its_one_setting():
@@ -106,6 +108,9 @@ def test_the_variants_table_runs_every_row_serially_with_its_one_setting():
 
     for name, overrides in cfgs.items():  # every row passes the config's checks
         assert TrainConfig(**overrides).validate() == [], name
+    from nanorllm.bench.learning import base_config
+
+    assert base_config(LearningConfig(threads=1)).threads == 1 and base_config(LearningConfig()).threads is None
 
 
 def test_markdown_table_marks_a_row_with_fewer_seeds():

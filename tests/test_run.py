@@ -223,3 +223,26 @@ def test_resume_new_data_starts_the_new_order_at_a_new_epoch(tmp_path, length_ru
     state = json.loads((run / "checkpoints" / "step_3" / "trainer_state.json").read_text())
     assert state["stream_origin"] == 4 and state["task_order"]["tasks"]["n"] == 7
     assert json.loads((run / "config.json").read_text())["resume_new_data"] is False  # never saved
+
+
+@pytest.mark.parametrize("serial", [True, False])
+def test_threads_flag_holds_alone_in_the_serial_loop_and_beside_workers(serial):
+    """--threads is every phase's thread count (two runs can share a machine a core each); without it a
+    process alone takes every core and a pipeline learner its share."""
+    import os
+
+    from nanorllm.config import TrainConfig
+    from nanorllm.trainer.loop import TrainingRun
+    from nanorllm.utils.devices import DeviceMap
+
+    before = torch.get_num_threads()
+    try:
+        for threads, alone_n, beside_n in [(1, 1, 1), (None, os.cpu_count(), os.cpu_count() if serial else 1)]:
+            run = TrainingRun(TrainConfig(model="tiny-random", serial=serial, threads=threads))
+            run.devices = DeviceMap(learners=["cpu"], workers=[] if serial else ["cpu"] * (os.cpu_count() - 1))
+            run.use_cores(alone=True)
+            assert torch.get_num_threads() == alone_n
+            run.use_cores(alone=False)
+            assert torch.get_num_threads() == beside_n
+    finally:
+        torch.set_num_threads(before)

@@ -91,12 +91,16 @@ class LearningConfig:
     """Folder for learning.json and learning.png."""
     devices: str = "auto"
     """Devices for the pipeline runs (see launch/train.py --devices)."""
+    threads: int | None = None
+    """Torch threads per process (None: the cores split across processes, two for a serial run on 2 cores).
+    One lets two tables run side by side on 2 cores, each row's wall time then measured that way."""
     resume: bool = False
     """Keep the runs an earlier invocation wrote to --out with the same settings; run only the missing ones."""
 
 
 def base_config(b: LearningConfig) -> TrainConfig:
-    common = {"max_steps": b.updates, "eval_limit": b.eval_limit, "devices": b.devices, "turn_credit": b.turn_credit}
+    common = {"max_steps": b.updates, "eval_limit": b.eval_limit, "devices": b.devices, "turn_credit": b.turn_credit,
+              "threads": b.threads}
     if b.quick:
         return TrainConfig(model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=8, **common)
     return TrainConfig(model=b.model, **common)
@@ -262,7 +266,7 @@ def finished_runs(b: LearningConfig) -> dict[str, list[dict]]:
     if not path.exists():
         return {}
     old = json.loads(path.read_text())
-    keep = ("quick", "model", "updates", "eval_every", "eval_limit", "workers", "turn_credit", "devices")
+    keep = ("quick", "model", "updates", "eval_every", "eval_limit", "workers", "turn_credit", "devices", "threads")
     changed = [k for k in keep if old["settings"].get(k) != getattr(b, k)]
     if changed:
         raise SystemExit(f"error: {path} was made with other settings ({', '.join(changed)}); "

@@ -276,11 +276,11 @@ class TrainingRun:
             print(line, flush=True)
 
     def use_cores(self, *, alone: bool) -> None:
-        """All CPU cores while this process runs alone (setup, evaluation before and after
-        training), its share while worker processes run beside it."""
+        """`--threads` where given, always; else all CPU cores while this process runs alone (setup,
+        evaluation before and after training, the serial loop), its share while worker processes run
+        beside it."""
         alone = alone or self.cfg.serial
-        configure_threads(self.devices.learner, self.cfg.threads if not alone else None,
-                          1 if alone else self.processes())
+        configure_threads(self.devices.learner, self.cfg.threads, 1 if alone else self.processes())
 
     def processes(self) -> int:
         """Processes of this run on this machine: its workers and its learner ranks."""
