@@ -187,3 +187,12 @@ def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
     assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == [1, 2]
     assert shared_prefix([[1, 2, 3, 4], [1, 2]]) == [1]
     assert shared_prefix([[7, 2], [1, 2]]) == []
+
+
+def test_sampling_params_refuse_a_temperature_that_would_sample_garbage():
+    """Temperature 0 used to divide the logits by zero and decode one junk token over and over, silently."""
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0.0 .greedy=True"):
+        SamplingParams(temperature=0.0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0.0)
+    assert SamplingParams(temperature=0.0, greedy=True).greedy  # greedy needs no temperature

@@ -21,6 +21,13 @@ class SamplingParams:
     greedy: bool = False
     ignore_eos: bool = False  # every response runs to max_new_tokens and counts as finished, not truncated (benchmarks)
 
+    def __post_init__(self):
+        # temperature 0 would divide the logits by zero and sample garbage without a word: greedy says it
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(f"SamplingParams: temperature must be > 0, got {self.temperature} (greedy=True decodes greedily)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams: top_p must be in (0, 1], got {self.top_p}")
+
 
 @dataclass
 class Generation:
