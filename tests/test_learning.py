@@ -132,4 +132,7 @@ def test_quick_variants_table_runs_at_tiny_size(tmp_path, capsys):
     record = json.loads((tmp_path / "learning.json").read_text())
     assert list(record["configurations"]) == ["dr-grpo", "fill-batch"]
     assert all(len(s["runs"]) == 1 for s in record["configurations"].values())
+    for s in record["configurations"].values():  # each update's norm before the clip, to see where it binds
+        [run] = s["runs"]
+        assert len(run["grad_norm"]) == 2 and all(n is None or n > 0 for n in run["grad_norm"])
     assert "| dr-grpo | 1 |" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from nanorllm.trainer.step_metrics import merge_updates
 from tests.procs import read_scalars
 from tests.test_loss import make_case
 from tests.test_run import BASE, length_rule_grader, weights  # noqa: F401 (a fixture)
-from tests.test_train_step import build_results, config
+from tests.test_train_step import build_results, config, snapshot
 
 
 def episode(task_id, k, reward, *, lengths=(1,), step_rewards=None):
@@ -452,3 +452,23 @@ def test_a_worker_killed_during_fill_batch_loses_and_doubles_no_group(tmp_path):
     assert state["stream_position"] > 40 * 4  # extra tasks were drawn
     assert sorted(per_position) == list(range(state["stream_position"]))
     assert set(per_position.values()) == {2}
+
+
+def test_rloo_and_reinforce_plus_plus_make_the_same_step_when_the_norm_clip_binds(tiny_policy_factory):
+    """Both advantages are c x (r - group mean) for groups of one size (rloo: c = n/(n-1); reinforce++:
+    c = 1 / the step's std), so they point the same way and differ by a step's scale; a binding
+    --max-grad-norm removes the scale (the learning table's rloo and reinforce++ rows match to the
+    curve). Without the clip the steps differ by that scale."""
+    def step(estimator, max_grad_norm):
+        policy = tiny_policy_factory()
+        before = snapshot(policy)
+        train_step(policy, torch.optim.SGD(policy.model.parameters(), lr=1e-2), build_results(policy),
+                   config(adv_estimator=estimator, max_grad_norm=max_grad_norm))
+        return [p.detach() - b for p, b in zip(policy.parameters(), before)]
+
+    for a, b in zip(step("rloo", 1e-3), step("reinforce++", 1e-3)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
+    loose_rloo, loose_rpp = step("rloo", 1e6), step("reinforce++", 1e6)
+    ratio = (sum(float(d.norm() ** 2) for d in loose_rpp) / sum(float(d.norm() ** 2) for d in loose_rloo)) ** 0.5
+    # rloo's c = 4/3; reinforce++'s c = 1 / std of (r - group mean) over the 8 episodes = 1 / 0.4677
+    assert ratio == pytest.approx((1 / 0.4677) / (4 / 3), rel=1e-3)

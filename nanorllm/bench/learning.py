@@ -179,7 +179,8 @@ def run_one(cfg: TrainConfig, eval_every: int, initial: dict) -> dict:
     return {"curve": curve, "policy_lag_mean": sum(lags) / max(len(lags), 1),
             "policy_lag_max": max((h.get("pipeline/policy_lag_max", 0) for h in history), default=0),
             "mismatch_kl_lagged": _mean([h["mismatch/kl_lagged"] for h in history if "mismatch/kl_lagged" in h]),
-            "wall_s": curve[-1]["wall_s"], "startup_s": outcome.startup_s}
+            "wall_s": curve[-1]["wall_s"], "startup_s": outcome.startup_s,
+            "grad_norm": [h.get("grad_norm") for h in history]}  # before --max-grad-norm clips it
 
 
 def _mean(xs: list[float]) -> float | None:
