@@ -135,4 +135,8 @@ def test_quick_variants_table_runs_at_tiny_size(tmp_path, capsys):
     for s in record["configurations"].values():  # each update's norm before the clip, to see where it binds
         [run] = s["runs"]
         assert len(run["grad_norm"]) == 2 and all(n is None or n > 0 for n in run["grad_norm"])
+        assert len(run["train_samples"]) == 2 and all(n >= 0 for n in run["train_samples"])
+    # what fill-batch paid: tiny-random scores 0, no group is mixed, so every step draws to the cap (3 x 2 tasks)
+    assert record["configurations"]["fill-batch"]["runs"][0]["extra_groups"] == [4, 4]
+    assert record["configurations"]["dr-grpo"]["runs"][0]["extra_groups"] == [0, 0]
     assert "| dr-grpo | 1 |" in capsys.readouterr().out

@@ -180,7 +180,9 @@ def run_one(cfg: TrainConfig, eval_every: int, initial: dict) -> dict:
             "policy_lag_max": max((h.get("pipeline/policy_lag_max", 0) for h in history), default=0),
             "mismatch_kl_lagged": _mean([h["mismatch/kl_lagged"] for h in history if "mismatch/kl_lagged" in h]),
             "wall_s": curve[-1]["wall_s"], "startup_s": outcome.startup_s,
-            "grad_norm": [h.get("grad_norm") for h in history]}  # before --max-grad-norm clips it
+            "grad_norm": [h.get("grad_norm") for h in history],  # before --max-grad-norm clips it
+            "train_samples": [h.get("train/samples") for h in history],  # samples in each update
+            "extra_groups": [h.get("rollout/extra_groups", 0) for h in history]}  # --fill-batch's draws past the step's
 
 
 def _mean(xs: list[float]) -> float | None:
