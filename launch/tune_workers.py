@@ -13,6 +13,7 @@ import sys
 
 from nanorllm.bench.tune import tune_workers
 from nanorllm.config import ConfigError, parse_config
+from nanorllm.run.world import world_problems
 
 
 OWN_FLAGS = ("Pick a worker count: a timed trial of the pipeline for N = 1..K workers, then the flags to use. "
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
             own[flag] = int(argv[i + 1])
             del argv[i:i + 2]
     try:
-        base = parse_config(argv, description=OWN_FLAGS)
+        base = parse_config(argv, description=OWN_FLAGS, world=world_problems)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

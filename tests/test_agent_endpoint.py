@@ -20,6 +20,7 @@ import pytest
 from helpers import doc_example
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
 from nanorllm.config import ConfigError, parse_config
+from nanorllm.run.world import world_problems
 from nanorllm.envs.registry import EnvSpecError, load_agent
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.rollout.agent_runner import cut_response, parse_tool_calls
@@ -294,13 +295,13 @@ def test_train_refuses_a_bad_agent_an_agent_with_an_env_and_an_agent_without_tas
     with pytest.raises(ConfigError, match=r"agent: .*cannot import .*SyntaxError"):
         bad = tmp_path / "bad.py"
         bad.write_text("def solve(task, client) return 0\n")
-        parse_config(["--agent", f"{bad}:solve", "--tasks", "calc:count=4"])
+        parse_config(["--agent", f"{bad}:solve", "--tasks", "calc:count=4"], world=world_problems)
     with pytest.raises(ConfigError, match=r"agent: --agent replaces --env"):
         parse_config(["--agent", f"{agent_file}:extends", "--env", "calc", "--tasks", "calc:count=4"])
     with pytest.raises(ConfigError, match=r"agent: --agent replaces --env"):  # even the default env, named
         parse_config(["--agent", f"{agent_file}:extends", "--env", "math", "--tasks", "calc:count=4"])
     with pytest.raises(ConfigError, match=r"tasks: an --agent run has no default tasks"):
-        parse_config(["--agent", f"{agent_file}:extends"])
+        parse_config(["--agent", f"{agent_file}:extends"], world=world_problems)
     rc = main([*TINY_ARGS, "--agent", f"{agent_file}:wrong_signature", "--tasks", "calc:count=4",
                "--output-dir", str(tmp_path / "runs")])
     assert rc == 2 and "expected fn(task, client)" in capsys.readouterr().err

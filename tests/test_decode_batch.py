@@ -150,7 +150,7 @@ def test_bench_decode_counts_one_training_step(fresh_tiny_policy):
     from nanorllm.bench.decode import bench_decode
     from nanorllm.config import TrainConfig
     from nanorllm.datasets.tasks import load_tasks
-    from nanorllm.envs.registry import task_specs
+    from nanorllm.config.specs import task_specs
 
     cfg = replace(TrainConfig(), model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=6)
     out = bench_decode(fresh_tiny_policy, cfg, load_tasks(task_specs(cfg)[0], limit=2))

@@ -13,7 +13,9 @@ from nanorllm.algos.grpo import drop_env_errors, turn_returns
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
 from nanorllm.envs.math_env import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
-from nanorllm.envs.registry import EnvSpecError, load_env, task_specs
+from nanorllm.config.specs import task_specs
+from nanorllm.envs.registry import EnvSpecError, load_env
+from nanorllm.run.world import world_problems
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
@@ -199,7 +201,7 @@ def test_task_fields_left_unset_are_the_envs_own_and_given_ones_win(rhyme_file, 
             env_class = BareEnv
     """) + ":Bare"
     with pytest.raises(ConfigError, match=r"tasks: the env .*bare.py:Bare' has no default tasks .*give --tasks"):
-        parse_config(["--env", bare])
+        parse_config(["--env", bare], world=world_problems)
     assert task_specs(parse_config(["--env", bare, "--tasks", "arith:count=4"])) == ("arith:count=4", "")
 
 

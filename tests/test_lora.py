@@ -18,6 +18,7 @@ from nanorllm.envs.grader import Verdict
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.config.specs import lora_spec
 from nanorllm.policy.lora import (AdaptersOff, LoraError, LoraSpec, add_adapters, merged_state, target_names,
                                   trainable_parameters)
 from nanorllm.run.lifecycle import main
@@ -88,8 +89,8 @@ def test_default_targets_are_every_attention_and_mlp_projection(family):
     c = lora_policy().peft.peft_config["default"]
     assert c.r == 4 and c.lora_alpha == 8 and set(c.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj",
                                                                           "gate_proj", "up_proj", "down_proj"}
-    assert LoraSpec.from_config(TrainConfig(lora_rank=16)).alpha == 32  # alpha defaults to 2 x rank
-    assert LoraSpec.from_config(TrainConfig()) is None  # rank 0: a full fine-tune
+    assert lora_spec(TrainConfig(lora_rank=16)).alpha == 32  # alpha defaults to 2 x rank
+    assert lora_spec(TrainConfig()) is None  # rank 0: a full fine-tune
 
 
 # ---- the KL reference ------------------------------------------------------------------------------------

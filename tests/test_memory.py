@@ -17,11 +17,19 @@ from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
 from nanorllm.policy.models import tiny_model
 from nanorllm.policy.slot_cache import cache_bytes
+from nanorllm.run.assembly import assemble
 from nanorllm.utils.devices import DeviceMap
 from tests.procs import ROOT, child_env
 
 TRAIN = [sys.executable, str(ROOT / "launch" / "train.py")]
 CPU = DeviceMap(learners=["cpu"], workers=["cpu"])
+
+
+def on(cfg: TrainConfig, devices: DeviceMap = CPU):
+    """`cfg` assembled as a run (its env, tasks and LoRA spec) on `devices`: what the plan is handed."""
+    parts = assemble(cfg)
+    parts.devices = devices
+    return parts
 
 
 def mem_available() -> int:
@@ -53,16 +61,16 @@ def test_kv_bytes_are_the_slot_caches():
 
 def test_the_plan_sums_weights_grads_adam_and_refuses_what_the_host_cannot_hold():
     cfg = TrainConfig(model="preset:qwen2.5-1.5b")
-    plan = plan_run(cfg, CPU, free={"cpu": 200 * 10**9}, shm_free=100 * 10**9)
+    plan = plan_run(on(cfg), free={"cpu": 200 * 10**9}, shm_free=100 * 10**9)
     learner = {p.name: p.nbytes for p in plan.processes[0].parts}
     n = 1_543_714_304
     assert (learner["weights"], learner["grads"], learner["adam"]) == (4 * n, 4 * n, 8 * n)
     assert plan.shm_bytes == 4 * n  # the CPU learner's fp32 parameters are the shared block, counted once
     assert plan.problems() == []
-    small = plan_run(cfg, CPU, free={"cpu": 16 * 10**9}, shm_free=100 * 10**9)
+    small = plan_run(on(cfg), free={"cpu": 16 * 10**9}, shm_free=100 * 10**9)
     [problem] = small.problems()
     assert "activations learner" in problem and "adam learner" in problem and "--lora-rank" in problem
-    lora = plan_run(TrainConfig(model="preset:qwen2.5-1.5b", lora_rank=16, dtype="bf16"), CPU,
+    lora = plan_run(on(TrainConfig(model="preset:qwen2.5-1.5b", lora_rank=16, dtype="bf16")),
                     free={"cpu": 200 * 10**9}, shm_free=100 * 10**9)
     parts = {p.name: p.nbytes for p in lora.processes[0].parts}
     assert parts["adam"] < 0.02 * learner["adam"] and parts["weights"] < 0.55 * learner["weights"]
@@ -70,14 +78,12 @@ def test_the_plan_sums_weights_grads_adam_and_refuses_what_the_host_cannot_hold(
 
 
 def test_the_first_prompts_are_measured_as_the_rollout_renders_them():
-    from nanorllm.envs.registry import env_from_config, task_specs
     from nanorllm.policy.hf_causal import HFCausalPolicy
 
-    cfg = TrainConfig(model="tiny-random")
-    shape = task_shape(cfg)
+    parts = assemble(TrainConfig(model="tiny-random"))
+    shape = task_shape(parts)
     policy = HFCausalPolicy.from_name("tiny-random")
-    env = env_from_config(cfg)
-    tasks = env.load_tasks(task_specs(cfg, env)[0], limit=8)
+    env, tasks = parts.env, parts.train_tasks[:8]  # the run's own loaded tasks, as the plan reads them
     prompts = []
     for t in tasks:
         agent = env.make_agent()
@@ -88,14 +94,15 @@ def test_the_first_prompts_are_measured_as_the_rollout_renders_them():
     assert 0 < n < min(map(len, prompts)) and len({tuple(p[:n]) for p in prompts}) == 1
     assert len({p[n] for p in prompts}) > 1  # the longest common prefix, not a shorter one
     assert shape.eval_tasks == 200  # the math env's held-out set
-    assert task_shape(TrainConfig(model="tiny-random", eval_limit=8, eval_set=("a=arith:count=20,seed=3",))).eval_tasks == 8
-    assert task_shape(TrainConfig(model="/no/such/model")) is None  # no tokenizer without loading: the guess
+    assert task_shape(assemble(TrainConfig(model="tiny-random", eval_limit=8,
+                                           eval_set=("a=arith:count=20,seed=3",)))).eval_tasks == 8
+    assert task_shape(assemble(TrainConfig(model="/no/such/model"))) is None  # no tokenizer without loading: the guess
 
 
 def test_the_learners_kv_cache_holds_every_held_out_episode_at_once():
     config = model_config("tiny-random")
     def learner_kv(cfg, eval_tasks):
-        plan = plan_run(cfg, CPU, config=config, free={"cpu": 10**12}, shm_free=10**12,
+        plan = plan_run(on(cfg), config=config, free={"cpu": 10**12}, shm_free=10**12,
                         tasks=TaskShape(first=84, shared=71, eval_tasks=eval_tasks))
         return {p.name: p.nbytes for p in plan.processes[0].parts}["kv"]
     kv = lambda slots: kv_bytes(config, slots=slots, width=320, dtype_bytes=4)  # 84 + 2 x 32 + 128 -> 320
@@ -115,9 +122,9 @@ def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_c
     ckpt = largest_micro_batch(TrainConfig(grad_checkpointing=True), budget=4096, width=276, shared=71)
     assert (ckpt.shared, ckpt.tokens) == (0, 14 * 276)  # checkpointed layers get no shared KV: each row its prefix
     assert largest_micro_batch(cfg, budget=4096, width=5000, shared=71).tokens == 5000  # one long row, alone
-    big = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
+    big = plan_run(on(cfg), config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
                    tasks=TaskShape(first=84, shared=71))
-    small = plan_run(cfg, CPU, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
+    small = plan_run(on(cfg), config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
                      tasks=TaskShape(first=84, shared=0))
     act = {p.name: p.nbytes for p in big.processes[0].parts}["activations"]
     assert act < {p.name: p.nbytes for p in small.processes[0].parts}["activations"]
@@ -125,10 +132,10 @@ def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_c
 
 
 def test_a_small_dev_shm_is_named_with_the_container_setting():
-    plan = plan_run(TrainConfig(), CPU, free={"cpu": 100 * 10**9}, shm_free=64 * 2**20)
+    plan = plan_run(on(TrainConfig()), free={"cpu": 100 * 10**9}, shm_free=64 * 2**20)
     [problem] = plan.problems()
     assert "/dev/shm" in problem and "--shm-size" in problem and "--ipc=host" in problem
-    assert plan_run(TrainConfig(serial=True), DeviceMap(["cpu"], []), free={"cpu": 100 * 10**9},
+    assert plan_run(on(TrainConfig(serial=True), DeviceMap(["cpu"], [])), free={"cpu": 100 * 10**9},
                     shm_free=64 * 2**20).problems() == []  # one process: no shared block
 
 
@@ -201,7 +208,7 @@ import gc, sys, torch
 from nanorllm.config import TrainConfig
 from nanorllm.memory.plan import model_config, plan_run
 from nanorllm.policy import slot_cache
-from nanorllm.utils.devices import DeviceMap
+from nanorllm.run.assembly import assemble
 
 def rss_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
@@ -214,7 +221,7 @@ for t in big:
     pins.append(torch.ones(64))  # a small live block after each: the freed ones cannot be trimmed off the top
 del big; gc.collect()
 held = rss_mb()
-plan_run(TrainConfig(model="tiny-random", serial=True), DeviceMap(["cpu"], []), config=model_config("tiny-random"))
+plan_run(assemble(TrainConfig(model="tiny-random", serial=True)), config=model_config("tiny-random"))
 print(held, rss_mb())
 """
 

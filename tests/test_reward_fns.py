@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from nanorllm.config import ConfigError, parse_config
+from nanorllm.run.world import world_problems
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
@@ -130,7 +131,7 @@ def test_reward_functions_without_an_env_make_a_single_turn_run_and_an_env_given
     assert parse_config(["--reward", f"{rewards_file}:trl_plain", "--env", "math"]).env == "math"
     assert parse_config([]).env == "math"
     with pytest.raises(ConfigError):
-        parse_config(["--reward", f"{rewards_file}:wrong"])
+        parse_config(["--reward", f"{rewards_file}:wrong"], world=world_problems)
 
 
 @pytest.mark.slow

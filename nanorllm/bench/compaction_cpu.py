@@ -14,11 +14,11 @@ import torch
 
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import slot_range
-from nanorllm.rollout.build import training_engine
+from nanorllm.trainer.engine import training_engine
 
 RULES = {"every_hole": SlotBatch.step_rows, "bucket_drop": lambda self, top: slot_range(top, self.cache.slots)}
 

@@ -14,9 +14,9 @@ import torch
 from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.build import training_engine
+from nanorllm.trainer.engine import training_engine
 
 ENGINES = ("dynamic", "slots")
 

@@ -39,12 +39,12 @@ from nanorllm.bench import gpu_learner, gpu_weights
 from nanorllm.bench.decode_batch import ReferencePolicy
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import layout, params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
-from nanorllm.rollout.build import training_engine
+from nanorllm.trainer.engine import training_engine
 from nanorllm.utils.files import write_atomic
 
 PRESETS = ("preset:smollm2-135m", "preset:qwen2.5-0.5b", "preset:qwen2.5-1.5b")

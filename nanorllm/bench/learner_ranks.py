@@ -32,12 +32,13 @@ from nanorllm.bench.record import median, record_run
 from nanorllm.bench.spawned import spawned_answer
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.ranks.group import LearnerRanks, free_port
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.lora import LoraSpec, trainable_parameters
+from nanorllm.config.specs import lora_spec
+from nanorllm.policy.lora import trainable_parameters
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
@@ -56,7 +57,7 @@ def run_cases(ranks: LearnerRanks, cases: list[tuple[TrainConfig, list]], steps:
     got = []
     for cfg, results in cases:
         gathers = []
-        policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed, lora=LoraSpec.from_config(cfg))
+        policy = HFCausalPolicy.from_name(cfg.model, seed=cfg.seed, lora=lora_spec(cfg))
         optimizer = make_optimizer(policy, cfg)
         ranks.attach(policy, optimizer)
         params, times = None, []

@@ -35,11 +35,12 @@ import torch
 from nanorllm.bench.record import median, record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.lora import LoraSpec, trainable_parameters
+from nanorllm.config.specs import lora_spec
+from nanorllm.policy.lora import trainable_parameters
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
@@ -102,7 +103,7 @@ def _start(cfg: TrainConfig) -> None:
 def _learner_main(cfg: TrainConfig, results: list, out) -> None:
     """One learner: load, two updates of `results`, then what a publish moves to a worker and takes."""
     _start(cfg)
-    lora = LoraSpec.from_config(cfg)
+    lora = lora_spec(cfg)
     policy = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, lora=lora)
     opt = make_optimizer(policy, cfg)
     times = [train_step(policy, opt, results, cfg)["perf/train_s"] for _ in range(2)]
@@ -174,7 +175,7 @@ def _decode_main(cfg: TrainConfig, prompts: list[list[int]], new_tokens: int, ro
     processes on the machine falls on all three alike): the plain model, adapters unmerged, merged."""
     _start(cfg)
     plain = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, replica=True)
-    adapted = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, replica=True, lora=LoraSpec.from_config(cfg))
+    adapted = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, replica=True, lora=lora_spec(cfg))
     _kick(adapted)
     merged = _MergedFromPristine(adapted)
     warm = SamplingParams(max_new_tokens=4, ignore_eos=True)
@@ -196,7 +197,7 @@ def _worker_main(cfg: TrainConfig, variant: str, prompts: list[list[int]], new_t
     """One worker replica decoding `prompts` once, for its peak RSS: the plain model, adapters unmerged, or
     merged from pristine (the pristine copy held)."""
     _start(cfg)
-    lora = None if variant == "plain" else LoraSpec.from_config(cfg)
+    lora = None if variant == "plain" else lora_spec(cfg)
     policy = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, replica=True, lora=lora)
     if lora is not None:
         _kick(policy)

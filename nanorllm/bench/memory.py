@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 from nanorllm.memory.plan import GB, plan_run
-from nanorllm.ranks.group import learner_spec
 from nanorllm.run.args import parse_train_args
-from nanorllm.utils.devices import resolve_devices
+from nanorllm.run.assembly import assemble
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,8 +44,7 @@ def children(pid: int) -> list[int]:
 def measure(flags: list[str]) -> dict:
     """Plan and peaks of one run of launch/train.py with `flags`."""
     cfg, _, _ = parse_train_args(flags)
-    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    plan = plan_run(cfg, devices)
+    plan = plan_run(assemble(cfg))
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "console.txt", "w+")
         keep = "--output-dir" in flags or any(f.startswith("--output-dir=") for f in flags)  # the run folder is kept

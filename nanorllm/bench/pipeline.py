@@ -11,10 +11,10 @@ from nanorllm.bench.config import BenchConfig, on_cpu, train_config
 from nanorllm.bench.trial import run_trial
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.build import training_engine
+from nanorllm.trainer.engine import training_engine
 
 
 def bench_pipeline(b: BenchConfig) -> dict:

@@ -35,7 +35,7 @@ from nanorllm.bench.pipeline import bench_broadcast, bench_pipeline, bench_worke
 from nanorllm.bench.record import record_run
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
-from nanorllm.envs.registry import task_specs
+from nanorllm.config.specs import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 
 TARGETS = {  # (comparison, target)

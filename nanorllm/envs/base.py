@@ -99,24 +99,13 @@ class Agent(Protocol):
 
 @dataclass
 class EpisodeSettings:
-    """The run's settings every bundle may read (TrainConfig's episode fields)."""
+    """The run's settings every bundle may read (built from the config by nanorllm/config/specs.py)."""
 
     max_turns: int = 2  # the engine ends any episode after this many turns
     system_prompt: str | None = None  # None: the bundle's own
     worked_example: bool = True
     grader_timeout_s: float = 5.0
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
-
-    @classmethod
-    def from_config(cls, cfg) -> "EpisodeSettings":
-        from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
-
-        try:
-            task_fields = parse_task_fields(getattr(cfg, "task_fields", None))
-        except TaskFieldsError:
-            task_fields = None  # TrainConfig.validate names the field
-        return cls(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt, worked_example=cfg.worked_example,
-                   grader_timeout_s=cfg.grader_timeout_s, task_fields=task_fields)
 
 
 class EnvBundle:

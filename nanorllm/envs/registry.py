@@ -9,6 +9,7 @@ raised at start before any model loads.
 
 import json
 import math
+from dataclasses import dataclass, field
 
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
@@ -140,25 +141,39 @@ def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s:
     return bundle
 
 
-def env_from_config(cfg, *, rewards: bool = True) -> EnvBundle:
-    """The run's episodes: its --agent when it names one, else its --env; with --reward functions, wrapped so
+@dataclass(frozen=True)
+class EnvSpec:
+    """What names a run's episodes, as data: it travels to a spawned worker, which builds the same bundle
+    from it (the spec strings are imported again there)."""
+
+    env: str = DEFAULT_ENV  # a built-in name, module.path:Name or path/to/file.py:Name
+    env_args: tuple[str, ...] = ()  # the bundle's own options, key=value
+    agent: str | None = None  # an --agent function instead of an env
+    agent_timeout_s: float = 300.0
+    rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
+    reward_weights: tuple[float, ...] = ()
+    reward_mode: str = "add"
+    settings: EpisodeSettings = field(default_factory=EpisodeSettings)
+
+
+def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
+    """The run's episodes: its agent when the spec names one, else its env; with reward functions, wrapped so
     that they score its episodes (envs/reward_fns.py)."""
-    if getattr(cfg, "agent", None):
-        return load_agent(cfg.agent, EpisodeSettings.from_config(cfg), timeout_s=cfg.agent_timeout_s)
-    bundle = load_env(cfg.env, EpisodeSettings.from_config(cfg), cfg.env_arg)
-    if not rewards or not getattr(cfg, "reward", ()):
+    if spec.agent:
+        return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s)
+    bundle = load_env(spec.env, spec.settings, spec.env_args)
+    if not rewards or not spec.rewards:
         return bundle
     from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
 
-    return RewardBundle(bundle, load_reward_functions(cfg.reward, cfg.reward_weights), cfg.reward_mode)
+    return RewardBundle(bundle, load_reward_functions(spec.rewards, spec.reward_weights), spec.reward_mode)
 
 
-def task_specs(cfg, env: EnvBundle | None = None) -> tuple[str | None, str]:
-    """(training, held-out) task specs of a config: the fields it sets, else its env's own defaults
-    (held-out '' when the env has none)."""
-    env = env or env_from_config(cfg)
-    return (env.default_tasks if cfg.tasks is None else cfg.tasks,
-            (env.default_eval_tasks or "") if cfg.eval_tasks is None else cfg.eval_tasks)
+def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:
+    """(training, held-out) task specs: the ones given, else the env's own defaults (held-out '' when the env
+    has none)."""
+    return (env.default_tasks if tasks is None else tasks,
+            (env.default_eval_tasks or "") if eval_tasks is None else eval_tasks)
 
 
 def describe(bundle: EnvBundle) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.memory.tasks import TaskShape, task_shape
+from nanorllm.trainer.parts import RunParts
 
 RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transformers and nanorllm (measured here)
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
@@ -221,19 +222,19 @@ def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
     return 2 * config.num_hidden_layers * (slots + 1) * kv_heads * width * head_dim * dtype_bytes
 
 
-def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
+def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
              tasks: TaskShape | None = None) -> MemoryPlan | None:
-    """The plan of `cfg` on `devices` (a DeviceMap); None where the model's config cannot be read
-    without loading it. `free` / `shm_free`: what the devices and /dev/shm have free (read here by default);
-    `tasks`: what the plan reads of the run's tasks (measured here by default, memory/tasks.py)."""
-    from nanorllm.policy.lora import LoraSpec
-    from nanorllm.rollout.build import sampling_params
+    """The plan of the run assembled as `parts` (its config, devices and LoRA spec, trainer/parts.py); None
+    where the model's config cannot be read without loading it. `free` / `shm_free`: what the devices and
+    /dev/shm have free (read here by default); `tasks`: what the plan reads of the run's tasks (measured
+    from its loaded tasks by default, memory/tasks.py)."""
+    from nanorllm.config.specs import sampling_params
     from nanorllm.rollout.engine import longest_episode
 
+    cfg, devices, lora = parts.cfg, parts.devices, parts.lora
     config = config if config is not None else model_config(cfg.model)
     if config is None:
         return None
-    lora = LoraSpec.from_config(cfg)
     total, trainable = parameter_counts(config, lora)
     compute = 2 if cfg.dtype in ("bfloat16", "bf16") else 4
     learner_dev = devices.learner
@@ -244,7 +245,7 @@ def plan_run(cfg, devices, *, config=None, free: dict[str, int] | None = None, s
     context = getattr(config, "max_position_embeddings", None)
     room = longest_episode(0, sampling_params(cfg), cfg.max_turns)  # the turns' responses and feedback
     limit = cfg.max_prompt_tokens or (context - room if context else None)
-    tasks = task_shape(cfg, prompt_limit=limit) if tasks is None else tasks
+    tasks = task_shape(parts, prompt_limit=limit) if tasks is None else tasks
     if tasks is None:  # guesses: the tokenizer cannot be had without loading a model
         tasks = TaskShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
     first = min(tasks.first, limit or tasks.first)

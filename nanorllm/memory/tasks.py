@@ -12,8 +12,8 @@ decides the learner's KV cache: the eval decodes every held-out episode at once,
 
 None where the prompts cannot be measured without loading a model (the default model not yet
 converted, a hub id, a peft adapter folder) or without running the env (tasks with no text question,
-an env or a task source that fails here: its own checks name that at setup); the plan then falls back
-to its guesses.
+an env that fails here: its own checks name that at setup); the plan then falls back to its guesses.
+The tasks are the run's, loaded once by its assembly (nanorllm/run/assembly.py).
 """
 
 import os
@@ -52,36 +52,31 @@ def plan_tokenizer(name: str):
         return None
 
 
-def task_shape(cfg, *, prompt_limit: int | None = None) -> TaskShape | None:
+def task_shape(parts, *, prompt_limit: int | None = None) -> TaskShape | None:
     """The first prompts of the run's first SAMPLE_TASKS training tasks and its largest held-out set
-    (module docstring); None where they cannot be measured here. With `prompt_limit` (the longest first
-    prompt the run accepts, rollout/prompt_budget.py) a question is rendered from its first
-    CHARS_PER_TOKEN x (limit + 1) characters only: a longer prompt is refused or dropped at setup anyway."""
-    tokenizer = plan_tokenizer(cfg.model)
+    (module docstring), from the run's assembled `parts` (trainer/parts.py); None where they cannot be
+    measured here. With `prompt_limit` (the longest first prompt the run accepts, rollout/prompt_budget.py)
+    a question is rendered from its first CHARS_PER_TOKEN x (limit + 1) characters only: a longer prompt is
+    refused or dropped at setup anyway."""
+    tokenizer = plan_tokenizer(parts.cfg.model)
     if tokenizer is None:
         return None
-    from nanorllm.envs.registry import env_from_config, task_specs
     from nanorllm.policy.hf_causal import chat_prompt_ids
     from nanorllm.rollout.engine import shared_prefix
     from nanorllm.rollout.prompt_budget import CHARS_PER_TOKEN
 
     cap = None if prompt_limit is None else CHARS_PER_TOKEN * (prompt_limit + 1)
-
+    tasks = [t for t in parts.train_tasks[:SAMPLE_TASKS] if isinstance(t.get("question"), str)]
     try:
-        env = env_from_config(cfg)
-        spec, eval_spec = task_specs(cfg, env)
-        tasks = [t for t in env.load_tasks(spec, limit=SAMPLE_TASKS) if isinstance(t.get("question"), str)]
         prompts = []
         for task in tasks:
-            agent = env.make_agent()
+            agent = parts.env.make_agent()
             agent.reset(task, task["question"][:cap])
             prompts.append(chat_prompt_ids(tokenizer, agent.messages))
-        held_out = [eval_spec] if eval_spec else []
-        held_out += [item.partition("=")[2] for item in getattr(cfg, "eval_set", ())]
-        eval_tasks = max((len(env.load_tasks(s, limit=cfg.eval_limit)) for s in held_out), default=0)
-    except Exception:  # the env's or the tasks' own checks name it at setup
+    except Exception:  # the env's own checks name it at setup
         return None
     if not prompts:
         return None
+    held_out = [parts.eval_tasks, *parts.eval_sets.values()]
     return TaskShape(first=max(map(len, prompts)), shared=len(shared_prefix(prompts)) if len(prompts) > 1 else 0,
-                     eval_tasks=eval_tasks)
+                     eval_tasks=max(map(len, held_out)))

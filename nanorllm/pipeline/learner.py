@@ -37,7 +37,7 @@ import torch
 
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.stream import TaskStream
-from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, NodeShare, Ready, WorkerMessage
+from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, NodeShare, Ready, WorkerMessage, WorkerStart
 from nanorllm.pipeline.pool import WorkerPool
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -66,12 +66,13 @@ class PipelineSource:
     PARTS_PER_NODE = 1000  # job numbers (and seeds) of node k start at k x this
     FILL_PARTS = 1_000_000  # fill_batch's round r: job numbers from r x this (seeds: fill_seed, as in serial)
 
-    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, start: WorkerStart, policy: HFCausalPolicy, optimizer: torch.optim.Optimizer, *,
                  stream: TaskStream | None, workers: list[str], ranks: LearnerRanks, start_step: int,
                  stop: Callable[[], bool], draws: bool = True):
-        """Start the workers on `workers` (devices) with `policy`'s weights as version `start_step`; jobs
-        are drawn from `stream` (rank 0) or sent by rank 0 (`draws=False`: another node's leader, no stream).
-        `stop()` true: a wait for episodes gives up."""
+        """Start the workers on `workers` (devices) with `start` (the run's config and its assembled specs) and
+        `policy`'s weights as version `start_step`; jobs are drawn from `stream` (rank 0) or sent by rank 0
+        (`draws=False`: another node's leader, no stream). `stop()` true: a wait for episodes gives up."""
+        cfg: TrainConfig = start.cfg
         self.cfg, self.policy, self.stream, self.ranks, self.stop = cfg, policy, stream, ranks, stop
         self.draws = draws  # rank 0 draws every node's tasks; another node's leader runs its share of them
         self.outgoing: list[NodeShare] = []  # other nodes' shares of the steps drawn since the last broadcast
@@ -82,7 +83,7 @@ class PipelineSource:
                                      params=trainable_parameters(policy.model))
         policy.version = start_step
         n = len(workers)
-        self.pool = WorkerPool(cfg, self.weights, workers, threads=cfg.threads, num_processes=n + ranks.local_world)
+        self.pool = WorkerPool(start, self.weights, workers, threads=cfg.threads, num_processes=n + ranks.local_world)
         self.holding = True  # no job is handed out before training asks for its first batch
         self.outstanding: dict[str, Job] = {}  # job_id -> job, dispatched and not yet returned
         self.owner: dict[str, int | None] = {}  # job_id -> worker it was given to (None: waits for one)

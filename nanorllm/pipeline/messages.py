@@ -3,12 +3,24 @@
 As core/types.py does for episodes: each message is a plain dataclass of ints, floats, strings and
 lists, so it pickles cheaply through the pipes of channel.py; no tensors travel here (weights go
 through pipeline/weights.py). The learner -> worker pipe carries `Job` and `Stop`; the worker ->
-learner pipe carries `Ready`, `JobDone`, `JobFailed` and `Fatal`.
+learner pipe carries `Ready`, `JobDone`, `JobFailed` and `Fatal`. A worker starts with a `WorkerStart`.
 """
 
 from dataclasses import dataclass, field
 
 from nanorllm.core.types import RolloutResult
+from nanorllm.envs.registry import EnvSpec
+from nanorllm.policy.lora import LoraSpec
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """Learner -> worker, once, as the spawned process's argument: the run's config and the specs its assembly
+    built (run/assembly.py), so a worker builds its env bundle and its replica's adapters from the same ones."""
+
+    cfg: object  # the run's TrainConfig (its task specs resolved)
+    env: EnvSpec
+    lora: LoraSpec | None  # None: a full fine-tune
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from nanorllm.pipeline.channel import Inbox, Outbox
 from nanorllm.pipeline.heartbeat import Heartbeat
-from nanorllm.pipeline.messages import Job, Stop, WorkerMessage
+from nanorllm.pipeline.messages import Job, Stop, WorkerMessage, WorkerStart
 from nanorllm.pipeline.worker import worker_main
 
 
@@ -31,12 +31,12 @@ def kill_group(pgid: int) -> None:
 
 
 class WorkerPool:
-    def __init__(self, cfg, weights, devices: list[str], *, threads: int | None, num_processes: int):
-        self.cfg, self.weights, self.devices = cfg, weights, devices
+    def __init__(self, start: WorkerStart, weights, devices: list[str], *, threads: int | None, num_processes: int):
+        self.start, self.cfg, self.weights, self.devices = start, start.cfg, weights, devices
         self.threads, self.num_processes = threads, num_processes
         self.ctx = mp.get_context("spawn")
         self.stop_flag = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.heartbeat = Heartbeat(len(devices), env_name=cfg.env)
+        self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env)
         self.procs, self.outbox, self.inbox = {}, {}, {}
         self.started = {wid: 0 for wid in range(len(devices))}  # processes started per slot
         self.start_at: dict[int, float] = {}  # slots waiting out a back-off: wid -> when to start
@@ -47,7 +47,7 @@ class WorkerPool:
         job_r, job_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(target=worker_main, name=f"nanorllm-worker-{wid}", daemon=True,
-                             args=(wid, self.started[wid], self.cfg, self.devices[wid], self.threads,
+                             args=(wid, self.started[wid], self.start, self.devices[wid], self.threads,
                                    self.num_processes, job_r, res_w, self.weights.reader(self.devices[wid]),
                                    self.heartbeat,
                                    self.stop_flag, os.getpid()))

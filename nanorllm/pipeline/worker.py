@@ -32,10 +32,11 @@ import torch
 
 from nanorllm.pipeline.channel import frame
 from nanorllm.utils.lifeline import die_with_parent
-from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
+from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready, WorkerStart
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.lora import LoraSpec, trainable_parameters
-from nanorllm.rollout.build import training_engine
+from nanorllm.envs.registry import load_bundle
+from nanorllm.policy.lora import trainable_parameters
+from nanorllm.trainer.engine import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
 from nanorllm.chaos.faults import fault
@@ -80,15 +81,15 @@ class _Sender:
             time.sleep(0.01)
 
 
-def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int | None, num_processes: int,
-                jobs, results, weights, heartbeat, stop: torch.Tensor, parent_pid: int) -> None:
+def worker_main(worker_id: int, incarnation: int, start: WorkerStart, device: str, threads: int | None,
+                num_processes: int, jobs, results, weights, heartbeat, stop: torch.Tensor, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     os.setpgid(0, 0)  # its own process group: stopping it also ends whatever an env started (WorkerPool.remove)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sender = _Sender(results, cfg.queue_size, torn=fault("torn_result") is not None and worker_id == 0
+    sender = _Sender(results, start.cfg.queue_size, torn=fault("torn_result") is not None and worker_id == 0
                      and incarnation == 0)
     try:
-        _serve(worker_id, cfg, device, threads, num_processes, jobs, sender, weights, heartbeat, stop,
+        _serve(worker_id, start, device, threads, num_processes, jobs, sender, weights, heartbeat, stop,
                inject_oom=fault("worker_oom") is not None and worker_id == 0 and incarnation == 0)
     except BaseException as e:
         error = traceback.format_exc()
@@ -100,8 +101,9 @@ def worker_main(worker_id: int, incarnation: int, cfg, device: str, threads: int
         sys.exit(1)
 
 
-def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender: _Sender, weights,
+def _serve(wid: int, start: WorkerStart, device: str, threads, num_processes: int, jobs, sender: _Sender, weights,
            hb, stop: torch.Tensor, *, inject_oom: bool = False) -> None:
+    cfg = start.cfg
     hb.doing(wid, "starting")
     if device.startswith("cuda"):
         torch.cuda.set_device(device)  # this process's default device, for allocations we do not place
@@ -110,12 +112,12 @@ def _serve(wid: int, cfg, device: str, threads, num_processes: int, jobs, sender
         raise RuntimeError("injected fault: worker_start")
     # stored in the compute dtype (bf16 replicas sample in bf16); under LoRA with the learner's adapters
     policy = HFCausalPolicy.from_name(cfg.model, device=device, dtype=cfg.dtype, seed=cfg.seed, replica=True,
-                                      lora=LoraSpec.from_config(cfg))
+                                      lora=start.lora)
     policy.graphs_enabled = cfg.cuda_graphs
     # the replica's published parameters (all, or its LoRA adapters) as one block: a load is one copy
     block = weights.attach(policy.model, params=trainable_parameters(policy.model))
     policy.version, load_s = weights.load_into(block)  # in place: captured graphs read the new weights
-    engine = training_engine(policy, cfg)
+    engine = training_engine(policy, cfg, load_bundle(start.env))
     engine.on_step = lambda: hb.beat(wid)  # progress inside a long generation
     hb.doing(wid, "capturing decode graphs")
     capture_s = engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task,  # at most one step a job

@@ -43,14 +43,6 @@ class LoraSpec:
     dropout: float = 0.0  # on the adapter's input, in train mode only
     targets: str = DEFAULT_TARGETS  # "attn-mlp", "all-linear" or a comma list of module names (target_names)
 
-    @classmethod
-    def from_config(cls, cfg) -> "LoraSpec | None":
-        """The run's LoRA settings (TrainConfig's lora_* fields); None for a full fine-tune."""
-        if not cfg.lora_rank:
-            return None
-        return cls(rank=cfg.lora_rank, alpha=effective_alpha(cfg.lora_rank, cfg.lora_alpha),
-                   dropout=cfg.lora_dropout, targets=cfg.lora_targets)
-
 
 def effective_alpha(rank: int, alpha: float | None) -> float:
     """--lora-alpha, or 2 x rank when unset (a scale alpha / rank of 2)."""

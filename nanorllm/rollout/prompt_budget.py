@@ -9,21 +9,21 @@ characters. Rows without a text "question" are the env's own business (its reset
 """
 
 from nanorllm.envs.base import EnvBundle
-from nanorllm.rollout.build import sampling_params
+from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import longest_episode
 
 CHARS_PER_TOKEN = 32  # more characters than any token holds in practice: what is tokenized of a long question
 
 
-def prompt_limit(policy, cfg) -> int | None:
-    """The longest first prompt a run accepts: --max-prompt-tokens, else the model's context less the room
-    the episode's turns need (responses and feedback); None when the model states no context."""
-    if cfg.max_prompt_tokens is not None:
-        return cfg.max_prompt_tokens
+def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingParams, max_turns: int) -> int | None:
+    """The longest first prompt a run accepts: `max_prompt_tokens` when given, else the model's context less the
+    room the episode's turns need (responses and feedback); None when the model states no context."""
+    if max_prompt_tokens is not None:
+        return max_prompt_tokens
     context = getattr(policy.model.config, "max_position_embeddings", None)
     if not context:
         return None
-    return context - longest_episode(0, sampling_params(cfg), cfg.max_turns)
+    return context - longest_episode(0, sampling, max_turns)
 
 
 def _prompt_tokens(policy, env: EnvBundle, task: dict, question: str) -> int:

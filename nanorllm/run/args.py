@@ -2,13 +2,15 @@
 
 Resume parsing reads the run's saved config (or the newest intact checkpoint's), so it needs the
 checkpoint module; it lives here, above both, so that `nanorllm.config` imports nothing of the
-trainer.
+trainer. The config's checks that need the world (run/world.py) are handed to the parser here, so the
+command line reports them beside the config's own.
 """
 
 from dataclasses import asdict
 from pathlib import Path
 
 from nanorllm.config import ConfigError, TrainConfig, parse_config
+from nanorllm.run.world import world_problems
 
 
 def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
@@ -16,7 +18,7 @@ def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
     resume the run's saved config.json is the base the flags change (when it is unreadable, the newest
     intact checkpoint's config: checkpoint.saved_config)."""
     if "--resume" not in argv:
-        return parse_config(argv), None, {}
+        return parse_config(argv, world=world_problems), None, {}
     from nanorllm.trainer.checkpoint import CheckpointError, saved_config  # torch and transformers: only a resume
 
     i = argv.index("--resume")
@@ -32,6 +34,6 @@ def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
     if source != str(Path(resume_dir) / "config.json"):
         print(f"[resume] config from {source}", flush=True)
     saved = TrainConfig(**saved_fields)
-    cfg = parse_config(rest, base=saved)
+    cfg = parse_config(rest, base=saved, world=world_problems)
     overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
     return cfg, resume_dir, overrides

@@ -10,8 +10,8 @@ lifeline, a torchrun rank when the agent ends the group or a collective fails.
 """
 
 from nanorllm.pipeline.learner import PipelineSource
+from nanorllm.pipeline.messages import WorkerStart
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.lora import LoraSpec
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.step import train_step
@@ -26,7 +26,7 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     cfg = start["cfg"]
     configure_threads(ranks.device, cfg.threads, start["processes"])
     policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
-                                      lora=LoraSpec.from_config(cfg))  # adapters: rank 0's reach it in attach
+                                      lora=start["lora"])  # adapters: rank 0's reach it in attach
     if cfg.grad_checkpointing:
         policy.enable_grad_checkpointing()
     ref_policy = reference_policy(policy, cfg, ranks.device, start["reference_model"])
@@ -35,8 +35,8 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     if remote and ranks.local_rank == 0:  # this node's workers, fed by rank 0
         # Version -1 until rank 0's weights are here (attach): no job starts before. It takes its first
         # shares of tasks from rank 0 now; it stops when rank 0 does.
-        source = PipelineSource(cfg, policy, optimizer, stream=None, workers=devices.workers, ranks=ranks,
-                                start_step=-1, stop=lambda: False, draws=False)
+        source = PipelineSource(WorkerStart(cfg, start["env_spec"], start["lora"]), policy, optimizer, stream=None,
+                                workers=devices.workers, ranks=ranks, start_step=-1, stop=lambda: False, draws=False)
     elif remote:
         ranks.broadcast()  # the first shares of tasks: for the nodes' leaders
     ranks.parallel = cfg.learner_parallel

@@ -1,7 +1,8 @@
 """One training run from a config to its end: what `launch/train.py`, the trials and the learning
 benchmark all call, so the order below is written once.
 
-    setup                  devices, learner ranks, tasks, model, optimizer, resume, logs
+    assembly               env, tasks, devices, LoRA spec: built once (run/assembly.py), then the memory plan
+    setup                  learner ranks, model, optimizer, resume, logs
     rollout source         --serial: an engine here; otherwise the workers start loading now ...
     held-out eval, step 0  ... while this runs (they are handed no job before the first batch)
     wait for the source    every worker has loaded its model
@@ -30,20 +31,24 @@ import torch
 
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.envs.modules import EnvSpecError
 from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, plan_run
 from nanorllm.pipeline.learner import PipelineSource
+from nanorllm.pipeline.messages import WorkerStart
 from nanorllm.policy.lora import LoraError
-
-from nanorllm.ranks.group import learner_spec, under_torchrun
+from nanorllm.ranks.group import under_torchrun
 from nanorllm.run.args import parse_train_args
+from nanorllm.run.assembly import assemble
 from nanorllm.run.ranks import follow_torchrun, start_learner
 from nanorllm.trainer.checkpoint import CheckpointError
 from nanorllm.trainer.loop import TrainedNothing, TrainingRun
+from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
-from nanorllm.utils.devices import DeviceError, resolve_devices
+from nanorllm.utils.devices import DeviceError
 
-BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError)
+BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError,
+             EnvSpecError)
 
 
 @dataclass
@@ -64,17 +69,18 @@ class RunOutcome:
 def make_source(run: TrainingRun) -> RolloutSource:
     """The one place that picks where episodes come from: this process (--serial) or the workers."""
     if run.cfg.serial:
-        return SerialSource(run.cfg, run.policy, run.stream)
-    return PipelineSource(run.cfg, run.policy, run.optimizer, stream=run.stream, workers=run.devices.workers,
+        return SerialSource(run.cfg, run.policy, run.stream, run.env)
+    start = WorkerStart(run.cfg, run.parts.env_spec, run.parts.lora)  # the workers build the same env and adapters
+    return PipelineSource(start, run.policy, run.optimizer, stream=run.stream, workers=run.devices.workers,
                           ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop_requested)
 
 
-def check_memory(cfg: TrainConfig, *, quiet: bool = False) -> tuple[bool, MemoryPlan | None]:
-    """(go on, the memory plan of `cfg` on its devices), the plan printed (one line); MemoryPlanError if it
-    does not fit. False: --memory-plan-only (the caller stops, exit 0). Before any model loads or anything
-    is written."""
-    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    plan = plan_run(cfg, devices)
+def check_memory(parts: RunParts, *, quiet: bool = False) -> tuple[bool, MemoryPlan | None]:
+    """(go on, the memory plan of the run assembled as `parts`), the plan printed (one line); MemoryPlanError
+    if it does not fit. False: --memory-plan-only (the caller stops, exit 0). Before any model loads or
+    anything is written."""
+    cfg = parts.cfg
+    plan = plan_run(parts)
     if plan is None:
         if not quiet or cfg.memory_plan_only:
             print(f"[memory] no plan: the config of {cfg.model!r} cannot be read without loading it", flush=True)
@@ -108,19 +114,20 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     called once before the first step (n = start step) and after each step n is on record. finish(run):
     what a finished run does once its workers are gone (default: final eval and final_model/)."""
     plan = None
-    if resume_dir is None:  # a resumed run's config is read from its folder, in setup
-        try:
-            go, plan = check_memory(cfg, quiet=quiet)
+    try:
+        parts = assemble(cfg)  # env, tasks, devices, LoRA spec: once, for the plan, the run and its workers
+        if resume_dir is None:  # a resumed run was planned when it started
+            go, plan = check_memory(parts, quiet=quiet)
             if not go:
                 return RunOutcome(exit_code=0)
-        except (MemoryPlanError, DeviceError, LoraError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return RunOutcome(exit_code=2)
-    run = TrainingRun(cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
+    except BAD_INPUT as e:
+        print(f"error: {e}", file=sys.stderr)
+        return RunOutcome(exit_code=2)
+    run = TrainingRun(parts.cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
     signals = StopSignals(run)
     source, status, out = None, "failed", RunOutcome(exit_code=1)
     try:
-        run.setup(*start_learner(cfg))  # this process's devices, and the learner ranks it is rank 0 of
+        run.setup(parts, start_learner(parts.cfg, parts.devices))  # the learner ranks this process is rank 0 of
         t0 = time.perf_counter()
         source = make_source(run)  # workers load while the eval runs
         t_eval = time.perf_counter()

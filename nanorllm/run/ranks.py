@@ -10,17 +10,16 @@ import sys
 import torch.multiprocessing as mp
 
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.utils.lifeline import die_with_parent
+from nanorllm.ranks.group import LearnerRanks, free_port, under_torchrun
+from nanorllm.run.assembly import run_devices
 from nanorllm.run.follower import follow
-from nanorllm.ranks.group import LearnerRanks, free_port, learner_spec, under_torchrun
-from nanorllm.utils.devices import DeviceError, DeviceMap, resolve_devices
+from nanorllm.utils.devices import DeviceError, DeviceMap
+from nanorllm.utils.lifeline import die_with_parent
 
 
-def start_learner(cfg) -> tuple[DeviceMap, LearnerRanks]:
-    """The run's devices and this process's learner ranks (the other ranks start loading now)."""
-    devices = resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
-    return devices, start_ranks(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s,
-                                parallel=cfg.learner_parallel)
+def start_learner(cfg, devices: DeviceMap) -> LearnerRanks:
+    """This process's learner ranks on the run's `devices` (the other ranks start loading now)."""
+    return start_ranks(devices, cfg.learner_timeout_s, cfg.worker_start_timeout_s, parallel=cfg.learner_parallel)
 
 
 def start_ranks(devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0, *,
@@ -79,7 +78,8 @@ def follow_torchrun(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    devices, ranks = start_learner(cfg)
+    devices = run_devices(cfg)
+    ranks = start_learner(cfg, devices)
     try:
         return follow(ranks, devices)
     finally:

@@ -3,11 +3,9 @@ a local one (built-in name, HF directory, hub id) or an API one (gemini:<model-n
 flags as training (--eval-samples for pass@k, --eval-set for more sets, --task-fields) mean the same here."""
 
 from dataclasses import dataclass, replace
-from typing import Annotated
 
-import tyro
-
-from nanorllm.config import eval_problems
+from nanorllm.config import EvalSettings, eval_problems
+from nanorllm.config.checks import agent_env_problems
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.envs.base import EpisodeSettings
@@ -18,7 +16,10 @@ from nanorllm.utils.devices import configure_threads
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(EvalSettings):
+    """launch/eval.py's flags: the evaluation fields of training (EvalSettings: --eval-set, --eval-samples,
+    --eval-temperature, --eval-k) and what the model, the env and the tasks are."""
+
     tasks: str | None = None
     """Tasks in the env's format (math: a JSONL file, seed schema or GSM8K format, or an arith:... spec).
     None: the env's own default held-out tasks."""
@@ -36,14 +37,6 @@ class EvalConfig:
     """The sources' own column names, key=column: question=problem,answer=solution,task_id=id."""
     limit: int | None = None
     """Evaluate only the first N tasks (of each set)."""
-    eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """More sets, name=spec, one flag each; one output line per set."""
-    eval_samples: int | None = None
-    """Sampled episodes per task at --eval-temperature, for pass@k and mean@n beside greedy success."""
-    eval_temperature: float = 0.7
-    """Sampling temperature of the --eval-samples episodes."""
-    eval_k: tuple[int, ...] = ()
-    """The k of each pass@k (each <= --eval-samples). Empty: 1, the powers of two below n, and n."""
     seed: int = 0
     """Seed of the sampled episodes."""
     max_turns: int = 2
@@ -82,8 +75,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         fields = parse_task_fields(cfg.task_fields)
     except TaskFieldsError as e:
         problems.append(f"task_fields: {e}")
-    if cfg.agent and cfg.env != "math":
-        problems.append(f"agent: --agent replaces --env; got --env {cfg.env!r} too")
+    problems += agent_env_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     settings = EpisodeSettings(max_turns=cfg.max_turns, worked_example=cfg.worked_example, task_fields=fields)

@@ -28,15 +28,14 @@ from tqdm import tqdm
 
 from nanorllm.chaos.faults import before_update
 from nanorllm.config import ConfigError, TrainConfig, format_config
+from nanorllm.config.specs import sampling_params
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
-from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
-from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import describe, env_from_config, task_specs
+from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.envs.registry import describe
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.policy.lora import LoraSpec, save_merged, trainable_line, trainable_parameters
+from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
-from nanorllm.rollout.build import sampling_params
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
@@ -44,6 +43,7 @@ from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
+from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.step_metrics import derived_metrics
@@ -57,40 +57,6 @@ from nanorllm.utils.sinks import parse_report_to
 def default_run_name(cfg: TrainConfig) -> str:
     tasks = Path(cfg.tasks).stem if not cfg.tasks.startswith("arith") else "arith"
     return f"{tasks}__{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def load_task_sets(cfg: TrainConfig, env: EnvBundle) -> tuple[list[dict], list[dict], int, dict]:
-    """(train, held-out, number of training tasks dropped because they are held out, task-order fingerprint),
-    loaded by the env from `cfg`'s resolved task specs."""
-    spec, eval_spec = cfg.tasks, cfg.eval_tasks
-    loaded = check_task_rows(env_tasks(env, spec, cfg.limit), spec)
-    heldout = check_task_rows(env_tasks(env, eval_spec, cfg.eval_limit), eval_spec) if eval_spec else []
-    train, dropped = remove_overlap(loaded, heldout)
-    if not train:
-        raise TaskFileError(spec, [f"{spec}: no training tasks left after removing the {dropped} that are also "
-                                   f"held out (--eval-tasks {eval_spec})"])
-    kept = {id(t) for t in train}
-    order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
-    return train, heldout, dropped, order
-
-
-def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:
-    """{name: tasks} of each --eval-set name=spec (at most --eval-limit tasks each)."""
-    sets = {}
-    for item in cfg.eval_set:
-        name, _, spec = item.partition("=")
-        sets[name] = check_task_rows(env_tasks(env, spec, cfg.eval_limit), spec)
-    return sets
-
-
-def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
-    """`env.load_tasks(spec)`; whatever it raises is bad input (TaskFileError naming the env and the spec)."""
-    try:
-        return env.load_tasks(spec, limit=limit)
-    except TaskFileError:
-        raise
-    except Exception as e:
-        raise TaskFileError(spec, [f"{spec}: the env {env.spec}'s load_tasks raised {type(e).__name__}: {e}"]) from e
 
 
 class TrainedNothing(RuntimeError):
@@ -133,6 +99,7 @@ class TrainingRun:
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0, "env_error_steps": 0}
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
+        self.parts: RunParts | None = None  # the run's assembly: env, tasks, devices, LoRA spec
         self.devices: DeviceMap | None = None
         self.train_tasks: list[dict] = []
         self.eval_tasks: list[dict] = []
@@ -148,20 +115,19 @@ class TrainingRun:
         self.last_save_t = time.monotonic()
 
     # ---- setup -----------------------------------------------------------------------------
-    def setup(self, devices: DeviceMap, ranks: LearnerRanks) -> None:
-        """Everything before the first rollout, on `devices`, as rank 0 of `ranks` (started by the caller:
-        run/ranks.py; the other ranks load meanwhile)."""
-        cfg = self.cfg
-        self.devices, self.ranks = devices, ranks
+    def setup(self, parts: RunParts, ranks: LearnerRanks) -> None:
+        """Everything before the first rollout that the loop owns (the model, the optimizer, the run folder, the
+        resume, the logs), from the run's assembled `parts` (env, tasks, devices, LoRA spec: run/assembly.py),
+        as rank 0 of `ranks` (started by the caller: run/ranks.py; the other ranks load meanwhile)."""
+        self.parts, self.devices, self.ranks = parts, parts.devices, ranks
+        self.cfg = cfg = parts.cfg  # its task specs resolved
         self.use_cores(alone=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.env = env_from_config(cfg)
-        tasks, eval_tasks = task_specs(cfg, self.env)
-        self.cfg = cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
-        self.train_tasks, self.eval_tasks, self.totals["dropped_heldout"], self.task_order = \
-            load_task_sets(cfg, self.env)
-        self.eval_sets = eval_sets(cfg, self.env)
+        self.env = parts.env
+        self.train_tasks, self.eval_tasks = parts.train_tasks, parts.eval_tasks
+        self.totals["dropped_heldout"], self.task_order = parts.dropped_heldout, parts.task_order
+        self.eval_sets = parts.eval_sets
         state = None
         self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
         try:
@@ -183,7 +149,7 @@ class TrainingRun:
             model_source = cfg.model
         if self.devices.learner.startswith("cuda"):  # as every worker and rank does: allocations we do not
             torch.cuda.set_device(self.devices.learner)  # place, and streams, land on the learner's GPU
-        lora = LoraSpec.from_config(cfg)
+        lora = parts.lora
         try:
             if lora is None:
                 self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
@@ -216,7 +182,8 @@ class TrainingRun:
                 self.say(f"[resume] new task order accepted (--resume-new-data): epoch 0 of it starts at task-stream "
                          f"position {self.stream.position}")
         self.final_step = self.start_step
-        self.ranks.broadcast({"cfg": cfg, "processes": self.processes(), "start_step": self.start_step,
+        self.ranks.broadcast({"cfg": cfg, "env_spec": parts.env_spec, "lora": parts.lora,
+                              "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
         self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
                                 purge_step=self.start_step + 1 if state else None,
@@ -236,7 +203,8 @@ class TrainingRun:
     def check_prompt_lengths(self) -> None:
         """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
         with --drop-long-prompts leave them out, counted."""
-        limit = prompt_limit(self.policy, self.cfg)
+        limit = prompt_limit(self.policy, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                             sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns)
         if limit is None:
             return
         found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit)

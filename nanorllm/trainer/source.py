@@ -12,8 +12,9 @@ from nanorllm.algos.grpo import group_by_task_id, is_zero_std
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
+from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.build import training_engine
+from nanorllm.trainer.engine import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer.metrics import decode_metrics
 from nanorllm.trainer.watchdog import Watchdog
@@ -66,9 +67,9 @@ class RolloutSource(Protocol):
 class SerialSource:
     """Rollouts in the training process: generate, then train, one after the other."""
 
-    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, stream: TaskStream):
+    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, stream: TaskStream, env: EnvBundle):
         self.cfg, self.policy, self.stream = cfg, policy, stream
-        self.engine = training_engine(policy, cfg)
+        self.engine = training_engine(policy, cfg, env)
         # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
         self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task)
         self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)

@@ -1,0 +1,344 @@
+"""TrainConfig's fields, in the groups they are read by: each group is a dataclass, TrainConfig is all of them.
+
+The groups only organise the source: every field is still one flat flag (`max_steps` is `--max-steps`) and
+one flat key of a config file or of config.json, in the order below. `EvalSettings` is also the evaluation
+part of `launch/eval.py`'s config (trainer/eval_model.py), so the two mean the same by the same names.
+Checks live in checks.py, the file loader in files.py, the command line in cli.py.
+"""
+
+from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
+
+import tyro
+
+
+@dataclass
+class Sources:
+    """What to train on: the model, the episodes' env or agent, their rewards and the task sources."""
+
+    model: str = "smollm2-135m-instruct"
+    """Built-in name (smollm2-135m-instruct, tiny-random), a local HF model directory or a hub id."""
+    env: str = "math"
+    """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
+    module.path:Name or path/to/file.py:Name."""
+    agent: str | None = None
+    """An agent written against the OpenAI client instead of an env (docs/environments.md): path/to/file.py:fn or
+    module.path:fn, fn(task, client) -> reward or {"reward": ..., ...}, sync or async. Each rollout worker serves
+    it an OpenAI-compatible endpoint on 127.0.0.1; give --tasks. Not with --env."""
+    agent_timeout_s: float = 300.0
+    """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
+    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
+    list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
+    single-turn (--env single) and they give the only reward; with one, see --reward-mode."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
+    reward_mode: Literal["add", "replace"] = "add"
+    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
+    tasks: str | None = None
+    """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
+    spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
+    records the spec it resolved to."""
+    eval_tasks: str | None = None
+    """Held-out tasks, same formats ('': none). None: the env's own default held-out set. Any task that also
+    appears in --tasks is removed from training."""
+    task_fields: str | None = None
+    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
+    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
+    limit: int | None = None
+    """Use only the first N training tasks."""
+    eval_limit: int | None = None
+    """Use only the first N held-out tasks."""
+
+
+@dataclass
+class EvalSettings:
+    """How held-out sets are evaluated beyond greedy success; `launch/eval.py` takes the same fields."""
+
+    eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """More held-out sets, name=spec, one flag each (--eval-set gsm8k=../shared/data/gsm8k/test.jsonl): evaluated
+    beside --eval-tasks (not removed from training), logged as eval/<name>/... and kept in eval.json."""
+    eval_samples: int | None = None
+    """Sampled episodes per held-out task at --eval-temperature, for pass@k and mean@n beside greedy success.
+    None: greedy only."""
+    eval_temperature: float = 0.7
+    """Sampling temperature of the --eval-samples episodes."""
+    eval_k: tuple[int, ...] = ()
+    """The k of each pass@k (each <= --eval-samples). Empty: 1, the powers of two below n, and n."""
+
+
+@dataclass
+class Episodes:
+    """One episode: its first prompt's limit, its turns and how each response is sampled and graded."""
+
+    max_prompt_tokens: int | None = None
+    """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
+    refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
+    drop_long_prompts: bool = False
+    """Leave tasks whose prompt is over the limit out (counted, the first named) instead of refusing the run."""
+    max_turns: int = 2
+    """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
+    max_new_tokens: int = 32
+    """Longest response per turn; a response cut here ends its episode as 'truncated'."""
+    temperature: float = 0.7
+    """Sampling temperature for training rollouts (evaluation is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; training needs 1.0 (the learner scores the full distribution), eval may truncate."""
+    system_prompt: str | None = None
+    """System prompt; None uses the built-in one."""
+    worked_example: bool = True
+    """Put one worked question/answer pair before the question (teaches the \\boxed{} format)."""
+    grader_timeout_s: float = 5.0
+    """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
+
+
+@dataclass
+class GRPO:
+    """The update: steps and groups, the optimizer, the clipped objective and its variants, micro-batches, precision."""
+
+    max_steps: int = 24
+    """Learner updates."""
+    tasks_per_step: int = 8
+    """Groups (distinct tasks) per update."""
+    num_samples_per_task: int = 4
+    """Episodes per task: the GRPO group size."""
+    lr: float = 6e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    clip_low: float = 0.2
+    """PPO clip: ratio floor is 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO clip: ratio ceiling is 1 + clip_high."""
+    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same;
+    seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
+    kl_coef: float = 0.0
+    """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
+    adv_estimator: Literal["grpo", "rloo", "reinforce++"] = "grpo"
+    """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
+    reinforce++: reward - group mean, then normalised by the mean and std over the whole step's episodes
+    (algos/grpo.py). adv_normalize_std applies to grpo only."""
+    adv_normalize_std: bool = True
+    """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
+    adv_eps: float = 1e-6
+    """Epsilon added to the group std."""
+    drop_zero_std_groups: bool = True
+    """Skip groups whose samples all got advantage 0 (episode credit: every episode the same reward); counted."""
+    turn_credit: Literal["episode", "turn"] = "episode"
+    """'episode': every turn gets the episode's group-relative advantage; 'turn': a turn's own reward plus
+    turn_gamma x the next turn's return, normalised among the group's turns with the same index."""
+    turn_gamma: float = 0.5
+    """Discount of later turns' outcome under turn_credit='turn'; < 1 so a wrong first answer that a retry
+    fixed scores below a first-try success (1.0 would give both the same first-turn return)."""
+    off_policy_correction: Literal["none", "tis", "mis", "decoupled"] = "none"
+    """'none' (PPO ratio to the sampler's logprobs), 'tis', 'mis' or 'decoupled' (see trainer/loss.py).
+    'none' is the default: the learning benchmark (docs/learning.md) found no correction that helps here."""
+    is_cap: float = 2.0
+    """tis / decoupled: importance weight pi_learner / pi_sampler capped at this."""
+    is_band: tuple[float, float] = (0.5, 2.0)
+    """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
+    dual_clip: float = 0.0
+    """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """token: PPO ratio per token; sequence (GSPO): one ratio per response (turn), the geometric mean of its token
+    ratios, clipped with gspo_clip_low / gspo_clip_high; needs loss_agg seq-mean and no off_policy_correction."""
+    gspo_clip_low: float = 3e-4
+    """ratio_level=sequence: ratio floor is 1 - this (the GSPO paper's 3e-4)."""
+    gspo_clip_high: float = 4e-4
+    """ratio_level=sequence: ratio ceiling is 1 + this (the GSPO paper's 4e-4)."""
+    entropy_coef: float = 0.0
+    """Subtract this x the mean token entropy from the loss (from the training forward's logits; 0: off)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
+    at max_steps (a function of the step, so a resume continues it exactly)."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from lr / (warmup_steps + 1) to lr, before lr_schedule applies."""
+    updates_per_batch: int = 1
+    """Optimizer steps per rollout batch: its groups split into this many mini-batches (by task-stream position
+    mod this), one step each. A step (max_steps, checkpoints, published weights, lr_schedule) is still one
+    rollout batch."""
+    epochs: int = 1
+    """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
+    micro_batch_tokens: int | None = None
+    """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
+    the free memory by the model's size (trainer/micro_batches.py)."""
+    max_pad_frac: float | None = None
+    """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
+    micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
+    max_batch_episodes: int = 256
+    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
+    cuda_graphs: bool = True
+    """On a GPU, replay the decode step from CUDA graphs captured per batch-size bucket (no effect on CPU)."""
+    dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
+    """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
+    optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
+    tf32: bool = True
+    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
+    Means nothing on CPU."""
+
+
+@dataclass
+class Lora:
+    """LoRA adapters (policy/lora.py, docs/lora.md)."""
+
+    lora_rank: int = 0
+    """LoRA adapter rank; 0: full fine-tune. > 0: the base is frozen in --dtype and held once, only the fp32
+    adapters train, reach AdamW, are broadcast to the workers and checkpointed."""
+    lora_alpha: float | None = None
+    """LoRA scale numerator (the adapter's output is scaled by alpha / rank). None: 2 x rank, a scale of 2."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input; it acts only with --no-disable-dropout (the learner's forward otherwise
+    runs in eval mode, like the sampler)."""
+    lora_targets: str = "attn-mlp"
+    """Layers that get adapters: 'attn-mlp' (every linear projection of the attention and MLP blocks), 'all-linear'
+    (every linear layer but the head), or a comma list of module names (q_proj,v_proj)."""
+    lora_merged: bool = True
+    """With LoRA, final_model/ holds the adapter (peft's format) and final_model/merged/ the adapter merged into the
+    base (loadable by transformers alone); --no-lora-merged skips merged/."""
+
+
+@dataclass
+class Agreement:
+    """Sampler / learner agreement, DAPO's filters and what bounds the learner's memory."""
+
+    disable_dropout: bool = True
+    """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
+    fill_batch: bool = False
+    """DAPO dynamic sampling: a step trains on tasks_per_step groups whose rewards differ, drawing more tasks
+    (in rounds, as many as are missing) until it has them or has drawn fill_batch_cap x tasks_per_step; then it
+    trains on what it has (rollout/fill_rate). Serial, or the pipeline with max_policy_lag 0."""
+    fill_batch_cap: float = 3.0
+    """fill_batch: most tasks one step draws, as a multiple of tasks_per_step (>= 1)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: a response longer than max_new_tokens - this loses up to overlong_penalty,
+    linearly over the buffer's tokens, from its episode's reward before advantages (0: off)."""
+    overlong_penalty: float = 1.0
+    """The most an overlong response loses (overlong_buffer > 0)."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing (transformers' own, non-reentrant): each decoder layer keeps only its input for the
+    backward and is recomputed there: less learner memory for more compute; turns the shared-prompt-prefix forward off."""
+    memory_plan_only: bool = False
+    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
+
+
+@dataclass
+class Processes:
+    """Processes and devices."""
+
+    serial: bool = False
+    """Run rollout and learning in this one process (the debug path)."""
+    num_workers: int = 1
+    """Rollout worker processes (pipeline mode)."""
+    max_policy_lag: int = 1
+    """Drop samples generated by weights more than this many versions behind the learner."""
+    devices: str = "auto"
+    """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers'."""
+    learner_devices: str | None = None
+    """Learner ranks (data-parallel, ranks/group.py): a count ('2': the first 2 devices of --devices) or a list
+    ('cuda:0,cuda:1'); workers share the devices left. None: one rank on the first device (under torchrun, one per
+    process torchrun starts on the node)."""
+    learner_parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How the learner ranks split the model: 'ddp' (each holds the whole model, its gradients and its optimizer
+    state) or 'fsdp' (each holds 1/N of them, ranks/fsdp.py: for a model whose optimizer state does not fit one
+    device; rank 0 still holds the full weights). fsdp needs more than one learner rank."""
+    learner_timeout_s: float = 1800.0
+    """Longest a learner rank waits for the others in one collective (a hung rank stops the run after this): more than
+    the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until the first
+    step's batch is shared (ranks and workers have started) the limit is --worker-start-timeout-s, if longer.
+    inf: no limit."""
+    threads: int | None = None
+    """Torch threads per process on CPU; None splits the cores across processes."""
+    queue_size: int = 4
+    """Most finished episode batches a worker holds while the learner has not taken them (then it waits)."""
+
+
+@dataclass
+class RunFolder:
+    """The run folder, logging and checkpoints."""
+
+    output_dir: str = "runs"
+    """Where run folders go."""
+    run_name: str | None = None
+    """Run folder name; None makes <tasks>__<exp>__<seed>__<timestamp>."""
+    report_to: str = "tensorboard"
+    """Where scalars go, a comma list: tensorboard, jsonl (runs/<run>/metrics.jsonl, one object per step), wandb
+    (pip install -e .[wandb]; WANDB_MODE=offline needs no network)."""
+    exp_name: str = "grpo"
+    """Experiment name used in the run folder name."""
+    seed: int = 0
+    """Seed for task order, sampling and initialisation."""
+    resume_new_data: bool = False
+    """With --resume: accept a task order that differs from the checkpoint's (another task file, seed, limit or
+    held-out set); it starts at a new epoch. Never saved: each resume decides."""
+    eval_every: int = 0
+    """Evaluate held-out tasks every N steps (0: only before and after training)."""
+    sample_every: int = 10
+    """Log a few whole trajectories as text every N steps."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk."""
+    rollout_dump_size: int = 512
+    """Most recent episodes kept in runs/<run>/rollouts.jsonl."""
+    save_model: bool = True
+    """Save the final model in HF format under runs/<run>/final_model."""
+
+
+@dataclass
+class Faults:
+    """Faults: hangs, restarts, and how much may fail before the run stops as failed."""
+
+    save_every_minutes: float = 10.0
+    """Also checkpoint when this many minutes passed since the last one (0: off): a hard kill loses at most that."""
+    worker_timeout_s: float | None = None
+    """A worker with no progress this long is hung: killed, restarted, its jobs re-issued. None: max(60, 5 x the
+    longest job); also the limit for held-out eval and --serial rollouts without progress (None: 600 s). inf: no
+    limit."""
+    worker_start_timeout_s: float = 600.0
+    """Longest a worker (or a learner rank) may take to load its model and say it is ready. inf: no limit."""
+    restart_backoff_s: float = 1.0
+    """Wait before restarting a failed worker; doubles with each failure in a row (at most 60 s)."""
+    max_restarts_per_worker: int = 5
+    """A worker that fails this many times in a row without finishing a job stops the run."""
+    max_restarts_per_run: int = 50
+    """Worker restarts allowed in the whole run before it stops."""
+    max_skipped_frac: float = 0.5
+    """Share of updates that may train nothing (a non-finite loss or gradient, or a step whose every episode was an
+    env error) before the run stops as failed (exit 1) instead of done; a run that trained nothing at all always
+    fails."""
+
+
+
+@dataclass
+class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, Sources):
+    """The one source of truth for a run: every field documented, a flag and a config-file key each.
+
+    Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.
+    `validate()` reports every problem a config has on its own terms at once, naming the field; what it
+    needs the world for (an env's module, reward files, the output folder, wandb) the run's assembly checks
+    (nanorllm/run/world.py), beside these when the command line is parsed."""
+
+    def __post_init__(self):
+        self.is_band = tuple(self.is_band)  # a JSON/YAML file or a saved config gives a list
+        if isinstance(self.env_arg, dict):  # a config file's mapping
+            self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
+        self.env_arg = tuple(self.env_arg)
+        self.eval_set, self.eval_k = tuple(self.eval_set), tuple(self.eval_k)
+        self.reward, self.reward_weights = tuple(self.reward), tuple(self.reward_weights)
+
+    def validate(self) -> list[str]:
+        """Every problem, one line each, naming the field (checks.py)."""
+        from nanorllm.config.checks import config_problems
+
+        return config_problems(self)
+
+    def saved(self) -> dict:
+        """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
+        return {**asdict(self), "resume_new_data": False}

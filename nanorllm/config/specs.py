@@ -1,0 +1,54 @@
+"""The small typed specs the lower floors take, read off a TrainConfig here, in one place.
+
+A floor below the trainer never reads a TrainConfig field: the policy gets a `LoraSpec`, the engine its
+`SamplingParams` and turn limit, an env its `EnvSpec` (with the `EpisodeSettings` every bundle may read).
+So policy/, envs/ and rollout/ depend on the types they are handed, which an import shows, not on the
+config's field names, which nothing would.
+"""
+
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.registry import EnvSpec
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.lora import LoraSpec, effective_alpha
+
+
+def lora_spec(cfg) -> LoraSpec | None:
+    """The run's LoRA settings (the lora_* fields); None for a full fine-tune."""
+    if not cfg.lora_rank:
+        return None
+    return LoraSpec(rank=cfg.lora_rank, alpha=effective_alpha(cfg.lora_rank, cfg.lora_alpha),
+                    dropout=cfg.lora_dropout, targets=cfg.lora_targets)
+
+
+def sampling_params(cfg) -> SamplingParams:
+    """How training rollouts sample (evaluation replaces the temperature or decodes greedily)."""
+    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+
+
+def episode_settings(cfg) -> EpisodeSettings:
+    """The episode fields every bundle may read; a --task-fields the config's checks refuse reads as none."""
+    from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
+
+    try:
+        task_fields = parse_task_fields(getattr(cfg, "task_fields", None))
+    except TaskFieldsError:
+        task_fields = None  # config_problems names the field
+    return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=getattr(cfg, "system_prompt", None),
+                           worked_example=cfg.worked_example, grader_timeout_s=getattr(cfg, "grader_timeout_s", 5.0),
+                           task_fields=task_fields)
+
+
+def env_spec(cfg) -> EnvSpec:
+    """What names the run's episodes: its --agent, or its --env with its options and --reward functions."""
+    return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
+                   rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
+                   reward_mode=getattr(cfg, "reward_mode", "add"), settings=episode_settings(cfg))
+
+
+def task_specs(cfg, env=None) -> tuple[str | None, str]:
+    """(training, held-out) task specs of a config: the fields it sets, else its env's own defaults (held-out ''
+    when the env has none); `env` is the run's bundle, built from the config when not given."""
+    from nanorllm.envs.registry import load_bundle, resolve_task_specs
+
+    env = env if env is not None else load_bundle(env_spec(cfg))
+    return resolve_task_specs(cfg.tasks, cfg.eval_tasks, env)

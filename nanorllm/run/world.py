@@ -1,0 +1,57 @@
+"""The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
+output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms; these run
+when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
+reported at once, naming the field) and nothing is written before them."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+from nanorllm.config import TrainConfig
+from nanorllm.config.specs import env_spec
+from nanorllm.envs.modules import EnvSpecError
+from nanorllm.envs.registry import load_bundle
+
+
+def unwritable_dir(path: str) -> str | None:
+    """Why a run folder could not be made under `path` (None: it could), found without writing anything."""
+    here = Path(path).absolute()
+    while not here.exists():
+        if here.is_symlink():
+            return f"cannot be created: {here} is a broken link"
+        here = here.parent
+    if not here.is_dir():
+        return f"cannot be created: {here} is not a folder"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"cannot be created or written: {here} is not writable"
+    return None
+
+
+def world_problems(cfg: TrainConfig) -> list[str]:
+    """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field."""
+    from nanorllm.envs.reward_fns import load_reward_function
+    from nanorllm.utils.sinks import parse_report_to
+
+    p = []
+    if (why := unwritable_dir(cfg.output_dir)) is not None:
+        p.append(f"output_dir: {cfg.output_dir!r} {why}")
+    for spec in cfg.reward:
+        try:
+            load_reward_function(spec)  # imports the file: a bad spec or signature stops here
+        except EnvSpecError as e:
+            p.append(f"reward: {e}")
+    try:
+        if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
+            p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
+    except ValueError:
+        pass  # config_problems names it
+    try:
+        env = load_bundle(env_spec(cfg), rewards=False)  # imports the env's module: a bad spec stops here
+    except EnvSpecError as e:
+        p.append(f"{'agent' if cfg.agent else 'env'}: {e}")
+    else:
+        if cfg.agent and cfg.tasks is None:
+            p.append("tasks: an --agent run has no default tasks; give --tasks (e.g. calc:count=2000,seed=1)")
+        elif cfg.tasks is None and not env.default_tasks:
+            p.append(f"tasks: the env {cfg.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
+    return p

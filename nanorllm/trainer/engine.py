@@ -1,0 +1,15 @@
+"""The training RolloutEngine of a config: what the serial loop, a pipeline worker and the benchmarks sample
+with. The engine below takes only its specs (sampling, the env bundle, a row limit); reading them off the
+config is this floor's job."""
+
+from nanorllm.config.specs import env_spec, sampling_params
+from nanorllm.envs.base import EnvBundle
+from nanorllm.envs.registry import load_bundle
+from nanorllm.rollout.engine import RolloutEngine
+
+
+def training_engine(policy, cfg, env: EnvBundle | None = None) -> RolloutEngine:
+    """The sampling engine every training rollout uses, serial or in a worker, on `env` (the run's bundle,
+    built once by the assembly) or, without one, the bundle the config names."""
+    return RolloutEngine(policy, sampling=sampling_params(cfg), env=env if env is not None else load_bundle(env_spec(cfg)),
+                         max_batch_episodes=cfg.max_batch_episodes)
