@@ -18,6 +18,8 @@ from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hin
 
 import tyro
 
+from nanorllm.algos.advantages import ESTIMATORS
+
 DEFAULT_ENV_NAME = "math"  # TrainConfig.env's default (envs/registry.py DEFAULT_ENV)
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
@@ -144,10 +146,10 @@ class TrainConfig:
     seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
     kl_coef: float = 0.0
     """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
-    adv_estimator: Literal["grpo", "rloo", "reinforce++"] = "grpo"
+    adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then normalised by the mean and std over the whole step's episodes
-    (algos/grpo.py). adv_normalize_std applies to grpo only."""
+    (algos/advantages.py: the choices are its registry's names). adv_normalize_std applies to grpo only."""
     adv_normalize_std: bool = True
     """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
     adv_eps: float = 1e-6
@@ -446,9 +448,9 @@ class TrainConfig:
     def _algorithm_problems(self) -> list[str]:
         """The GRPO variants' own ranges and the combinations that contradict each other, with the reason."""
         p = []
-        for name, choices in (("adv_estimator", ("grpo", "rloo", "reinforce++")), ("ratio_level", ("token", "sequence")),
-                              ("lr_schedule", ("constant", "linear", "cosine"))):
-            if getattr(self, name) not in choices:
+        hints = get_type_hints(TrainConfig)
+        for name in ("adv_estimator", "ratio_level", "lr_schedule"):
+            if getattr(self, name) not in (choices := get_args(hints[name])):
                 p.append(f"{name}: must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         for name in ("updates_per_batch", "epochs"):
             if getattr(self, name) < 1:

@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 
-from nanorllm.algos.grpo import compute_advantage, group_by_task_id, overlong_penalty
+from nanorllm.algos.advantages import compute_advantage, overlong_penalty
+from nanorllm.algos.groups import group_by_task_id
 from nanorllm.config import ConfigError, TrainConfig, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.run.lifecycle import main

@@ -8,7 +8,7 @@ the workers' queue. lifecycle.py's `make_source` picks one.
 import time
 from typing import Callable, Protocol
 
-from nanorllm.algos.grpo import group_by_task_id, is_zero_std
+from nanorllm.algos.groups import group_by_task_id, is_zero_std
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream

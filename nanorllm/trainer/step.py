@@ -26,8 +26,8 @@ step). The learning rate is the step's (`lr_schedule`, trainer/schedule.py).
 import time
 import zlib
 
-from nanorllm.algos.grpo import (compute_advantage, drop_env_errors, flatten_step_samples, group_by_task_id,
-                                 is_zero_std, overlong_penalty)
+from nanorllm.algos.advantages import compute_advantage, overlong_penalty
+from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id, is_zero_std
 from nanorllm.core.types import RolloutResult, StepSample
 from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
