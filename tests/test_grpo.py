@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from nanorllm.algos.advantages import compute_advantage, turn_returns
-from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id, is_zero_std
+from nanorllm.algos.advantages import carries_signal, compute_advantage, turn_returns
+from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 
 
@@ -59,7 +59,7 @@ def test_constant_reward_group_gets_exact_zero(normalize_std, reward):
         r.step_samples[0].advantage = 123.0
     compute_advantage(group_by_task_id(results), normalize_std=normalize_std)
     assert advantages(results) == [0.0, 0.0, 0.0, 0.0]
-    assert is_zero_std(results)
+    assert not carries_signal(results)
 
 
 def test_constant_non_dyadic_reward_gives_no_nan_and_negligible_advantage():
@@ -134,7 +134,7 @@ def test_flatten_drop_zero_std_drops_constant_groups_only():
     kept = flatten_step_samples(groups, drop_zero_std=True)
     assert [(s.episode_id, s.turn) for s in kept] == [("a#0", 0), ("a#0", 1), ("a#1", 0)]
     assert len(flatten_step_samples(groups)) == 8
-    assert [is_zero_std(rs) for rs in groups.values()] == [False, True, True]
+    assert [carries_signal(rs) for rs in groups.values()] == [True, False, False]
 
 
 # ---- turn-level credit ----------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_drop_zero_std_keeps_a_solved_group_whose_turns_differ():
     # every episode solved, one only on its retry: the episode rewards are constant, the turns are not
     results = [multi_turn("a", 0, [1.0]), multi_turn("a", 1, [0.0, 1.0])]
     groups = compute_advantage(group_by_task_id(results), turn_credit="turn", turn_gamma=0.5)
-    assert is_zero_std(groups["a"])
+    assert not carries_signal(groups["a"]) and carries_signal(groups["a"], turn_credit="turn", turn_gamma=0.5)
     assert len(flatten_step_samples(groups, drop_zero_std=True)) == 3
     groups = compute_advantage(group_by_task_id(results))
     assert flatten_step_samples(groups, drop_zero_std=True) == []

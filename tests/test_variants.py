@@ -327,6 +327,74 @@ def test_fill_batch_is_refused_where_it_cannot_work():
     parse_config(["--fill-batch", "--max-policy-lag", "0"])  # the pipeline without steps ahead: accepted
 
 
+def test_overlong_shaping_with_fill_batch_drops_an_all_correct_group_instead_of_training_it():
+    """DAPO keeps a group when 0 < correct < G. max_new_tokens 128, buffer 32: four correct answers of 50, 60, 70 and
+    97 tokens are shaped to [1, 1, 1, 0.96875]; advantages from those would be [0.577, 0.577, 0.577, -1.732] (a
+    correct answer punished like a wrong one). The group carries no signal for fill-batch, the update and the
+    zero_std count alike: advantage 0, dropped. A mixed group beside it keeps its shaped advantage."""
+    from nanorllm.algos.advantages import carries_signal, silent_groups
+    from nanorllm.algos.groups import flatten_step_samples
+    from nanorllm.trainer.source import mixed_groups
+
+    kw = {"max_new_tokens": 128, "buffer": 32, "penalty": 1.0}
+    solved = [episode("a", k, 1.0, lengths=(n,)) for k, n in enumerate([50, 60, 70, 97])]
+    mixed = [episode("b", k, r, lengths=(n,)) for k, (r, n) in enumerate([(1.0, 50), (0.0, 97)])]
+    assert [r.reward + overlong_penalty(r, **kw) for r in solved] == [1.0, 1.0, 1.0, 0.96875]
+    groups = group_by_task_id(solved + mixed)
+    silent = silent_groups(groups)
+    assert silent == {"a"} and not carries_signal(solved) and carries_signal(mixed)
+    assert mixed_groups(TrainConfig(), solved + mixed) == 1  # fill-batch: one group with signal, one to replace
+    compute_advantage(groups, reward_of=lambda r: r.reward + overlong_penalty(r, **kw), silent=silent, eps=0.0)
+    assert advantages(solved) == [0.0, 0.0, 0.0, 0.0]
+    assert advantages(mixed) == [1.0, -1.0]  # shaped [1, -0.03125]: mean 0.484375, std 0.515625
+    assert [s.episode_id for s in flatten_step_samples(groups, drop_zero_std=True, silent=silent)] == ["b#0", "b#1"]
+    compute_advantage(groups, reward_of=lambda r: r.reward + overlong_penalty(r, **kw), eps=0.0)  # silent by default
+    assert advantages(solved) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_overlong_shaping_in_a_step_trains_only_the_groups_fill_batch_counts_mixed(tiny_policy_factory):
+    """train_step with a buffer as long as the responses: g0's episodes, all correct, have 1 or 2 turns, so their
+    shaped rewards differ; it still trains nothing and counts as a zero-std group, as fill-batch counts it."""
+    from nanorllm.trainer.source import mixed_groups
+
+    policy = tiny_policy_factory()
+    results = build_results(policy, rewards={"g0": [1.0, 1.0, 1.0, 1.0], "g1": [1.0, 0.0, 0.0, 1.0]})
+    cfg = config(max_new_tokens=8, overlong_buffer=8)
+    assert len({r.reward + overlong_penalty(r, max_new_tokens=8, buffer=8, penalty=1.0)
+                for r in results if r.task_id == "g0"}) > 1
+    assert mixed_groups(cfg, results) == 1
+    m = train_step(policy, torch.optim.SGD(policy.model.parameters(), lr=1e-2), results, cfg)
+    assert m["frac_reward_zero_std"] == 0.5
+    assert m["train/samples"] == sum(len(r.step_samples) for r in results if r.task_id == "g1") == 7
+
+
+def test_an_env_error_does_not_make_an_all_correct_group_count_as_mixed_for_fill_batch():
+    """[correct, correct, correct, env error]: the update trains the three correct ones, a constant group, so
+    fill-batch must count it constant and draw a replacement (before, it counted it mixed: fill_rate 1.0)."""
+    from nanorllm.trainer.source import FillRounds, fill_seed
+
+    def ep(gid, reward, reason="correct"):
+        return RolloutResult(trajectory=Trajectory(task_id=gid, final_reward=reward, termination_reason=reason),
+                             step_samples=[], group_id=gid)
+
+    class Stream:
+        position = 0
+
+        def take(self, n):
+            self.position += n
+            return [({"task_id": f"t{i}"}, f"t{i}@{i}") for i in range(self.position - n, self.position)]
+
+    first = [ep("a", 1.0), ep("a", 1.0), ep("a", 1.0), ep("a", 0.0, "error"), ep("b", 1.0), ep("b", 0.0)]
+    cfg = TrainConfig(tasks_per_step=2, fill_batch_cap=2.0)
+    fill, drawn = FillRounds(cfg, Stream(), 5, first), []
+    assert fill.mixed == 1
+    for round_, picked, seed in fill.rounds():
+        drawn.append((round_, [g for _, g in picked], seed))
+        fill.add([ep(g, r) for _, g in picked for r in (1.0, 0.0)])
+    assert drawn == [(1, ["t0@0"], fill_seed(cfg, 5, 1))]
+    assert fill.metrics() == {"rollout/extra_groups": 1, "rollout/fill_rate": 1.0}
+
+
 def _fill_run(tmp_path, name, *args):
     rc = main([*BASE[:-1], "--output-dir", str(tmp_path), "--run-name", name, "--fill-batch", *args])
     assert rc == 0

@@ -11,6 +11,12 @@ rewarded like a first-try success. turn_credit="turn" scores each turn by its re
 the group's turns with the same index (all first turns together, all second turns together). It returns
 one advantage per item, exactly 0 for every item of a constant set, never NaN.
 `reward_of` overrides the reward an episode is scored by (DAPO's overlong shaping, `overlong_penalty`).
+
+Whether a group carries a signal at all is one test, `carries_signal`, on the env's rewards: fill-batch
+counts the mixed groups with it, the update zeroes and drops the others, and `frac_reward_zero_std`
+counts them. Shaping a reward does not make a group mixed: DAPO keeps a group when 0 < correct < G, so
+an all-correct group with one answer in the overlong buffer is dropped, not trained with its correct
+answers set against each other.
 """
 
 from collections import defaultdict
@@ -46,15 +52,35 @@ def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     return add
 
 
+def carries_signal(results: list[RolloutResult], *, turn_credit: str = "episode", turn_gamma: float = 1.0) -> bool:
+    """Whether a group can teach anything: its episodes' env rewards are not all the same (turn credit: the
+    returns of some turn index are not). Decided on the env's reward, never a shaped one; call it on the
+    episodes that train (after drop_env_errors)."""
+    if turn_credit == "episode":
+        return len({r.reward for r in results}) > 1
+    by_turn: dict[int, set[float]] = defaultdict(set)
+    for r in results:
+        for s, ret in zip(r.step_samples, turn_returns(r, turn_gamma)):
+            by_turn[s.turn].add(ret)
+    return any(len(returns) > 1 for returns in by_turn.values())
+
+
+def silent_groups(groups: dict[str, list[RolloutResult]], *, turn_credit: str = "episode",
+                  turn_gamma: float = 1.0) -> set[str]:
+    """The ids of the groups that carry no signal (`carries_signal`)."""
+    return {g for g, rs in groups.items() if not carries_signal(rs, turn_credit=turn_credit, turn_gamma=turn_gamma)}
+
+
 def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: bool = True,
                       eps: float = 1e-6, turn_credit: str = "episode", turn_gamma: float = 1.0,
                       estimator: str = "grpo", reward_of: Callable[[RolloutResult], float] | None = None,
                       batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None,
-                      ) -> dict[str, list[RolloutResult]]:
+                      silent: set[str] | None = None) -> dict[str, list[RolloutResult]]:
     """Write the estimator's advantage (grpo: (r - mean) [/ (std + eps)]) into every StepSample of every
     episode; returns `groups`.
 
-    A constant-reward group gets advantage exactly 0, never NaN, whatever eps is.
+    A group without signal (`silent`, the caller's silent_groups; default: computed here) gets advantage
+    exactly 0, never NaN, whatever eps is, and so does a constant comparison set.
     With turn_credit="turn", r is a turn's return and the group is the group's turns of one index.
     `batch_stats` (reinforce++) sums {"n", "sum", "sq"} over the learner ranks (default: this rank's alone).
     """
@@ -62,10 +88,13 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
         raise ValueError(f"turn_credit must be 'episode' or 'turn', got {turn_credit!r}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {tuple(ESTIMATORS)}, got {estimator!r}")
+    if silent is None:
+        silent = silent_groups(groups, turn_credit=turn_credit, turn_gamma=turn_gamma)
     sets = []
-    for results in groups.values():
-        if turn_credit == "episode":
-            sets.append([(reward_of(r) if reward_of else r.reward, r.step_samples) for r in results])
+    for g, results in groups.items():
+        if turn_credit == "episode":  # a silent group is scored by its (constant) env reward, shaping or not
+            score = reward_of if reward_of and g not in silent else (lambda r: r.reward)
+            sets.append([(score(r), r.step_samples) for r in results])
             continue
         by_turn: dict[int, list] = defaultdict(list)
         for r in results:

@@ -6,6 +6,7 @@ samples the update trains on.
 """
 
 from collections import defaultdict
+from collections.abc import Collection
 
 from nanorllm.core.types import RolloutResult, StepSample
 
@@ -35,21 +36,18 @@ def drop_env_errors(results: list[RolloutResult]) -> tuple[list[RolloutResult], 
     return kept, short, dropped
 
 
-def is_zero_std(results: list[RolloutResult]) -> bool:
-    return len({r.reward for r in results}) <= 1
-
-
-def flatten_step_samples(groups: dict[str, list[RolloutResult]], *,
-                         drop_zero_std: bool = False) -> list[StepSample]:
+def flatten_step_samples(groups: dict[str, list[RolloutResult]], *, drop_zero_std: bool = False,
+                         silent: Collection[str] | None = None) -> list[StepSample]:
     """All StepSamples of all groups, episodes kept contiguous and in turn order.
 
-    drop_zero_std skips groups whose samples all got advantage 0 (with episode credit: the episodes
-    all got the same reward): they carry no learning signal and would only dilute a token-mean loss.
-    Count them with `is_zero_std`. Call it after compute_advantage.
+    drop_zero_std skips the groups that carry no learning signal: they would only dilute a token-mean loss.
+    Those are `silent` (algos/advantages.py silent_groups, as the step decided them) or, without it, the
+    groups whose samples all got advantage 0, which compute_advantage gives the silent ones.
     """
     samples = []
-    for results in groups.values():
-        if drop_zero_std and all(s.advantage == 0 for r in results for s in r.step_samples):
+    for g, results in groups.items():
+        if drop_zero_std and (g in silent if silent is not None else
+                              all(s.advantage == 0 for r in results for s in r.step_samples)):
             continue
         for r in results:
             samples.extend(r.step_samples)

@@ -8,7 +8,8 @@ the workers' queue. lifecycle.py's `make_source` picks one.
 import time
 from typing import Callable, Iterator, Protocol
 
-from nanorllm.algos.groups import group_by_task_id, is_zero_std
+from nanorllm.algos.advantages import silent_groups
+from nanorllm.algos.groups import drop_env_errors, group_by_task_id
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
@@ -31,15 +32,17 @@ def fill_seed(cfg: TrainConfig, step: int, round_: int) -> int:
     return rollout_seed(cfg, step) + 7919 * 1_000_000 * round_
 
 
-def mixed_groups(results: list[RolloutResult]) -> int:
-    """Groups whose episodes' rewards are not all the same (the ones with a learning signal)."""
-    return sum(not is_zero_std(rs) for rs in group_by_task_id(results).values())
+def mixed_groups(cfg: TrainConfig, results: list[RolloutResult]) -> int:
+    """Groups with a learning signal, as the update will see them: on the episodes left after drop_env_errors, by
+    the update's own test (algos/advantages.py carries_signal)."""
+    groups = group_by_task_id(drop_env_errors(results)[0])
+    return len(groups) - len(silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma))
 
 
 class FillRounds:
-    """DAPO dynamic sampling's round loop, the one both sources drive: rounds of as many new tasks as mixed-reward
-    groups are missing, drawn in stream order (a resume redraws them from the step's position, with the same
-    seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks.
+    """DAPO dynamic sampling's round loop, the one both sources drive: rounds of as many new tasks as groups with a
+    signal (`mixed_groups`) are missing, drawn in stream order (a resume redraws them from the step's position,
+    with the same seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks.
 
         fill = FillRounds(cfg, stream, step, first_results)
         for round_, picked, seed in fill.rounds():   # picked: [(task, group_id)]
@@ -50,7 +53,7 @@ class FillRounds:
     def __init__(self, cfg: TrainConfig, stream: TaskStream, step: int, first: list[RolloutResult]):
         self.cfg, self.stream, self.step = cfg, stream, step
         self.need, self.cap = cfg.tasks_per_step, int(cfg.fill_batch_cap * cfg.tasks_per_step)
-        self.drawn, self.mixed = self.need, mixed_groups(first)
+        self.drawn, self.mixed = self.need, mixed_groups(cfg, first)
 
     def rounds(self) -> Iterator[tuple[int, list[tuple[dict, str]], int]]:
         """(round 1, 2, ..., its tasks, its sampling seed) while mixed groups are missing and the cap allows."""
@@ -63,7 +66,7 @@ class FillRounds:
 
     def add(self, results: list[RolloutResult]) -> None:
         """A round's episodes came back."""
-        self.mixed += mixed_groups(results)
+        self.mixed += mixed_groups(self.cfg, results)
 
     def metrics(self) -> dict:
         """The step's scalars: the tasks drawn beyond tasks_per_step and the share of the wanted mixed groups got."""
