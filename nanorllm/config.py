@@ -148,12 +148,15 @@ class TrainConfig:
     """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
     adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
-    reinforce++: reward - group mean, then normalised by the mean and std over the whole step's episodes
-    (algos/advantages.py: the choices are its registry's names). adv_normalize_std applies to grpo only."""
+    reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
+    (REINFORCE++-baseline as verl and OpenRLHF compute it; algos/advantages.py: the choices are its registry's names). adv_normalize_std applies to grpo only."""
     adv_normalize_std: bool = True
     """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
+    adv_std: Literal["population", "unbiased"] = "population"
+    """The std an advantage is divided by (grpo's group std, reinforce++'s over the step's tokens): population
+    (variance / n; OpenRLHF's reinforce_baseline) or unbiased (/ (n - 1); verl's and TRL's). docs/algorithms.md."""
     adv_eps: float = 1e-6
-    """Epsilon added to the group std."""
+    """Epsilon added to the std an advantage is divided by."""
     drop_zero_std_groups: bool = True
     """Skip groups whose samples all got advantage 0 (episode credit: every episode the same reward); counted."""
     turn_credit: Literal["episode", "turn"] = "episode"
@@ -449,7 +452,7 @@ class TrainConfig:
         """The GRPO variants' own ranges and the combinations that contradict each other, with the reason."""
         p = []
         hints = get_type_hints(TrainConfig)
-        for name in ("adv_estimator", "ratio_level", "lr_schedule"):
+        for name in ("adv_estimator", "adv_std", "ratio_level", "lr_schedule"):
             if getattr(self, name) not in (choices := get_args(hints[name])):
                 p.append(f"{name}: must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         for name in ("updates_per_batch", "epochs"):

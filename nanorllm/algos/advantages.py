@@ -34,6 +34,7 @@ class AdvantageSpec:
 
     normalize_std: bool = True  # grpo: divide by the group std
     eps: float = 1e-6  # added to a std before dividing by it
+    std: str = "population"  # a std's variance over n values: / n ("population") or / (n - 1) ("unbiased")
     turn_credit: str = "episode"
     batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None  # sums over learner ranks
 
@@ -75,7 +76,7 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
                       eps: float = 1e-6, turn_credit: str = "episode", turn_gamma: float = 1.0,
                       estimator: str = "grpo", reward_of: Callable[[RolloutResult], float] | None = None,
                       batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None,
-                      silent: set[str] | None = None) -> dict[str, list[RolloutResult]]:
+                      silent: set[str] | None = None, std: str = "population") -> dict[str, list[RolloutResult]]:
     """Write the estimator's advantage (grpo: (r - mean) [/ (std + eps)]) into every StepSample of every
     episode; returns `groups`.
 
@@ -83,9 +84,12 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
     exactly 0, never NaN, whatever eps is, and so does a constant comparison set.
     With turn_credit="turn", r is a turn's return and the group is the group's turns of one index.
     `batch_stats` (reinforce++) sums {"n", "sum", "sq"} over the learner ranks (default: this rank's alone).
+    `std`: "population" divides a variance by n, "unbiased" by n - 1 (verl's and TRL's).
     """
     if turn_credit not in ("episode", "turn"):
         raise ValueError(f"turn_credit must be 'episode' or 'turn', got {turn_credit!r}")
+    if std not in ("population", "unbiased"):
+        raise ValueError(f"std must be 'population' or 'unbiased', got {std!r}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {tuple(ESTIMATORS)}, got {estimator!r}")
     if silent is None:
@@ -101,7 +105,8 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
             for s, ret in zip(r.step_samples, turn_returns(r, turn_gamma)):
                 by_turn[s.turn].append((ret, [s]))
         sets += by_turn.values()
-    spec = AdvantageSpec(normalize_std=normalize_std, eps=eps, turn_credit=turn_credit, batch_stats=batch_stats)
+    spec = AdvantageSpec(normalize_std=normalize_std, eps=eps, std=std, turn_credit=turn_credit,
+                         batch_stats=batch_stats)
     for items, advs in zip(sets, ESTIMATORS[estimator](sets, spec)):
         for (_, samples), a in zip(items, advs):
             for s in samples:
@@ -113,18 +118,24 @@ def _constant(items: ComparisonSet) -> bool:
     return len({x for x, _ in items}) <= 1  # exact test: a float mean can differ from r by 1e-17
 
 
+def _dof(n: float, std: str) -> float:
+    """What a sum of n squared deviations is divided by: n, or n - 1 (Bessel's correction) for "unbiased"."""
+    return max(n - 1, 1.0) if std == "unbiased" else n
+
+
 @register_estimator("grpo")
 def grpo(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
-    """r - the set's mean, divided by its population std + eps with normalize_std (GRPO)."""
+    """r - the set's mean, divided by its std + eps with normalize_std (GRPO; verl's compute_grpo_outcome_advantage
+    and TRL's GRPOTrainer take torch.std, the unbiased one: spec.std "unbiased")."""
     out = []
     for items in sets:
         rewards = [x for x, _ in items]
-        mean = sum(rewards) / len(rewards)
-        std = (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5
         if _constant(items):
             out.append([0.0] * len(items))
-        else:
-            out.append([(x - mean) / (std + spec.eps) if spec.normalize_std else x - mean for x in rewards])
+            continue
+        mean = sum(rewards) / len(rewards)
+        std = (sum((x - mean) ** 2 for x in rewards) / _dof(len(rewards), spec.std)) ** 0.5
+        out.append([(x - mean) / (std + spec.eps) if spec.normalize_std else x - mean for x in rewards])
     return out
 
 
@@ -141,21 +152,28 @@ def rloo(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
 
 @register_estimator("reinforce++")
 def reinforce_plus_plus(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
-    """r - the set's mean, then (a - m) / (s + eps) with m, s the mean and std of the centred rewards over
-    every episode of the step's sets with signal; with learner ranks m and s are the step's (`batch_stats`)."""
+    """REINFORCE++-baseline as verl (verl/trainer/ppo/core_algos.py compute_reinforce_plus_plus_baseline_outcome_advantage)
+    and OpenRLHF (openrlhf/trainer/ppo_utils/experience_maker.py, "reinforce_baseline") compute it: a = r - the
+    group's mean, then whitened over every response token of the step, (a - m) / (s + eps), m and s the token-weighted
+    mean and std of a (an episode's a counts once per token it sampled), constant groups' zeros included. So m is
+    not 0: with rewards [1, 0] and 10 and 30 tokens, m = -0.25. spec.std: "population" is OpenRLHF's variance,
+    "unbiased" verl's (masked_var). A constant set keeps 0 (the references give it -m / s; the update drops it).
+    With learner ranks the token sums are the step's (`batch_stats`)."""
     if spec.turn_credit == "turn":
         raise ValueError("reinforce++ normalises over the whole step's episodes; turn credit compares turns of one index")
-    centred = []
+    centred, tokens = [], []
     for items in sets:
         mean = sum(x for x, _ in items) / max(len(items), 1)
-        centred.append(None if _constant(items) else [x - mean for x, _ in items])
-    values = [a for advs in centred if advs is not None for a in advs]
-    stats = {"n": float(len(values)), "sum": sum(values), "sq": sum(a * a for a in values)}
+        centred.append([0.0 if _constant(items) else x - mean for x, _ in items])
+        tokens.append([sum(len(s.response_ids) for s in samples) for _, samples in items])
+    pairs = [(a, n) for advs, ns in zip(centred, tokens) for a, n in zip(advs, ns)]
+    stats = {"n": float(sum(n for _, n in pairs)), "sum": sum(a * n for a, n in pairs),
+             "sq": sum(a * a * n for a, n in pairs)}
     stats = spec.batch_stats(stats) if spec.batch_stats else stats
     n = max(stats["n"], 1.0)
     m = stats["sum"] / n
-    s = max(stats["sq"] / n - m * m, 0.0) ** 0.5
-    return [[0.0] * len(items) if advs is None else [(a - m) / (s + spec.eps) for a in advs]
+    s = (max(stats["sq"] - n * m * m, 0.0) / _dof(n, spec.std)) ** 0.5
+    return [[0.0] * len(items) if _constant(items) else [(a - m) / (s + spec.eps) for a in advs]
             for items, advs in zip(sets, centred)]
 
 

@@ -59,7 +59,7 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     silent = silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     compute_advantage(groups, normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps, turn_credit=cfg.turn_credit,
                       turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator, reward_of=reward_of,
-                      batch_stats=ranks.all_sum, silent=silent)
+                      batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups, silent=silent)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
