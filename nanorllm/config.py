@@ -149,7 +149,8 @@ class TrainConfig:
     adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
-    (REINFORCE++-baseline as verl and OpenRLHF compute it; algos/advantages.py: the choices are its registry's names). adv_normalize_std applies to grpo only."""
+    (REINFORCE++-baseline as verl and OpenRLHF compute it). algos/advantages.py: the choices are its registry's
+    names. adv_normalize_std applies to grpo only."""
     adv_normalize_std: bool = True
     """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
     adv_std: Literal["population", "unbiased"] = "population"

@@ -152,13 +152,14 @@ def rloo(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
 
 @register_estimator("reinforce++")
 def reinforce_plus_plus(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
-    """REINFORCE++-baseline as verl (verl/trainer/ppo/core_algos.py compute_reinforce_plus_plus_baseline_outcome_advantage)
-    and OpenRLHF (openrlhf/trainer/ppo_utils/experience_maker.py, "reinforce_baseline") compute it: a = r - the
-    group's mean, then whitened over every response token of the step, (a - m) / (s + eps), m and s the token-weighted
-    mean and std of a (an episode's a counts once per token it sampled), constant groups' zeros included. So m is
-    not 0: with rewards [1, 0] and 10 and 30 tokens, m = -0.25. spec.std: "population" is OpenRLHF's variance,
-    "unbiased" verl's (masked_var). A constant set keeps 0 (the references give it -m / s; the update drops it).
-    With learner ranks the token sums are the step's (`batch_stats`)."""
+    """REINFORCE++-baseline as verl (verl/trainer/ppo/core_algos.py,
+    compute_reinforce_plus_plus_baseline_outcome_advantage) and OpenRLHF (openrlhf/trainer/ppo_utils/
+    experience_maker.py, "reinforce_baseline") compute it: a = r - the group's mean, then whitened over every
+    response token of the step, (a - m) / (s + eps), m and s the token-weighted mean and std of a (an episode's a
+    counts once per token it sampled), constant groups' zeros included. So m is not 0: with rewards [1, 0] and
+    10 and 30 tokens, m = -0.25. spec.std: "population" is OpenRLHF's variance, "unbiased" verl's (masked_var).
+    A constant set keeps 0 (the references give it -m / s; the update drops it). With learner ranks the token
+    sums are the step's (`batch_stats`)."""
     if spec.turn_credit == "turn":
         raise ValueError("reinforce++ normalises over the whole step's episodes; turn credit compares turns of one index")
     centred, tokens = [], []
