@@ -161,7 +161,7 @@ def reinforce_plus_plus(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[
     A constant set keeps 0 (the references give it -m / s; the update drops it). With learner ranks the token
     sums are the step's (`batch_stats`)."""
     if spec.turn_credit == "turn":
-        raise ValueError("reinforce++ normalises over the whole step's episodes; turn credit compares turns of one index")
+        raise ValueError("reinforce++ normalises over the whole step's tokens; turn credit compares turns of one index")
     centred, tokens = [], []
     for items in sets:
         mean = sum(x for x, _ in items) / max(len(items), 1)

@@ -1,8 +1,8 @@
 """Groups: every episode sampled for one task in one round, the unit an advantage compares within.
 
 A group is keyed by RolloutResult.group_id (which defaults to the task_id). Here: grouping, taking out
-the episodes the env raised in, whether a group carries a learning signal at all, and the flat list of
-samples the update trains on.
+the episodes the env raised in, and the flat list of samples the update trains on. Whether a group
+carries a signal at all is the advantages' test (algos/advantages.py carries_signal).
 """
 
 from collections import defaultdict

@@ -42,7 +42,8 @@ def mixed_groups(cfg: TrainConfig, results: list[RolloutResult]) -> int:
 class FillRounds:
     """DAPO dynamic sampling's round loop, the one both sources drive: rounds of as many new tasks as groups with a
     signal (`mixed_groups`) are missing, drawn in stream order (a resume redraws them from the step's position,
-    with the same seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks.
+    with the same seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step
+    tasks.
 
         fill = FillRounds(cfg, stream, step, first_results)
         for round_, picked, seed in fill.rounds():   # picked: [(task, group_id)]
