@@ -9,7 +9,8 @@ import pytest
 from helpers import ScriptedPolicy, doc_example
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.run.lifecycle import main
-from nanorllm.algos.grpo import drop_env_errors, turn_returns
+from nanorllm.algos.advantages import turn_returns
+from nanorllm.algos.groups import drop_env_errors
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
 from nanorllm.envs.math_env import DEFAULT_EVAL_TASKS, DEFAULT_TASKS

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from nanorllm.algos.grpo import compute_advantage, flatten_step_samples, group_by_task_id, is_zero_std, turn_returns
+from nanorllm.algos.advantages import carries_signal, compute_advantage, turn_returns
+from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 
 
@@ -58,7 +59,7 @@ def test_constant_reward_group_gets_exact_zero(normalize_std, reward):
         r.step_samples[0].advantage = 123.0
     compute_advantage(group_by_task_id(results), normalize_std=normalize_std)
     assert advantages(results) == [0.0, 0.0, 0.0, 0.0]
-    assert is_zero_std(results)
+    assert not carries_signal(results)
 
 
 def test_constant_non_dyadic_reward_gives_no_nan_and_negligible_advantage():
@@ -133,7 +134,7 @@ def test_flatten_drop_zero_std_drops_constant_groups_only():
     kept = flatten_step_samples(groups, drop_zero_std=True)
     assert [(s.episode_id, s.turn) for s in kept] == [("a#0", 0), ("a#0", 1), ("a#1", 0)]
     assert len(flatten_step_samples(groups)) == 8
-    assert [is_zero_std(rs) for rs in groups.values()] == [False, True, True]
+    assert [carries_signal(rs) for rs in groups.values()] == [True, False, False]
 
 
 # ---- turn-level credit ----------------------------------------------------------------------
@@ -185,15 +186,13 @@ def test_drop_zero_std_keeps_a_solved_group_whose_turns_differ():
     # every episode solved, one only on its retry: the episode rewards are constant, the turns are not
     results = [multi_turn("a", 0, [1.0]), multi_turn("a", 1, [0.0, 1.0])]
     groups = compute_advantage(group_by_task_id(results), turn_credit="turn", turn_gamma=0.5)
-    assert is_zero_std(groups["a"])
+    assert not carries_signal(groups["a"]) and carries_signal(groups["a"], turn_credit="turn", turn_gamma=0.5)
     assert len(flatten_step_samples(groups, drop_zero_std=True)) == 3
     groups = compute_advantage(group_by_task_id(results))
     assert flatten_step_samples(groups, drop_zero_std=True) == []
 
 
 def test_env_error_episodes_leave_their_group_which_trains_short_or_is_dropped():
-    from nanorllm.algos.grpo import drop_env_errors
-
     def ep(gid, reward, reason):
         return RolloutResult(trajectory=Trajectory(task_id=gid, final_reward=reward, termination_reason=reason),
                              step_samples=[], group_id=gid)
@@ -204,3 +203,28 @@ def test_env_error_episodes_leave_their_group_which_trains_short_or_is_dropped()
     kept, n_short, n_dropped = drop_env_errors(whole + short + lost)
     assert (n_short, n_dropped) == (1, 1)
     assert kept == whole + [short[0], short[2], short[3]]
+
+
+# ---- the estimators' registry -----------------------------------------------------------------
+
+def test_a_registered_estimator_is_one_function_and_the_configs_choices_are_the_registrys_names(monkeypatch):
+    from typing import get_args, get_type_hints
+
+    from nanorllm.algos import advantages as registry
+    from nanorllm.config import TrainConfig
+
+    assert get_args(get_type_hints(TrainConfig)["adv_estimator"]) == tuple(registry.ESTIMATORS) == (
+        "grpo", "rloo", "reinforce++")
+    monkeypatch.setattr(registry, "ESTIMATORS", dict(registry.ESTIMATORS))
+
+    @registry.register_estimator("best-of-group")
+    def best_of_group(sets, spec):
+        return [[1.0 if x == max(r for r, _ in items) else 0.0 for x, _ in items] for items in sets]
+
+    results = [episode("a", k, r) for k, r in enumerate([0.2, 0.9, 0.4])]
+    compute_advantage(group_by_task_id(results), estimator="best-of-group")
+    assert advantages(results) == [0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="'grpo' is registered already"):
+        registry.register_estimator("grpo")(best_of_group)
+    with pytest.raises(ValueError, match="estimator must be one of .*'best-of-group'"):
+        compute_advantage(group_by_task_id(results), estimator="ppo")

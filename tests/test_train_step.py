@@ -307,13 +307,14 @@ def test_correction_with_dropout_on_recomputes_the_proximal_logprobs(fresh_tiny_
 
 
 def test_turn_credit_reaches_the_update(fresh_tiny_policy):
-    """All episodes solved, two only on their retry: no episode-level signal, a turn-level one."""
+    """All episodes solved, two only on their retry: no episode-level signal, a turn-level one, so the group trains
+    and does not count as a zero-std group (the update's test and the metric's are one)."""
     policy = fresh_tiny_policy
     results = build_results(policy, rewards={"g0": [1.0, 1.0, 1.0, 1.0]}, two_turns={("g0", 1), ("g0", 2)})
     cfg = config(turn_credit="turn", turn_gamma=0.5)
     before = snapshot(policy)
     m = train_step(policy, make_optimizer(policy, cfg), results, cfg)
-    assert m["frac_reward_zero_std"] == 1.0 and m["train/samples"] == 6
+    assert m["frac_reward_zero_std"] == 0.0 and m["train/samples"] == 6
     assert max_change(policy, before) > 1e-3
     first = [r.step_samples[0].advantage for r in results]
     assert first[0] == first[3] > 0 > first[1] == first[2]

@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 
-from nanorllm.algos.grpo import compute_advantage, group_by_task_id, overlong_penalty
+from nanorllm.algos.advantages import compute_advantage, overlong_penalty
+from nanorllm.algos.groups import group_by_task_id
 from nanorllm.config import ConfigError, TrainConfig, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.run.lifecycle import main
@@ -49,27 +50,62 @@ def test_rloo_baseline_is_the_mean_of_the_other_episodes():
     assert advantages(c) == [0.0, 0.0]
 
 
-def test_reinforce_plus_plus_centres_in_the_group_and_scales_by_the_whole_steps_std():
-    a = [episode("a", k, r) for k, r in enumerate([1.0, 0.0])]
-    b = [episode("b", k, r) for k, r in enumerate([1.0, 0.0, 0.0, 0.0])]
-    c = [episode("c", k, r) for k, r in enumerate([1.0, 1.0])]
-    compute_advantage(group_by_task_id(a + b + c), estimator="reinforce++", eps=0.0)
-    # centred: a 0.5 -0.5; b 0.75 -0.25 x3 (c, constant, is left out): mean 0, std sqrt(1.25 / 6) = 0.4564355
-    assert advantages(a) == pytest.approx([1.0954451, -1.0954451], rel=1e-6)
-    assert advantages(b) == pytest.approx([1.6431677, -0.5477226, -0.5477226, -0.5477226], rel=1e-6)
+def test_reinforce_plus_plus_whitens_over_the_steps_tokens_as_openrlhf_does():
+    """Rewards [1, 0], 10 and 30 response tokens: a = [0.5, -0.5]; over the 40 tokens m = -0.25 and the population
+    variance is 0.1875, so A = [0.75, -0.25] / 0.4330127 (openrlhf/trainer/ppo_utils/experience_maker.py,
+    reinforce_baseline: var = sum / num_actions). The episode-level form gave [1, -1]."""
+    a = [episode("a", k, r, lengths=(n,)) for k, (r, n) in enumerate([(1.0, 10), (0.0, 30)])]
+    compute_advantage(group_by_task_id(a), estimator="reinforce++", eps=0.0)
+    assert advantages(a) == pytest.approx([1.7320508, -0.5773503], rel=1e-6)
+
+
+def test_reinforce_plus_plus_with_unbiased_std_gives_verls_numbers():
+    """The same episodes with --adv-std unbiased: variance 0.1875 x 40/39 (verl/utils/torch_functional.py masked_var,
+    unbiased=True, as masked_whiten uses it in verl/trainer/ppo/core_algos.py
+    compute_reinforce_plus_plus_baseline_outcome_advantage)."""
+    a = [episode("a", k, r, lengths=(n,)) for k, (r, n) in enumerate([(1.0, 10), (0.0, 30)])]
+    compute_advantage(group_by_task_id(a), estimator="reinforce++", eps=0.0, std="unbiased")
+    assert advantages(a) == pytest.approx([1.7102631, -0.5700877], rel=1e-6)
+
+
+def test_reinforce_plus_plus_counts_a_constant_groups_tokens_and_every_turns_tokens():
+    """A constant group's 40 tokens count as zeros in the step's statistics (as in both references): m = -10 / 80 =
+    -0.125, variance 10 / 80 - 0.125^2 = 0.109375, so group a gets [0.625, -0.375] / 0.3307189; the constant group
+    itself keeps 0 (the references give it 0.125 / 0.3307189, and it is dropped). An episode of two turns of 5 and 5
+    tokens counts 10."""
+    a = [episode("a", 0, 1.0, lengths=(5, 5)), episode("a", 1, 0.0, lengths=(30,))]
+    c = [episode("c", k, 1.0, lengths=(20,)) for k in range(2)]
+    compute_advantage(group_by_task_id(a + c), estimator="reinforce++", eps=0.0)
+    assert [s.advantage for s in a[0].step_samples] == pytest.approx([1.8898224, 1.8898224], rel=1e-6)
+    assert advantages(a) == pytest.approx([1.8898224, -1.1338934], rel=1e-6)
+    assert advantages(c) == [0.0, 0.0]
+    compute_advantage(group_by_task_id(a + c), estimator="reinforce++", eps=0.0, std="unbiased")  # / 79
+    assert advantages(a) == pytest.approx([1.8779738, -1.1267843], rel=1e-6)
+
+
+def test_reinforce_plus_plus_on_two_ranks_uses_the_summed_token_statistics():
+    """Rank 0 holds group a, rank 1 the constant group c: each whitens with the step's token sums, as one rank would."""
+    a = [episode("a", k, r, lengths=(n,)) for k, (r, n) in enumerate([(1.0, 10), (0.0, 30)])]
+    c = [episode("c", k, 1.0, lengths=(20,)) for k in range(2)]
+    other = {"a": {"n": 40.0, "sum": 0.0, "sq": 0.0}, "c": {"n": 40.0, "sum": -10.0, "sq": 10.0}}  # the other rank's
+    for share, name in ((a, "a"), (c, "c")):
+        compute_advantage(group_by_task_id(share), estimator="reinforce++", eps=0.0,
+                          batch_stats=lambda s, o=other[name]: {k: s[k] + o[k] for k in s})
+    assert advantages(a) == pytest.approx([1.8898224, -1.1338934], rel=1e-6)
     assert advantages(c) == [0.0, 0.0]
 
 
-def test_reinforce_plus_plus_on_two_ranks_uses_the_summed_statistics():
-    """Rank 0 holds group a, rank 1 group b: each normalises with the step's std, as one rank would."""
-    a = [episode("a", k, r) for k, r in enumerate([1.0, 0.0])]
-    b = [episode("b", k, r) for k, r in enumerate([1.0, 0.0, 0.0, 0.0])]
-    other = {"a": {"n": 4.0, "sum": 0.0, "sq": 0.75}, "b": {"n": 2.0, "sum": 0.0, "sq": 0.5}}  # the other rank's
-    for share, name in ((a, "a"), (b, "b")):
-        compute_advantage(group_by_task_id(share), estimator="reinforce++", eps=0.0,
-                          batch_stats=lambda s, o=other[name]: {k: s[k] + o[k] for k in s})
-    assert advantages(a) == pytest.approx([1.0954451, -1.0954451], rel=1e-6)
-    assert advantages(b) == pytest.approx([1.6431677, -0.5477226, -0.5477226, -0.5477226], rel=1e-6)
+def test_grpo_with_unbiased_std_gives_verls_and_trls_numbers():
+    """[1, 0, 0, 0]: the population std is 0.4330127, the unbiased one (torch.std: verl compute_grpo_outcome_advantage,
+    TRL GRPOTrainer) sqrt(0.75 / 3) = 0.5, so the advantages are x0.866 those of the default."""
+    a = [episode("a", k, r) for k, r in enumerate([1.0, 0.0, 0.0, 0.0])]
+    compute_advantage(group_by_task_id(a), eps=0.0, std="unbiased")
+    assert advantages(a) == pytest.approx([1.5, -0.5, -0.5, -0.5])
+    compute_advantage(group_by_task_id(a), eps=0.0)
+    assert advantages(a) == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
+    assert parse_config(["--adv-std", "unbiased"]).adv_std == "unbiased"
+    with pytest.raises(ConfigError, match="adv_std: must be one of population, unbiased, got 'sample'"):
+        parse_config(["--adv-std", "sample"])
 
 
 def test_rloo_with_turn_credit_compares_turns_of_one_index():
@@ -326,6 +362,74 @@ def test_fill_batch_is_refused_where_it_cannot_work():
     parse_config(["--fill-batch", "--max-policy-lag", "0"])  # the pipeline without steps ahead: accepted
 
 
+def test_overlong_shaping_with_fill_batch_drops_an_all_correct_group_instead_of_training_it():
+    """DAPO keeps a group when 0 < correct < G. max_new_tokens 128, buffer 32: four correct answers of 50, 60, 70 and
+    97 tokens are shaped to [1, 1, 1, 0.96875]; advantages from those would be [0.577, 0.577, 0.577, -1.732] (a
+    correct answer punished like a wrong one). The group carries no signal for fill-batch, the update and the
+    zero_std count alike: advantage 0, dropped. A mixed group beside it keeps its shaped advantage."""
+    from nanorllm.algos.advantages import carries_signal, silent_groups
+    from nanorllm.algos.groups import flatten_step_samples
+    from nanorllm.trainer.source import mixed_groups
+
+    kw = {"max_new_tokens": 128, "buffer": 32, "penalty": 1.0}
+    solved = [episode("a", k, 1.0, lengths=(n,)) for k, n in enumerate([50, 60, 70, 97])]
+    mixed = [episode("b", k, r, lengths=(n,)) for k, (r, n) in enumerate([(1.0, 50), (0.0, 97)])]
+    assert [r.reward + overlong_penalty(r, **kw) for r in solved] == [1.0, 1.0, 1.0, 0.96875]
+    groups = group_by_task_id(solved + mixed)
+    silent = silent_groups(groups)
+    assert silent == {"a"} and not carries_signal(solved) and carries_signal(mixed)
+    assert mixed_groups(TrainConfig(), solved + mixed) == 1  # fill-batch: one group with signal, one to replace
+    compute_advantage(groups, reward_of=lambda r: r.reward + overlong_penalty(r, **kw), silent=silent, eps=0.0)
+    assert advantages(solved) == [0.0, 0.0, 0.0, 0.0]
+    assert advantages(mixed) == [1.0, -1.0]  # shaped [1, -0.03125]: mean 0.484375, std 0.515625
+    assert [s.episode_id for s in flatten_step_samples(groups, drop_zero_std=True, silent=silent)] == ["b#0", "b#1"]
+    compute_advantage(groups, reward_of=lambda r: r.reward + overlong_penalty(r, **kw), eps=0.0)  # silent by default
+    assert advantages(solved) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_overlong_shaping_in_a_step_trains_only_the_groups_fill_batch_counts_mixed(tiny_policy_factory):
+    """train_step with a buffer as long as the responses: g0's episodes, all correct, have 1 or 2 turns, so their
+    shaped rewards differ; it still trains nothing and counts as a zero-std group, as fill-batch counts it."""
+    from nanorllm.trainer.source import mixed_groups
+
+    policy = tiny_policy_factory()
+    results = build_results(policy, rewards={"g0": [1.0, 1.0, 1.0, 1.0], "g1": [1.0, 0.0, 0.0, 1.0]})
+    cfg = config(max_new_tokens=8, overlong_buffer=8)
+    assert len({r.reward + overlong_penalty(r, max_new_tokens=8, buffer=8, penalty=1.0)
+                for r in results if r.task_id == "g0"}) > 1
+    assert mixed_groups(cfg, results) == 1
+    m = train_step(policy, torch.optim.SGD(policy.model.parameters(), lr=1e-2), results, cfg)
+    assert m["frac_reward_zero_std"] == 0.5
+    assert m["train/samples"] == sum(len(r.step_samples) for r in results if r.task_id == "g1") == 7
+
+
+def test_an_env_error_does_not_make_an_all_correct_group_count_as_mixed_for_fill_batch():
+    """[correct, correct, correct, env error]: the update trains the three correct ones, a constant group, so
+    fill-batch must count it constant and draw a replacement (before, it counted it mixed: fill_rate 1.0)."""
+    from nanorllm.trainer.source import FillRounds, fill_seed
+
+    def ep(gid, reward, reason="correct"):
+        return RolloutResult(trajectory=Trajectory(task_id=gid, final_reward=reward, termination_reason=reason),
+                             step_samples=[], group_id=gid)
+
+    class Stream:
+        position = 0
+
+        def take(self, n):
+            self.position += n
+            return [({"task_id": f"t{i}"}, f"t{i}@{i}") for i in range(self.position - n, self.position)]
+
+    first = [ep("a", 1.0), ep("a", 1.0), ep("a", 1.0), ep("a", 0.0, "error"), ep("b", 1.0), ep("b", 0.0)]
+    cfg = TrainConfig(tasks_per_step=2, fill_batch_cap=2.0)
+    fill, drawn = FillRounds(cfg, Stream(), 5, first), []
+    assert fill.mixed == 1
+    for round_, picked, seed in fill.rounds():
+        drawn.append((round_, [g for _, g in picked], seed))
+        fill.add([ep(g, r) for _, g in picked for r in (1.0, 0.0)])
+    assert drawn == [(1, ["t0@0"], fill_seed(cfg, 5, 1))]
+    assert fill.metrics() == {"rollout/extra_groups": 1, "rollout/fill_rate": 1.0}
+
+
 def _fill_run(tmp_path, name, *args):
     rc = main([*BASE[:-1], "--output-dir", str(tmp_path), "--run-name", name, "--fill-batch", *args])
     assert rc == 0
@@ -454,21 +558,33 @@ def test_a_worker_killed_during_fill_batch_loses_and_doubles_no_group(tmp_path):
     assert set(per_position.values()) == {2}
 
 
-def test_rloo_and_reinforce_plus_plus_make_the_same_step_when_the_norm_clip_binds(tiny_policy_factory):
-    """Both advantages are c x (r - group mean) for groups of one size (rloo: c = n/(n-1); reinforce++:
-    c = 1 / the step's std), so they point the same way and differ by a step's scale; a binding
-    --max-grad-norm removes the scale (the learning table's rloo and reinforce++ rows match to the
-    curve). Without the clip the steps differ by that scale."""
-    def step(estimator, max_grad_norm):
+def test_rloo_and_unnormalised_grpo_make_the_same_adamw_steps_while_the_norm_clip_binds_on_every_step(
+        tiny_policy_factory):
+    """For groups of one size n, rloo's advantage is n/(n-1) x that of grpo --no-adv-normalize-std: one direction,
+    a constant scale, which a --max-grad-norm that binds on every step removes (pre-clip norms 0.47-0.84 against
+    1e-3), so two steps of AdamW, the optimizer that trains and keeps every step's history, are the same. Not with
+    an entropy term (it is not scaled), not with unequal group sizes (n/(n-1) differs by group), and not for
+    reinforce++, whose token-weighted mean shifts every advantage when response lengths differ."""
+    from nanorllm.trainer.update import make_optimizer
+
+    def two_steps(*, drop=None, **kw):
         policy = tiny_policy_factory()
         before = snapshot(policy)
-        train_step(policy, torch.optim.SGD(policy.model.parameters(), lr=1e-2), build_results(policy),
-                   config(adv_estimator=estimator, max_grad_norm=max_grad_norm))
+        results = [r for r in build_results(policy) if r.step_samples[0].episode_id != drop]
+        cfg = config(max_grad_norm=1e-3, **kw)
+        optimizer = make_optimizer(policy, cfg)
+        assert isinstance(optimizer, torch.optim.AdamW)
+        for _ in range(2):
+            assert train_step(policy, optimizer, results, cfg)["grad_norm"] > 100 * cfg.max_grad_norm
         return [p.detach() - b for p, b in zip(policy.parameters(), before)]
 
-    for a, b in zip(step("rloo", 1e-3), step("reinforce++", 1e-3)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
-    loose_rloo, loose_rpp = step("rloo", 1e6), step("reinforce++", 1e6)
-    ratio = (sum(float(d.norm() ** 2) for d in loose_rpp) / sum(float(d.norm() ** 2) for d in loose_rloo)) ** 0.5
-    # rloo's c = 4/3; reinforce++'s c = 1 / std of (r - group mean) over the 8 episodes = 1 / 0.4677
-    assert ratio == pytest.approx((1 / 0.4677) / (4 / 3), rel=1e-3)
+    def gap(a, b):
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+    rloo, grpo = two_steps(adv_estimator="rloo"), two_steps(adv_normalize_std=False)
+    assert max(float(d.abs().max()) for d in rloo) == pytest.approx(0.02, rel=0.01)  # two AdamW steps of lr 1e-2
+    assert gap(rloo, grpo) < 1e-5  # AdamW's g / sqrt(v) magnifies float summation order where g is near 0
+    entropy = {"entropy_coef": 0.1}
+    assert gap(two_steps(adv_estimator="rloo", **entropy), two_steps(adv_normalize_std=False, **entropy)) > 5e-3
+    assert gap(two_steps(adv_estimator="rloo", drop="g1#3"), two_steps(adv_normalize_std=False, drop="g1#3")) > 5e-3
+    assert gap(rloo, two_steps(adv_estimator="reinforce++")) > 5e-3

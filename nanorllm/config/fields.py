@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 import tyro
 
+from nanorllm.algos.advantages import ESTIMATORS
+
 
 @dataclass
 class Sources:
@@ -119,14 +121,18 @@ class GRPO:
     seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
     kl_coef: float = 0.0
     """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
-    adv_estimator: Literal["grpo", "rloo", "reinforce++"] = "grpo"
+    adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
-    reinforce++: reward - group mean, then normalised by the mean and std over the whole step's episodes
-    (algos/grpo.py). adv_normalize_std applies to grpo only."""
+    reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
+    (REINFORCE++-baseline as verl and OpenRLHF compute it). algos/advantages.py: the choices are its registry's
+    names. adv_normalize_std applies to grpo only."""
     adv_normalize_std: bool = True
     """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
+    adv_std: Literal["population", "unbiased"] = "population"
+    """The std an advantage is divided by (grpo's group std, reinforce++'s over the step's tokens): population
+    (variance / n; OpenRLHF's reinforce_baseline) or unbiased (/ (n - 1); verl's and TRL's). docs/algorithms.md."""
     adv_eps: float = 1e-6
-    """Epsilon added to the group std."""
+    """Epsilon added to the std an advantage is divided by."""
     drop_zero_std_groups: bool = True
     """Skip groups whose samples all got advantage 0 (episode credit: every episode the same reward); counted."""
     turn_credit: Literal["episode", "turn"] = "episode"

@@ -44,7 +44,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.metrics import decode_metrics
-from nanorllm.trainer.source import fill_metrics, fill_plan, fill_seed, mixed_groups, rollout_seed
+from nanorllm.trainer.source import FillRounds, rollout_seed
 from nanorllm.utils.procs import exit_reason
 
 
@@ -320,24 +320,18 @@ class PipelineSource:
 
     def _fill(self, step: int, results: list, version: int) -> tuple[list | None, dict]:
         """fill_batch (max_policy_lag 0: no later step has drawn yet, so the extra tasks follow the step's own in
-        the stream and its checkpoint position covers them): rounds of as many new tasks as mixed groups are
-        missing, one job per worker each, until tasks_per_step are mixed or the cap's tasks are drawn. A worker
+        the stream and its checkpoint position covers them): FillRounds, each round one job per worker. A worker
         lost meanwhile has its extra jobs re-issued like any other. On this node's workers only."""
-        need, cap = fill_plan(self.cfg)
-        drawn, rounds, mixed = need, 0, mixed_groups(results)
-        while mixed < need and drawn < cap:
-            rounds += 1
-            picked = self.stream.take(min(need - mixed, cap - drawn))
-            drawn += len(picked)
-            ids = self._submit_parts(step, picked, first_part=self.FILL_PARTS * rounds, min_version=version,
-                                     seed=fill_seed(self.cfg, step, rounds))
+        fill = FillRounds(self.cfg, self.stream, step, results)
+        for round_, picked, seed in fill.rounds():
+            ids = self._submit_parts(step, picked, first_part=self.FILL_PARTS * round_, min_version=version, seed=seed)
             self.step_jobs[step] += ids  # cleaned up with the step's own
             got = self._take(ids, version)
             if got is None:
                 return None, {}
             results = results + got
-            mixed += mixed_groups(got)
-        return results, fill_metrics(self.cfg, drawn, mixed)
+            fill.add(got)
+        return results, fill.metrics()
 
     def _batch_metrics(self, results: list, version: int) -> dict:
         lags = [version - r.policy_version for r in results]

@@ -6,7 +6,7 @@ forward and backward cost), largest group first onto the least loaded rank; a ra
 empty share when there are fewer groups than ranks (it still joins the gradient all-reduce).
 """
 
-from nanorllm.algos.grpo import group_by_task_id
+from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
 
 

@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from nanorllm.algos.grpo import group_by_task_id
+from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
 
 TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error")

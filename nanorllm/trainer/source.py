@@ -6,9 +6,10 @@ the workers' queue. lifecycle.py's `make_source` picks one.
 """
 
 import time
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
-from nanorllm.algos.grpo import group_by_task_id, is_zero_std
+from nanorllm.algos.advantages import silent_groups
+from nanorllm.algos.groups import drop_env_errors, group_by_task_id
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
@@ -32,19 +33,47 @@ def fill_seed(cfg: TrainConfig, step: int, round_: int) -> int:
     return rollout_seed(cfg, step) + 7919 * 1_000_000 * round_
 
 
-def fill_plan(cfg: TrainConfig) -> tuple[int, int]:
-    """(mixed groups a step wants, most tasks it draws) under fill_batch."""
-    return cfg.tasks_per_step, int(cfg.fill_batch_cap * cfg.tasks_per_step)
+def mixed_groups(cfg: TrainConfig, results: list[RolloutResult]) -> int:
+    """Groups with a learning signal, as the update will see them: on the episodes left after drop_env_errors, by
+    the update's own test (algos/advantages.py carries_signal)."""
+    groups = group_by_task_id(drop_env_errors(results)[0])
+    return len(groups) - len(silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma))
 
 
-def fill_metrics(cfg: TrainConfig, drawn: int, mixed: int) -> dict:
-    """A fill_batch step's scalars, from the tasks it drew and the mixed-reward groups it got."""
-    return {"rollout/extra_groups": drawn - cfg.tasks_per_step, "rollout/fill_rate": mixed / cfg.tasks_per_step}
+class FillRounds:
+    """DAPO dynamic sampling's round loop, the one both sources drive: rounds of as many new tasks as groups with a
+    signal (`mixed_groups`) are missing, drawn in stream order (a resume redraws them from the step's position,
+    with the same seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step
+    tasks.
 
+        fill = FillRounds(cfg, stream, step, first_results)
+        for round_, picked, seed in fill.rounds():   # picked: [(task, group_id)]
+            fill.add(<the episodes of picked, sampled with seed>)
+        fill.metrics()
+    """
 
-def mixed_groups(results: list[RolloutResult]) -> int:
-    """Groups whose episodes' rewards are not all the same (the ones with a learning signal)."""
-    return sum(not is_zero_std(rs) for rs in group_by_task_id(results).values())
+    def __init__(self, cfg: TrainConfig, stream: TaskStream, step: int, first: list[RolloutResult]):
+        self.cfg, self.stream, self.step = cfg, stream, step
+        self.need, self.cap = cfg.tasks_per_step, int(cfg.fill_batch_cap * cfg.tasks_per_step)
+        self.drawn, self.mixed = self.need, mixed_groups(cfg, first)
+
+    def rounds(self) -> Iterator[tuple[int, list[tuple[dict, str]], int]]:
+        """(round 1, 2, ..., its tasks, its sampling seed) while mixed groups are missing and the cap allows."""
+        round_ = 0
+        while self.mixed < self.need and self.drawn < self.cap:
+            round_ += 1
+            picked = self.stream.take(min(self.need - self.mixed, self.cap - self.drawn))
+            self.drawn += len(picked)
+            yield round_, picked, fill_seed(self.cfg, self.step, round_)
+
+    def add(self, results: list[RolloutResult]) -> None:
+        """A round's episodes came back."""
+        self.mixed += mixed_groups(self.cfg, results)
+
+    def metrics(self) -> dict:
+        """The step's scalars: the tasks drawn beyond tasks_per_step and the share of the wanted mixed groups got."""
+        return {"rollout/extra_groups": self.drawn - self.cfg.tasks_per_step,
+                "rollout/fill_rate": self.mixed / self.cfg.tasks_per_step}
 
 
 class RolloutSource(Protocol):
@@ -100,23 +129,15 @@ class SerialSource:
 
     def fill(self, step: int, first: RolloutBatch, *, follow: Callable[[list[dict]], None] = lambda tasks: None
              ) -> tuple[list[RolloutBatch], dict]:
-        """DAPO dynamic sampling: rounds of as many new tasks as mixed-reward groups are missing, drawn in
-        stream order (a resume redraws them from the step's position, with the same seeds), until the step
-        has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks. Constant groups stay in
-        the batch (its reward scalars) and the update drops them."""
-        need, cap = fill_plan(self.cfg)
-        outs, drawn, rounds = [first], need, 0
-        mixed = mixed_groups(first.results)
-        while mixed < need and drawn < cap:
-            rounds += 1
-            picked = self.stream.take(min(need - mixed, cap - drawn))
-            drawn += len(picked)
+        """DAPO dynamic sampling (FillRounds), each round one engine call. Constant groups stay in the batch (its
+        reward scalars) and the update drops them."""
+        fill, outs = FillRounds(self.cfg, self.stream, step, first.results), [first]
+        for _, picked, seed in fill.rounds():
             follow([t for t, _ in picked])
-            out = self.engine.run([t for t, _ in picked], num_samples=self.cfg.num_samples_per_task,
-                                  group_ids=[g for _, g in picked], seed=fill_seed(self.cfg, step, rounds))
-            outs.append(out)
-            mixed += mixed_groups(out.results)
-        return outs, fill_metrics(self.cfg, drawn, mixed)
+            outs.append(self.engine.run([t for t, _ in picked], num_samples=self.cfg.num_samples_per_task,
+                                        group_ids=[g for _, g in picked], seed=seed))
+            fill.add(outs[-1].results)
+        return outs, fill.metrics()
 
     def after_update(self, step: int) -> dict:
         self.policy.version = step + 1

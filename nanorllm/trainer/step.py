@@ -26,8 +26,8 @@ step). The learning rate is the step's (`lr_schedule`, trainer/schedule.py).
 import time
 import zlib
 
-from nanorllm.algos.grpo import (compute_advantage, drop_env_errors, flatten_step_samples, group_by_task_id,
-                                 is_zero_std, overlong_penalty)
+from nanorllm.algos.advantages import compute_advantage, overlong_penalty, silent_groups
+from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id
 from nanorllm.core.types import RolloutResult, StepSample
 from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
@@ -54,14 +54,17 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     penalty = {id(r): overlong_penalty(r, max_new_tokens=cfg.max_new_tokens, buffer=cfg.overlong_buffer,
                                        penalty=cfg.overlong_penalty) for r in results} if cfg.overlong_buffer else {}
     reward_of = (lambda r: r.reward + penalty[id(r)]) if penalty else None
-    groups = compute_advantage(group_by_task_id(results), normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps,
-                               turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator,
-                               reward_of=reward_of, batch_stats=ranks.all_sum)
-    samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups)
+    groups = group_by_task_id(results)
+    # the groups without signal, once: zeroed and dropped here, counted below (fill-batch's test too)
+    silent = silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
+    compute_advantage(groups, normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps, turn_credit=cfg.turn_credit,
+                      turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator, reward_of=reward_of,
+                      batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std)
+    samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups, silent=silent)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
     advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
-    host = {"zero_std": sum(is_zero_std(rs) for rs in groups.values()), "groups": len(groups), "adv_n": len(advs),
+    host = {"zero_std": len(silent), "groups": len(groups), "adv_n": len(advs),
             "adv_sum": sum(advs), "adv_sq": sum(a * a for a in advs), "masked_truncated": len(truncated),
             "groups_short": short, "groups_dropped": dropped}
     if cfg.overlong_buffer:

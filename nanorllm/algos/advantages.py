@@ -1,0 +1,201 @@
+"""Advantage estimators: an episode's reward against a baseline from its group, each behind a name.
+
+`ESTIMATORS` maps a name to its function and `TrainConfig.adv_estimator`'s choices are its names, so a
+new estimator is one function, one `@register_estimator("name")` and one test (verl's `register_adv_est`,
+verl/trainer/ppo/core_algos.py, is the model).
+
+An estimator sees comparison sets: by default (turn_credit="episode") one per group, each item an
+episode's reward and all its turns' samples, so in a wrong -> right episode the wrong first answer is
+rewarded like a first-try success. turn_credit="turn" scores each turn by its return, its own reward
+(the env's per-turn reward: 1 for the correct answer) plus gamma x the next turn's return, and compares
+the group's turns with the same index (all first turns together, all second turns together). It returns
+one advantage per item, exactly 0 for every item of a constant set, never NaN.
+`reward_of` overrides the reward an episode is scored by (DAPO's overlong shaping, `overlong_penalty`).
+
+Whether a group carries a signal at all is one test, `carries_signal`, on the env's rewards: fill-batch
+counts the mixed groups with it, the update zeroes and drops the others, and `frac_reward_zero_std`
+counts them. Shaping a reward does not make a group mixed: DAPO keeps a group when 0 < correct < G, so
+an all-correct group with one answer in the overlong buffer is dropped, not trained with its correct
+answers set against each other.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from nanorllm.core.types import RolloutResult, StepSample
+
+ComparisonSet = list[tuple[float, list[StepSample]]]  # (reward, the samples that get its advantage) per item
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """What an estimator may read besides the rewards (compute_advantage's keyword arguments)."""
+
+    normalize_std: bool = True  # grpo: divide by the group std
+    eps: float = 1e-6  # added to a std before dividing by it
+    std: str = "population"  # a std's variance over n values: / n ("population") or / (n - 1) ("unbiased")
+    turn_credit: str = "episode"
+    batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None  # sums over learner ranks
+
+
+Estimator = Callable[[list[ComparisonSet], AdvantageSpec], list[list[float]]]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """`@register_estimator("name")` on fn(sets, spec) -> one advantage per item of each set."""
+    def add(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered already ({ESTIMATORS[name].__name__})")
+        ESTIMATORS[name] = fn
+        return fn
+    return add
+
+
+def carries_signal(results: list[RolloutResult], *, turn_credit: str = "episode", turn_gamma: float = 1.0) -> bool:
+    """Whether a group can teach anything: its episodes' env rewards are not all the same (turn credit: the
+    returns of some turn index are not). Decided on the env's reward, never a shaped one; call it on the
+    episodes that train (after drop_env_errors)."""
+    if turn_credit == "episode":
+        return len({r.reward for r in results}) > 1
+    by_turn: dict[int, set[float]] = defaultdict(set)
+    for r in results:
+        for s, ret in zip(r.step_samples, turn_returns(r, turn_gamma)):
+            by_turn[s.turn].add(ret)
+    return any(len(returns) > 1 for returns in by_turn.values())
+
+
+def silent_groups(groups: dict[str, list[RolloutResult]], *, turn_credit: str = "episode",
+                  turn_gamma: float = 1.0) -> set[str]:
+    """The ids of the groups that carry no signal (`carries_signal`)."""
+    return {g for g, rs in groups.items() if not carries_signal(rs, turn_credit=turn_credit, turn_gamma=turn_gamma)}
+
+
+def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: bool = True,
+                      eps: float = 1e-6, turn_credit: str = "episode", turn_gamma: float = 1.0,
+                      estimator: str = "grpo", reward_of: Callable[[RolloutResult], float] | None = None,
+                      batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None,
+                      silent: set[str] | None = None, std: str = "population") -> dict[str, list[RolloutResult]]:
+    """Write the estimator's advantage (grpo: (r - mean) [/ (std + eps)]) into every StepSample of every
+    episode; returns `groups`.
+
+    A group without signal (`silent`, the caller's silent_groups; default: computed here) gets advantage
+    exactly 0, never NaN, whatever eps is, and so does a constant comparison set.
+    With turn_credit="turn", r is a turn's return and the group is the group's turns of one index.
+    `batch_stats` (reinforce++) sums {"n", "sum", "sq"} over the learner ranks (default: this rank's alone).
+    `std`: "population" divides a variance by n, "unbiased" by n - 1 (verl's and TRL's).
+    """
+    if turn_credit not in ("episode", "turn"):
+        raise ValueError(f"turn_credit must be 'episode' or 'turn', got {turn_credit!r}")
+    if std not in ("population", "unbiased"):
+        raise ValueError(f"std must be 'population' or 'unbiased', got {std!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {tuple(ESTIMATORS)}, got {estimator!r}")
+    if silent is None:
+        silent = silent_groups(groups, turn_credit=turn_credit, turn_gamma=turn_gamma)
+    sets = []
+    for g, results in groups.items():
+        if turn_credit == "episode":  # a silent group is scored by its (constant) env reward, shaping or not
+            score = reward_of if reward_of and g not in silent else (lambda r: r.reward)
+            sets.append([(score(r), r.step_samples) for r in results])
+            continue
+        by_turn: dict[int, list] = defaultdict(list)
+        for r in results:
+            for s, ret in zip(r.step_samples, turn_returns(r, turn_gamma)):
+                by_turn[s.turn].append((ret, [s]))
+        sets += by_turn.values()
+    spec = AdvantageSpec(normalize_std=normalize_std, eps=eps, std=std, turn_credit=turn_credit,
+                         batch_stats=batch_stats)
+    for items, advs in zip(sets, ESTIMATORS[estimator](sets, spec)):
+        for (_, samples), a in zip(items, advs):
+            for s in samples:
+                s.advantage = a
+    return groups
+
+
+def _constant(items: ComparisonSet) -> bool:
+    return len({x for x, _ in items}) <= 1  # exact test: a float mean can differ from r by 1e-17
+
+
+def _dof(n: float, std: str) -> float:
+    """What a sum of n squared deviations is divided by: n, or n - 1 (Bessel's correction) for "unbiased"."""
+    return max(n - 1, 1.0) if std == "unbiased" else n
+
+
+@register_estimator("grpo")
+def grpo(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
+    """r - the set's mean, divided by its std + eps with normalize_std (GRPO; verl's compute_grpo_outcome_advantage
+    and TRL's GRPOTrainer take torch.std, the unbiased one: spec.std "unbiased")."""
+    out = []
+    for items in sets:
+        rewards = [x for x, _ in items]
+        if _constant(items):
+            out.append([0.0] * len(items))
+            continue
+        mean = sum(rewards) / len(rewards)
+        std = (sum((x - mean) ** 2 for x in rewards) / _dof(len(rewards), spec.std)) ** 0.5
+        out.append([(x - mean) / (std + spec.eps) if spec.normalize_std else x - mean for x in rewards])
+    return out
+
+
+@register_estimator("rloo")
+def rloo(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
+    """r - the mean of the set's other rewards (leave-one-out: unbiased, an episode's own reward is not in
+    its baseline), i.e. n/(n-1) x (r - mean); no std. A set of one is constant: 0."""
+    out = []
+    for items in sets:
+        total, n = sum(x for x, _ in items), len(items)
+        out.append([0.0] * n if _constant(items) else [x - (total - x) / (n - 1) for x, _ in items])
+    return out
+
+
+@register_estimator("reinforce++")
+def reinforce_plus_plus(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
+    """REINFORCE++-baseline as verl (verl/trainer/ppo/core_algos.py,
+    compute_reinforce_plus_plus_baseline_outcome_advantage) and OpenRLHF (openrlhf/trainer/ppo_utils/
+    experience_maker.py, "reinforce_baseline") compute it: a = r - the group's mean, then whitened over every
+    response token of the step, (a - m) / (s + eps), m and s the token-weighted mean and std of a (an episode's a
+    counts once per token it sampled), constant groups' zeros included. So m is not 0: with rewards [1, 0] and
+    10 and 30 tokens, m = -0.25. spec.std: "population" is OpenRLHF's variance, "unbiased" verl's (masked_var).
+    A constant set keeps 0 (the references give it -m / s; the update drops it). With learner ranks the token
+    sums are the step's (`batch_stats`)."""
+    if spec.turn_credit == "turn":
+        raise ValueError("reinforce++ normalises over the whole step's tokens; turn credit compares turns of one index")
+    centred, tokens = [], []
+    for items in sets:
+        mean = sum(x for x, _ in items) / max(len(items), 1)
+        centred.append([0.0 if _constant(items) else x - mean for x, _ in items])
+        tokens.append([sum(len(s.response_ids) for s in samples) for _, samples in items])
+    pairs = [(a, n) for advs, ns in zip(centred, tokens) for a, n in zip(advs, ns)]
+    stats = {"n": float(sum(n for _, n in pairs)), "sum": sum(a * n for a, n in pairs),
+             "sq": sum(a * a * n for a, n in pairs)}
+    stats = spec.batch_stats(stats) if spec.batch_stats else stats
+    n = max(stats["n"], 1.0)
+    m = stats["sum"] / n
+    s = (max(stats["sq"] - n * m * m, 0.0) / _dof(n, spec.std)) ** 0.5
+    return [[0.0] * len(items) if _constant(items) else [(a - m) / (s + spec.eps) for a in advs]
+            for items, advs in zip(sets, centred)]
+
+
+def overlong_penalty(result: RolloutResult, *, max_new_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment, summed over the episode's turns (<= 0): a response of length n
+    loses penalty x (n - (max_new_tokens - buffer)) / buffer once it enters the last `buffer` tokens."""
+    if buffer <= 0:
+        return 0.0
+    start = max_new_tokens - buffer
+    return -penalty * sum(max(len(s.response_ids) - start, 0) / buffer for s in result.step_samples)
+
+
+def turn_returns(result: RolloutResult, gamma: float) -> list[float]:
+    """Per step sample: its turn's reward + gamma x the next turn's return. Without a recorded
+    Trajectory step for a turn, the episode's final reward counts at its last turn."""
+    steps = result.trajectory.steps
+    n = len(result.step_samples)
+    rewards = [steps[s.turn].reward if s.turn < len(steps) else (result.reward if i == n - 1 else 0.0)
+               for i, s in enumerate(result.step_samples)]
+    out, ret = [], 0.0
+    for r in reversed(rewards):
+        ret = r + gamma * ret
+        out.append(ret)
+    return out[::-1]

@@ -1,0 +1,54 @@
+"""Groups: every episode sampled for one task in one round, the unit an advantage compares within.
+
+A group is keyed by RolloutResult.group_id (which defaults to the task_id). Here: grouping, taking out
+the episodes the env raised in, and the flat list of samples the update trains on. Whether a group
+carries a signal at all is the advantages' test (algos/advantages.py carries_signal).
+"""
+
+from collections import defaultdict
+from collections.abc import Collection
+
+from nanorllm.core.types import RolloutResult, StepSample
+
+
+def group_by_task_id(results: list[RolloutResult]) -> dict[str, list[RolloutResult]]:
+    """Group episodes by group_id (or task_id when no group_id was set), keeping arrival order."""
+    groups: dict[str, list[RolloutResult]] = defaultdict(list)
+    for r in results:
+        groups[r.group_id or r.task_id].append(r)
+    return dict(groups)
+
+
+def drop_env_errors(results: list[RolloutResult]) -> tuple[list[RolloutResult], int, int]:
+    """(episodes to train on, groups trained short, groups dropped): an episode the env raised in
+    (reason "error") says nothing about the policy, so it leaves its group; a group left with fewer
+    than 2 episodes has nothing to compare and is dropped whole."""
+    kept, short, dropped = [], 0, 0
+    for group in group_by_task_id(results).values():
+        clean = [r for r in group if r.trajectory.termination_reason != "error"]
+        if len(clean) == len(group):
+            kept += group
+        elif len(clean) >= 2:
+            kept += clean
+            short += 1
+        else:
+            dropped += 1
+    return kept, short, dropped
+
+
+def flatten_step_samples(groups: dict[str, list[RolloutResult]], *, drop_zero_std: bool = False,
+                         silent: Collection[str] | None = None) -> list[StepSample]:
+    """All StepSamples of all groups, episodes kept contiguous and in turn order.
+
+    drop_zero_std skips the groups that carry no learning signal: they would only dilute a token-mean loss.
+    Those are `silent` (algos/advantages.py silent_groups, as the step decided them) or, without it, the
+    groups whose samples all got advantage 0, which compute_advantage gives the silent ones.
+    """
+    samples = []
+    for g, results in groups.items():
+        if drop_zero_std and (g in silent if silent is not None else
+                              all(s.advantage == 0 for r in results for s in r.step_samples)):
+            continue
+        for r in results:
+            samples.extend(r.step_samples)
+    return samples
