@@ -12,7 +12,8 @@ running (chaos/ledger.py):
     processes left  processes carrying the token 10 s after the run ended
     /dev/shm left   entries in /dev/shm that were not there before
 
-The same functions are the pytest fault tests (tests/test_faults.py); `launch/chaos.py` runs them as a table.
+The same functions are the pytest fault tests (tests/test_faults.py; the --agent ones in tests/test_agent_faults.py);
+`launch/chaos.py` runs them as a table.
 """
 
 import json
@@ -155,12 +156,13 @@ def answers(task, client):
 """
 
 
-def _scalar_sum(run_dir: Path, tag: str) -> float:
+def _scalar_values(run_dir: Path, tag: str) -> list[int]:
+    """A scalar's values, step by step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    return sum(e.value for e in acc.Scalars(tag)) if tag in acc.Tags()["scalars"] else 0.0
+    return [int(e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
 def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[str], counted: str,
@@ -175,10 +177,10 @@ def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[st
                         "--max-steps", "3", *extra, "--run-name", name], out, fault=fault)
     rc = run.wait()
     lines = run.output().strip().splitlines()
-    n = _scalar_sum(out / name, counted)
+    counts = _scalar_values(out / name, counted)
     o = Outcome(label, None, rc == 0 and "step 3/3" in run.output() and bool(lines) and lines[-1].startswith("[done]")
-                and n > 0)
-    o.notes.append(f"exit {rc}; {counted} {n:.0f}; last line {lines[-1][:60] if lines else ''!r}")
+                and any(counts))
+    o.notes.append(f"exit {rc}; {counted} by step {counts}; last line {lines[-1][:60] if lines else ''!r}")
     return [_finish(o, run, out / name, shm)]
 
 
@@ -198,7 +200,7 @@ def agent_engine_error(out: Path) -> list[Outcome]:
     """The engine raises mid-batch with agents waiting on requests (once per worker): the job fails once, its
     agents get answers, it is re-run; no later call inherits the failed one's agents."""
     return _misbehaving_agent(out, "agent_engine_error", "engine error mid --agent batch", "answers", [],
-                              "pipeline/job_errors", fault="agent_engine_error")
+                              "pipeline/job_errors", fault="agent_engine_error:worker")
 
 
 def worker_start_fails(out: Path) -> list[Outcome]:

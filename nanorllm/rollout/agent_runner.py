@@ -26,8 +26,10 @@ Faults, one mechanism each: what an agent raises, `BaseException` included (sys.
 as an env error, and so does one still running `agent_timeout_s` after it started (marked
 `agent_timeout`); a sync agent runs on a daemon thread of its own, so one stuck past its timeout holds no
 pool slot and no exit. Whatever ends a `run` call (an engine error too), every request it left is
-answered (503) and its agents' late returns are dropped by the next call. The watchdog hears only real
-progress: a request, an agent's return, a decode step.
+answered (503) and its agents' late returns are dropped by the next call. The hang detection hears real
+progress only: a request, an agent's return, a decode step, the endpoint's loop turning (it is what ends
+agents at their timeout), never this loop's own polling: an endpoint loop that an async agent blocks
+(a sync call inside `async def`) stands still and is reported.
 """
 
 import asyncio
@@ -299,6 +301,7 @@ class AgentRunner:
         self.endpoint = ChatEndpoint()
         self.limits = episode_limits(self.policy, engine.max_turns)
         self.requests_served = 0
+        self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
     def run(self, tasks: list[dict], *, num_samples: int, group_ids: list[str],
             params: SamplingParams) -> tuple[list[RolloutResult], int, float, dict]:
@@ -330,7 +333,8 @@ class AgentRunner:
                         running += 1
                     ended, arrived = self._take_events(by_key, waiting, block=not len(batch) and not waiting)
                     running -= ended
-                    if (ended or arrived) and not len(batch) and not waiting and running:  # agents work, not the model
+                    turned, self.ticks = self.endpoint.ticks != self.ticks, self.endpoint.ticks
+                    if (ended or arrived or turned) and not len(batch) and not waiting and running:  # agents work
                         engine.watch("grading", next(e.task_index for e in episodes if e.future and e.result is None))
                     if not self.endpoint.alive():
                         raise RuntimeError("the agent endpoint's thread stopped; its agents cannot be served")

@@ -40,6 +40,7 @@ SUPPORTED = {"model", "messages", "max_tokens", "max_completion_tokens", "temper
 
 
 MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused with a 413
+TICK_S = 0.05  # the loop counts `ticks` this often while it turns: the hang detection's proof that it runs
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class ChatEndpoint:
         self.top_p = 1.0
         self.limits = Limits()
         self.loop_errors = 0  # exceptions that reached the event loop itself (an agent's task that exited)
+        self.ticks = 0  # counted by the loop while it turns (an async agent that blocks it stops the count)
         self._closing = False
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -230,6 +232,7 @@ class ChatEndpoint:
             self._error = f"{type(e).__name__}: {e}"
             started.set()
             return
+        self._ticker = self.loop.create_task(self._tick())
         started.set()
         while not self._closing:
             try:
@@ -238,6 +241,11 @@ class ChatEndpoint:
                 self.loop_errors += 1
                 print(f"[agent] the endpoint's event loop caught (and goes on):\n{traceback.format_exc(limit=-4)}",
                       file=sys.stderr, flush=True)
+
+    async def _tick(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(TICK_S)
 
     @property
     def _auth(self):
@@ -347,6 +355,7 @@ class ChatEndpoint:
     def close(self) -> None:
         self._closing = True
         if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self._ticker.cancel)
             asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
