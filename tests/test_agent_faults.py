@@ -116,6 +116,13 @@ async def blocks(task, client):
     await asyncio.sleep(1.0)  # the loop turns again
     return 0.0
 
+async def leaves_one_queued(task, client):
+    asks = [asyncio.ensure_future(client.chat.completions.create(model="m", messages=HI, max_tokens=2))
+            for _ in range(2)]  # the second waits for the first: one completion of an episode at a time
+    await asyncio.wait(asks, return_when=asyncio.FIRST_COMPLETED)
+    seen.extend(a for a in asks if not a.done())
+    return 0.0
+
 def waits_then_reports(task, client):
     seen.append(("asked", task["task_id"]))
     code = status(client, messages=HI)[0]
@@ -296,6 +303,22 @@ def test_an_engine_error_mid_batch_fails_one_job_per_worker_and_the_run_finishes
     [o] = agent_engine_error(tmp_path)
     assert o.ok, f"{o.notes}\n{o.output[-3000:]}"
     assert "injected fault: agent_engine_error" in o.output
+
+
+def test_a_request_still_queued_when_its_episode_ends_is_answered_with_a_503(tiny_policy, agents):
+    spec = f"{agents}:leaves_one_queued"
+    engine = _engine(tiny_policy, spec)
+    try:
+        results = engine.run(TASKS[:1], num_samples=1).results
+        [queued] = _seen(spec)
+        t0 = time.monotonic()
+        while not queued.done():  # answered by the endpoint, not left to the client's timeout
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.05)
+    finally:
+        engine.close()
+    assert results[0].trajectory.termination_reason == "wrong"
+    assert queued.exception().status_code == 503
 
 
 # ---- 4. an agent that exits or hangs ---------------------------------------------------------------------
