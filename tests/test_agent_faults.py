@@ -6,16 +6,11 @@ past the batch's rows, requests past an episode's bounds, episodes that try each
 on long replies, and what an agent returns beside its reward.
 """
 
-import asyncio
-import json
 import math
-import os
 import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
