@@ -21,6 +21,7 @@ from helpers import doc_example
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.run.world import world_problems
+from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpecError, load_agent
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.rollout.agent_runner import cut_response, parse_tool_calls
@@ -103,7 +104,7 @@ def _module(spec):
 # ---- token in, token out --------------------------------------------------------------------------
 
 def test_an_agent_that_extends_its_history_trains_one_row_of_exactly_the_sampled_tokens(tiny_policy, agent_file):
-    engine = _engine(tiny_policy, f"{agent_file}:extends")
+    engine = _engine(tiny_policy, f"{agent_file}:extends", settings=EpisodeSettings(max_turns=3))  # 3 requests
     try:
         out = engine.run(TASKS, num_samples=2)
     finally:

@@ -12,11 +12,15 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
     learner_oom:N    the learner raises torch.OutOfMemoryError as step N's update starts (a CUDA OOM there)
     worker_oom       worker 0's first process raises torch.OutOfMemoryError in its first job (a decode OOM)
     grader_hang      every env step sleeps for an hour (a grader stuck where no timeout reaches)
+    agent_engine_error[:worker]  the first --agent rollout of each process (with `worker`: of each rollout
+                     worker process) raises at its third decode step, agents waiting on requests (an
+                     engine error mid-batch)
     fixed_answer:T   every response is graded as if it were T (a model that always answers T, e.g.
                      \\boxed{1}: the tiny random model never closes a box, so it never reaches the grader)
 
 Each phase has one hook: `before_update` in the training loop, `env_response` where the rollout
-engine hands a response to the env, and the worker's and checkpoint's own `fault(...)` checks.
+engine hands a response to the env, `agent_engine_step` in the --agent loop, and the worker's and
+checkpoint's own `fault(...)` checks.
 """
 
 import os
@@ -53,3 +57,19 @@ def env_response(response: str) -> str:
     if fault("grader_hang") is not None:
         time.sleep(3600)
     return fault("fixed_answer") or response
+
+
+_agent_steps = [0]  # decode steps of --agent rollouts in this process
+
+
+def agent_engine_step() -> None:
+    """The --agent loop's hook on every decode step: agent_engine_error raises once per process, at the third."""
+    where = fault("agent_engine_error")
+    if where is not None:
+        import multiprocessing
+
+        if where == "worker" and not multiprocessing.current_process().name.startswith("nanorllm-worker"):
+            return
+        _agent_steps[0] += 1
+        if _agent_steps[0] == 3:
+            raise RuntimeError("injected fault: agent_engine_error")

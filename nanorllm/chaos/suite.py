@@ -12,7 +12,8 @@ running (chaos/ledger.py):
     processes left  processes carrying the token 10 s after the run ended
     /dev/shm left   entries in /dev/shm that were not there before
 
-The same functions are the pytest fault tests (tests/test_faults.py); `launch/chaos.py` runs them as a table.
+The same functions are the pytest fault tests (tests/test_faults.py; the --agent ones in tests/test_agent_faults.py);
+`launch/chaos.py` runs them as a table.
 """
 
 import json
@@ -117,6 +118,89 @@ def agent_worker_kill(out: Path) -> list[Outcome]:
                 rc == 0 and "step 6/6" in run.output() and t_seen is not None
                 and (out / "agent_kill.killed").exists())
     return [_finish(o, run, out / "agent_kill", shm)]
+
+
+# Agents a user might write that misbehave (--agent path/to/file.py:fn): each misbehaves in some episodes.
+MISBEHAVING_AGENTS = """
+import itertools, sys, threading, time
+
+_calls, _lock = itertools.count(), threading.Lock()
+
+
+def _nth():
+    with _lock:
+        return next(_calls)
+
+
+def _reward(task, client):
+    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
+    return float(len(reply.choices[0].message.content) % 2)
+
+
+def exits(task, client):
+    reward = _reward(task, client)
+    if _nth() % 4 == 0:
+        sys.exit(2)  # what argparse does with an argument it does not know
+    return reward
+
+
+def hangs(task, client):
+    reward = _reward(task, client)
+    if _nth() % 2 == 0:
+        time.sleep(3600)  # stuck where no timeout of its own reaches: its thread outlives the episode
+    return reward
+
+
+def answers(task, client):
+    return _reward(task, client)
+"""
+
+
+def _scalar_values(run_dir: Path, tag: str) -> list[int]:
+    """A scalar's values, step by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [int(e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[str], counted: str,
+                       fault: str | None = None) -> list[Outcome]:
+    """A pipeline --agent run of 3 steps whose agent `fn` misbehaves: the run finishes (exit 0, `[done]` last),
+    the faults are counted in `counted`, and every process is gone after it."""
+    shm = shm_entries()
+    agent = out / "misbehaving_agents.py"
+    agent.write_text(MISBEHAVING_AGENTS)
+    run = TrainProcess([*PIPELINE, "--agent", f"{agent}:{fn}", "--tasks", "calc:count=40,seed=1",
+                        "--eval-tasks", "calc:count=2,seed=2",
+                        "--max-steps", "3", *extra, "--run-name", name], out, fault=fault)
+    rc = run.wait()
+    lines = run.output().strip().splitlines()
+    counts = _scalar_values(out / name, counted)
+    o = Outcome(label, None, rc == 0 and "step 3/3" in run.output() and bool(lines) and lines[-1].startswith("[done]")
+                and any(counts))
+    o.notes.append(f"exit {rc}; {counted} by step {counts}; last line {lines[-1][:60] if lines else ''!r}")
+    return [_finish(o, run, out / name, shm)]
+
+
+def agent_exits(out: Path) -> list[Outcome]:
+    """An agent that calls sys.exit() in some episodes: each is an env error; the endpoint and the run go on."""
+    return _misbehaving_agent(out, "agent_exits", "--agent calls sys.exit()", "exits", [], "rollout/env_errors")
+
+
+def agent_hangs(out: Path) -> list[Outcome]:
+    """A sync agent stuck in half its episodes, more stuck threads than rows in the batch: each is ended at
+    --agent-timeout-s and counted, later episodes still run, and the workers exit at the end."""
+    return _misbehaving_agent(out, "agent_hangs", "--agent stuck past the batch's rows", "hangs",
+                              ["--agent-timeout-s", "3"], "rollout/agent_timeouts")
+
+
+def agent_engine_error(out: Path) -> list[Outcome]:
+    """The engine raises mid-batch with agents waiting on requests (once per worker): the job fails once, its
+    agents get answers, it is re-run; no later call inherits the failed one's agents."""
+    return _misbehaving_agent(out, "agent_engine_error", "engine error mid --agent batch", "answers", [],
+                              "pipeline/job_errors", fault="agent_engine_error:worker")
 
 
 def worker_start_fails(out: Path) -> list[Outcome]:
@@ -399,7 +483,8 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "rank_hang": rank_hang, "sighup": sighup, "second_owner": second_owner,
           "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
           "eval_grader_hang": eval_grader_hang, "disk_full": disk_full, "serial_env_hang": serial_env_hang,
-          "env_forks": env_forks, "agent_worker_kill": agent_worker_kill}
+          "env_forks": env_forks, "agent_worker_kill": agent_worker_kill,
+          "agent_exits": agent_exits, "agent_hangs": agent_hangs, "agent_engine_error": agent_engine_error}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:

@@ -4,7 +4,10 @@
 
 The function is the whole episode: it talks to the policy through `client` (whose base URL and key
 point at the rollout worker's endpoint, rollout/endpoint.py) and returns the reward, or a dict with
-"reward" and anything else (kept as the last step's info; "reason" names how the episode ended).
+"reward" and anything else (kept whole as the last step's info["returned"] and in the dump; "reason"
+names how the episode ended, "action" is what was graded). What it returns is checked as an env's
+step is (`check_agent_result`): a reward that is not a finite number, a "reason" that is not text or
+a value JSON cannot hold ends the episode as an env error, as an env's protocol violation does.
 The engine records the token ids and logprobs of every completion it served (rollout/agent_runner.py);
 the function never sees a token. It stands where an env bundle stands, so tasks, grouping,
 advantages, evaluation and the dump treat it like any env: tasks load as for the built-in envs
@@ -12,9 +15,11 @@ advantages, evaluation and the dump treat it like any env: tasks load as for the
 """
 
 import inspect
+import json
 from typing import Callable, ClassVar
 
-from nanorllm.envs.base import EnvBundle, EpisodeSettings
+from nanorllm.core.types import RolloutResult
+from nanorllm.envs.base import EnvBundle, EnvProtocolError, EpisodeSettings, check_step
 
 
 class AgentBundle(EnvBundle):
@@ -25,6 +30,11 @@ class AgentBundle(EnvBundle):
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.timeout_s = timeout_s  # an agent still running this long after it started is ended, and counted
+
+    def metrics(self, results: list[RolloutResult]) -> dict:
+        """Requests the endpoint refused (a 4xx: a bad field, a prompt past the episode's limits, a body too large)."""
+        return {"rollout/agent_refused_requests": sum(s.info.get("refused_requests", 0)
+                                                      for r in results for s in r.trajectory.steps)}
 
     def make_env(self):
         raise TypeError("an --agent episode has no Env: the agent function is the episode")
@@ -51,3 +61,17 @@ def check_agent_function(fn) -> str | None:
         shown = ", ".join(p.name for p in params)
         return f"expected fn(task, client), got fn({shown})"
     return None
+
+
+def check_agent_result(value) -> tuple[float, dict]:
+    """(reward, the rest of the dict) of what an agent returned, or EnvProtocolError naming the field: the
+    reward is checked as an env's step reward is (envs/base.py `check_step`), the rest must be JSON."""
+    extras = {k: v for k, v in value.items() if k != "reward"} if isinstance(value, dict) else {}
+    _, reward, _, _ = check_step((None, value.get("reward") if isinstance(value, dict) else value, True, extras))
+    for key, item in extras.items():
+        try:
+            json.dumps({key: item})
+        except (TypeError, ValueError):
+            raise EnvProtocolError(f"the returned {key!r}", "a JSON value (text, number, bool, None, list, dict)",
+                                   item) from None
+    return reward, extras

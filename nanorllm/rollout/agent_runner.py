@@ -15,9 +15,21 @@ prefills only its new tokens. When the agent rewrote its history, the request is
 and starts a new row (`rollout/prefix_breaks` in trainer/metrics.py counts such turns).
 
 `stop` and a `max_tokens` below the run's `max_new_tokens` cut the sampled response after decoding
-(the tokens kept are the ones up to the cut, and so are their logprobs); the run's
-`max_new_tokens` caps every completion. An agent that raises ends its episode as an env error; one
-still running `agent_timeout_s` after it started is ended the same way and marked `agent_timeout`.
+(the tokens kept run to the end of the first stop string, as the model sampled it; the text returned
+stops before it); the run's `max_new_tokens` caps every completion.
+
+Bounds (`EpisodeLimits`): an episode serves at most `max_turns` completions, a request's prompt +
+max_tokens fits the model's context, and a request holds at most `MESSAGES_BASE + MESSAGES_PER_TURN x
+max_turns` messages; past them a 400 names the limit.
+
+Faults, one mechanism each: what an agent raises, `BaseException` included (sys.exit), ends its episode
+as an env error, and so does one still running `agent_timeout_s` after it started (marked
+`agent_timeout`); a sync agent runs on a daemon thread of its own, so one stuck past its timeout holds no
+pool slot and no exit. Whatever ends a `run` call (an engine error too), every request it left is
+answered (503) and its agents' late returns are dropped by the next call. The hang detection hears real
+progress only: a request, an agent's return, a decode step, the endpoint's loop turning (it is what ends
+agents at their timeout), never this loop's own polling: an endpoint loop that an async agent blocks
+(a sync call inside `async def`) stands still and is reported.
 """
 
 import asyncio
@@ -26,20 +38,25 @@ import queue
 import re
 import secrets
 import sys
+import threading
 import time
+import traceback
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from nanorllm.chaos.faults import agent_engine_step
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
-from nanorllm.envs.agent_fn import AgentBundle
+from nanorllm.envs.agent_fn import AgentBundle, check_agent_result
+from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
-from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, error_body
+from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_body
 
 _SENTINEL = "\x00NANORLLM_AGENT_SENTINEL\x00"
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)  # the Hermes / Qwen tool-call format
 IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
+MESSAGES_BASE, MESSAGES_PER_TURN = 16, 4  # a request's messages: a system prompt and examples, then each turn's
 _reported: set[tuple[str, str]] = set()  # (spec, last line of the error): printed once per process
 
 
@@ -50,6 +67,23 @@ def report_agent_error(spec: str, task_id: str, text: str) -> None:
         _reported.add(key)
         print(f"[agent] {spec}: the agent failed on task {task_id}; the episode is dropped (counted in "
               f"rollout/env_errors; this error is printed once):\n{text}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """What one agent episode may hold: `turns` completions, `tokens` per row (prompt + max_tokens)."""
+
+    turns: int
+    tokens: int | None  # None: the model states no context
+
+    @property
+    def messages(self) -> int:
+        return MESSAGES_BASE + MESSAGES_PER_TURN * self.turns
+
+
+def episode_limits(policy, max_turns: int) -> EpisodeLimits:
+    config = getattr(getattr(policy, "model", None), "config", None)
+    return EpisodeLimits(turns=max_turns, tokens=getattr(config, "max_position_embeddings", None))
 
 
 @dataclass
@@ -123,9 +157,13 @@ def cut_response(policy, gen: Generation, req: ChatRequest) -> tuple[list[int], 
     decode = lambda t: policy.tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
     text = decode(ids)
     hits = [text.find(s) for s in req.stop if s in text]
-    if hits:
-        k = next(k for k in range(1, len(ids) + 1) if any(s in decode(ids[:k]) for s in req.stop))
-        ids, lps, reason = ids[:k], lps[:k], "stop"
+    if hits:  # the fewest ids whose text holds a stop string, by bisection: a prefix's text grows with it
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            part = decode(ids[:mid])
+            lo, hi = (lo, mid) if any(s in part for s in req.stop) else (mid + 1, hi)
+        ids, lps, reason = ids[:hi], lps[:hi], "stop"
         text = text[:min(hits)]
     return ids, lps, text, reason
 
@@ -175,7 +213,9 @@ def _reply_message(body: dict) -> dict:
 
 class _HttpClients:
     """One HTTP connection pool for every episode's client (a fresh openai client builds its own, ~90 ms
-    of CPU each); the async one is made on the endpoint's loop, where the async agents run."""
+    of CPU each); the async one is made on the endpoint's loop, where the async agents run. Neither reads
+    the environment (trust_env=False): an HTTP_PROXY set for the cluster would route the loopback
+    requests, and the run's token, through the proxy."""
 
     def __init__(self):
         self.sync, self.async_ = None, None
@@ -183,38 +223,67 @@ class _HttpClients:
     def get_sync(self):
         import openai  # the `agents` extra
 
-        self.sync = self.sync or openai.DefaultHttpxClient()
+        self.sync = self.sync or openai.DefaultHttpxClient(trust_env=False)
         return self.sync
 
     def get_async(self):
         import openai
 
-        self.async_ = self.async_ or openai.DefaultAsyncHttpxClient()
+        self.async_ = self.async_ or openai.DefaultAsyncHttpxClient(trust_env=False)
         return self.async_
 
 
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """`fn(*args)` on a daemon thread of its own; a future of the running loop for its result or whatever it
+    raised (SystemExit too). A thread that never returns holds no pool slot and does not keep the process
+    from exiting (a pool's threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(ok: bool, value) -> None:
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            ok, value = True, fn(*args)
+        except BaseException as e:  # noqa: B036 -- an agent's sys.exit ends its episode, not the thread silently
+            ok, value = False, e
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop closed: the run is over
+            pass
+
+    threading.Thread(target=target, name="nanorllm-agent", daemon=True).start()
+    return fut
+
+
 async def _call_agent(bundle: AgentBundle, task: dict, base_url: str, token: str, http: _HttpClients):
+    """("ok", value) or ("error", traceback) of one agent call; whatever it raises, BaseException included,
+    stays here (asyncio hands a task's SystemExit to the loop itself)."""
     import openai  # the `agents` extra
 
     kw = {"base_url": base_url, "api_key": token, "max_retries": 0, "timeout": bundle.timeout_s}
-    if bundle.is_async:
-        return await bundle.fn(task, openai.AsyncOpenAI(http_client=http.get_async(), **kw))
-    client = openai.OpenAI(http_client=http.get_sync(), **kw)
-    return await asyncio.get_running_loop().run_in_executor(None, bundle.fn, task, client)
+    try:
+        if bundle.is_async:
+            return "ok", await bundle.fn(task, openai.AsyncOpenAI(http_client=http.get_async(), **kw))
+        client = openai.OpenAI(http_client=http.get_sync(), **kw)
+        return "ok", await in_daemon_thread(bundle.fn, task, client)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:  # noqa: B036
+        how = f"the agent raised {type(e).__name__} (a BaseException: it ends the episode, not the run)\n" \
+            if not isinstance(e, Exception) else ""
+        return "error", how + traceback.format_exc(limit=-8)
 
 
 async def _episode(bundle: AgentBundle, task: dict, base_url: str, token: str, key: str, out: queue.Queue,
                    http: _HttpClients):
     """Run one agent; put ("done", key, ("ok", value) | ("error", text) | ("timeout", text)) on `out`."""
-    import traceback
-
     try:
-        value = await asyncio.wait_for(_call_agent(bundle, dict(task), base_url, token, http), bundle.timeout_s)
-        outcome = ("ok", value)
+        outcome = await asyncio.wait_for(_call_agent(bundle, dict(task), base_url, token, http), bundle.timeout_s)
     except asyncio.TimeoutError:
         outcome = ("timeout", f"the agent did not return within agent_timeout_s={bundle.timeout_s}")
-    except Exception:
-        outcome = ("error", traceback.format_exc(limit=-8))
     out.put(("done", key, outcome))
 
 
@@ -229,8 +298,10 @@ class AgentRunner:
         self.shared_prefix, self.min_shared = shared_prefix, min_shared
         self.prefix = None
         self.http = _HttpClients()
-        self.endpoint = ChatEndpoint(threads=max(engine.max_batch_episodes, 4))
+        self.endpoint = ChatEndpoint()
+        self.limits = episode_limits(self.policy, engine.max_turns)
         self.requests_served = 0
+        self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
     def run(self, tasks: list[dict], *, num_samples: int, group_ids: list[str],
             params: SamplingParams) -> tuple[list[RolloutResult], int, float, dict]:
@@ -238,15 +309,14 @@ class AgentRunner:
         engine, policy = self.engine, self.policy
         if not hasattr(policy, "decode_batch"):
             raise TypeError("--agent needs a local model (one with a running decode batch)")
-        run_key = secrets.token_hex(4)
         episodes = [_AgentEpisode(task=t, episode_id=f"{g}#{k}", group_id=g, task_index=i,
-                                  key=f"{run_key}-{i}-{k}")
+                                  key=secrets.token_urlsafe(16))  # unguessable: no episode can post into another
                     for i, (t, g) in enumerate(zip(tasks, group_ids)) for k in range(num_samples)]
         for ep, rng in zip(episodes, policy.row_generators(len(episodes))):
             ep.rng = rng
         by_key = {ep.key: ep for ep in episodes}
         self.endpoint.open_episodes(list(by_key), temperature=None if params.greedy else params.temperature,
-                                    top_p=params.top_p)
+                                    top_p=params.top_p, limits=Limits(messages=self.limits.messages))
         stats, n_generated = new_stats(), 0
         t0 = time.perf_counter()
         rows = min(engine.max_batch_episodes, len(episodes))
@@ -261,9 +331,13 @@ class AgentRunner:
                                                                   self.endpoint.token, ep.key, self.endpoint.requests,
                                                                   self.http))
                         running += 1
-                    running -= self._take_events(by_key, waiting, block=not len(batch) and not waiting)
-                    if not len(batch) and not waiting and running:  # only agents are working, not the model
+                    ended, arrived = self._take_events(by_key, waiting, block=not len(batch) and not waiting)
+                    running -= ended
+                    turned, self.ticks = self.endpoint.ticks != self.ticks, self.endpoint.ticks
+                    if (ended or arrived or turned) and not len(batch) and not waiting and running:  # agents work
                         engine.watch("grading", next(e.task_index for e in episodes if e.future and e.result is None))
+                    if not self.endpoint.alive():
+                        raise RuntimeError("the agent endpoint's thread stopped; its agents cannot be served")
                     joining = []
                     while waiting and len(batch) + len(joining) < rows:
                         ep, req = waiting.popleft()
@@ -277,13 +351,17 @@ class AgentRunner:
                     if not len(batch):
                         continue
                     engine.on_step()
+                    agent_engine_step()
                     for (ep, req, prompt), gen, state in batch.step():
                         n_generated += len(gen.response_ids)
                         self._answer(ep, req, prompt, gen, state, batch)
                         if ep.queued and ep.result is None:
                             ep.busy = True
                             waiting.appendleft((ep, ep.queued.popleft()))
-        finally:
+        finally:  # however the call ends: its agents stop being served, every request left is answered
+            for ep in episodes:
+                if ep.future is not None and ep.result is None:
+                    ep.future.cancel()  # an async agent stops here; a sync one gets a 503 at its next request
             self.endpoint.close_episodes()
         return [ep.result for ep in episodes], n_generated, time.perf_counter() - t0, stats
 
@@ -301,15 +379,17 @@ class AgentRunner:
         return [(key, prompt, rng, self.prefix if state is None and len(prompt) > n and prompt[:n] == ids else state)
                 for key, prompt, rng, state in joining]
 
-    def _take_events(self, by_key: dict, waiting: deque, *, block: bool) -> int:
-        """Move arrived requests to `waiting` and finish the agents that returned; how many returned."""
-        ended = 0
+    def _take_events(self, by_key: dict, waiting: deque, *, block: bool) -> tuple[int, int]:
+        """Move arrived requests to `waiting` and finish the agents that returned; (how many returned, how
+        many requests arrived). An agent of an earlier call (one that ended in an error) is not this call's."""
+        ended = arrived = 0
         try:
             item = self.endpoint.requests.get(timeout=IDLE_WAIT_S) if block else self.endpoint.requests.get_nowait()
         except queue.Empty:
-            return 0
+            return 0, 0
         while True:
             if isinstance(item, ChatRequest):
+                arrived += 1
                 ep = by_key.get(item.episode)
                 if ep is None or ep.result is not None:
                     item.answer(503, error_body("this episode ended", kind="service_unavailable"))
@@ -318,14 +398,14 @@ class AgentRunner:
                 else:
                     ep.busy = True
                     waiting.append((ep, item))
-            else:
+            elif item[1] in by_key and by_key[item[1]].result is None:
                 _, key, outcome = item
                 self._finish(by_key[key], outcome)
                 ended += 1
             try:
                 item = self.endpoint.requests.get_nowait()
             except queue.Empty:
-                return ended
+                return ended, arrived
 
     def _prompt(self, ep: _AgentEpisode, req: ChatRequest, batch):
         """(key, prompt ids, rng, state) joining the batch for this request, or None if refused (answered)."""
@@ -351,11 +431,30 @@ class AgentRunner:
             req.answer(400, error_body(f"messages: the chat template cannot render them: {type(e).__name__}: {e}",
                                        "messages"))
             return None
+        why = self._past_limits(ep, req, ids)
+        if why is not None:
+            ep.busy = False
+            req.answer(400, error_body(why[1], why[0]))
+            return None
         state, ep.state = ep.state, None
         if state is not None and not (len(ids) > len(state.token_ids) and ids[:len(state.token_ids)] == state.token_ids):
             batch.release(state)  # a rewritten history: its KV cache is no prefix of the new prompt
             state = None
         return (ep, req, ids), ids, ep.rng, state
+
+    def _past_limits(self, ep: _AgentEpisode, req: ChatRequest, ids: list[int]) -> tuple[str, str] | None:
+        """(field, why) when serving this request would take the episode past its limits (EpisodeLimits)."""
+        lim = self.limits
+        if len(ep.samples) >= lim.turns:
+            return "messages", (f"max_turns: this episode has had its {lim.turns} completions (--max-turns); "
+                                "an agent episode gets at most that many")
+        max_new = self.engine.sampling.max_new_tokens
+        want = min(req.max_tokens or max_new, max_new)
+        if lim.tokens is not None and len(ids) + want > lim.tokens:
+            return "messages", (f"messages: the prompt holds {len(ids)} tokens; with max_tokens {want} it passes the "
+                                f"episode's limit of {lim.tokens} tokens (the model's context, "
+                                "max_position_embeddings)")
+        return None
 
     def _answer(self, ep: _AgentEpisode, req: ChatRequest, prompt: list[int], gen: Generation, state,
                 batch) -> None:
@@ -383,7 +482,7 @@ class AgentRunner:
 
     def _finish(self, ep: _AgentEpisode, outcome: tuple) -> None:
         """End the episode with the agent's return value, error or timeout."""
-        self.endpoint.end_episode(ep.key)
+        refused = self.endpoint.end_episode(ep.key)
         if ep.state is not None:
             self.batch.release(ep.state)  # its KV cache is free for another episode
             ep.state = None
@@ -391,25 +490,25 @@ class AgentRunner:
         traj = Trajectory(task_id=ep.task["task_id"], task=dict(ep.task), steps=ep.steps)
         reward, info = 0.0, {}
         if kind == "ok":
-            if isinstance(value, dict):
-                info = {k: v for k, v in value.items() if k != "reward"}
-                value = value.get("reward")
             try:
-                reward = float(value)
-            except (TypeError, ValueError):
-                kind, value = "error", f"the agent returned {value!r}: expected a float or a dict with 'reward'"
+                reward, info = check_agent_result(value)
+            except EnvProtocolError as e:  # the env protocol's check, as for an env's step
+                kind, value = "error", f"the agent returned what the agent protocol (envs/agent_fn.py) does not " \
+                                       f"allow: {e}"
         if kind == "ok" and not ep.samples:
             kind, value = "error", "the agent returned without asking the policy for a completion"
         if kind != "ok":
             report_agent_error(self.bundle.spec, ep.task["task_id"], value)
             if not traj.steps:
                 traj.steps.append(Step(observation=ep.task.get("question", "")))
-            traj.steps[-1].info.update({"error": value, **({"agent_timeout": True} if kind == "timeout" else {})})
+            traj.steps[-1].info.update({"error": value, **({"agent_timeout": True} if kind == "timeout" else {}),
+                                        **({"refused_requests": refused} if refused else {})})
             traj.termination_reason = "error"
             ep.result = RolloutResult(trajectory=traj, step_samples=[], group_id=ep.group_id)
             return
         last = traj.steps[-1]
-        last.reward, last.done, last.info = reward, True, {**last.info, **info}
+        last.reward, last.done = reward, True
+        last.info.update({"returned": info, **({"refused_requests": refused} if refused else {})})  # beside the endpoint's own keys
         last.action = info.get("action")
         traj.final_reward, traj.terminated = reward, True
         traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "wrong"))

@@ -30,6 +30,8 @@ def episode_record(r: RolloutResult) -> dict:
         "advantage": r.step_samples[0].advantage if r.step_samples else 0.0,
         "termination_reason": t.termination_reason, "policy_version": r.policy_version,
         "worker_id": r.worker_id, "group_id": r.group_id,
+        # what an --agent function returned beside its reward (envs/agent_fn.py; checked to be JSON there)
+        **({"returned": t.steps[-1].info["returned"]} if t.steps and "returned" in t.steps[-1].info else {}),
     }
 
 
@@ -82,10 +84,14 @@ class RunLogger:
 
     def _write_dump(self) -> None:
         tmp = self.dump_path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for rec in self.recent:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, self.dump_path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for rec in self.recent:
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            os.replace(tmp, self.dump_path)
+        except BaseException:  # the last complete dump stays; no half-written file is left beside it
+            tmp.unlink(missing_ok=True)
+            raise
 
     def flush(self) -> None:
         if self.writer is not None:
