@@ -33,3 +33,365 @@ def test_a_full_disk_while_the_final_model_is_written_leaves_no_final_model_that
     written = sorted(p.name for p in (tmp_path / "room").iterdir() if "final" in p.name)
     assert written == ["final_model"]
     assert (tmp_path / "room" / "final_model" / "merged" / "config.json").is_file() == bool(lora)
+
+
+# ---- LoRA adapter files --------------------------------------------------------------------------------
+def saved_adapter(path: Path, *, rank: int = 4, targets: str = "q_proj") -> Path:
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.policy.lora import LoraSpec
+
+    HFCausalPolicy.from_name("tiny-random", lora=LoraSpec(rank=rank, alpha=8.0, targets=targets)).save(str(path))
+    return path
+
+
+def edit_config(path: Path, **fields) -> Path:
+    config = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**config, **fields}))
+    return path
+
+
+def foreign_adapters(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Adapter folders whose config and weights disagree, or whose base leads back to themselves, with the
+    line each is refused with."""
+    loop_a, loop_b = tmp_path / "loop_a", tmp_path / "loop_b"
+    edit_config(saved_adapter(loop_a), base_model_name_or_path=str(loop_b))
+    edit_config(saved_adapter(loop_b), base_model_name_or_path=str(loop_a))
+    return {
+        "other targets": (edit_config(saved_adapter(tmp_path / "t"), target_modules=["v_proj"]), "4 missing"),
+        "more targets": (edit_config(saved_adapter(tmp_path / "m"), target_modules=["q_proj", "k_proj"]),
+                         "4 missing (first: base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight)"),
+        "fewer targets": (edit_config(saved_adapter(tmp_path / "f", targets="q_proj,v_proj"),
+                                      target_modules=["q_proj"]), "4 not adapters of this model"),
+        "other rank": (edit_config(saved_adapter(tmp_path / "r"), r=8), "4 of another shape"),
+        "targets it lacks": (edit_config(saved_adapter(tmp_path / "n"), target_modules=["wq"]),
+                             "do not apply to LlamaForCausalLM"),
+        "itself as base": (edit_config(saved_adapter(tmp_path / "s"), base_model_name_or_path=str(tmp_path / "s")),
+                           "base_model_name_or_path leads back to"),
+        "a loop of two": (loop_a, "base_model_name_or_path leads back to"),
+    }
+
+
+def test_an_adapter_whose_weights_do_not_fill_its_own_config_or_whose_base_is_itself_is_a_lora_error(tmp_path):
+    from nanorllm.policy.lora import LoraError
+    from nanorllm.policy.models import load_model_and_tokenizer
+
+    for case, (path, line) in foreign_adapters(tmp_path).items():
+        with pytest.raises(LoraError) as e:
+            load_model_and_tokenizer(str(path))
+        assert line in str(e.value), case
+        assert str(path) in str(e.value), case
+
+
+def test_a_stacked_adapter_loads_every_adapter_of_its_chain(tmp_path):
+    """The loop check follows the chain without flattening it: an adapter on an adapter keeps both."""
+    import torch
+
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.policy.lora import LoraSpec
+    from nanorllm.policy.models import load_model_and_tokenizer
+
+    first = saved_adapter(tmp_path / "first")
+    with torch.no_grad():
+        p = HFCausalPolicy.from_name(str(first), lora=LoraSpec(rank=4, alpha=8.0, targets="v_proj"))
+        for n, w in p.model.named_parameters():
+            if "lora_B" in n:
+                w.fill_(0.1)
+        p.save(str(tmp_path / "second"))
+        edit_config(tmp_path / "second", base_model_name_or_path=str(first))
+        ids = torch.tensor([[5, 6, 7, 8]])
+        stacked = load_model_and_tokenizer(str(tmp_path / "second"))[0](input_ids=ids).logits
+        alone = load_model_and_tokenizer(str(first))[0](input_ids=ids).logits
+    assert float((stacked - alone).abs().max()) > 1e-4
+
+
+def test_resuming_into_adapters_of_another_rank_is_a_lora_error_not_a_size_mismatch(tmp_path):
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.policy.lora import LoraError, LoraSpec
+
+    path = saved_adapter(tmp_path / "a", rank=4)
+    with pytest.raises(LoraError, match=r"adapter_model.safetensors: the weights do not fit .* of another shape"):
+        HFCausalPolicy.from_name("tiny-random", lora=LoraSpec(rank=8, alpha=8.0, targets="q_proj"), adapter=str(path))
+
+
+def test_eval_of_a_foreign_adapter_exits_2_naming_the_file(tmp_path, capsys):
+    import launch.eval as eval_script
+
+    for case, (path, line) in foreign_adapters(tmp_path).items():
+        assert eval_script.main(["--model", str(path), "--tasks", "arith:count=2,seed=1", "--max-new-tokens", "2"]
+                                ) == 2, case
+        assert line in capsys.readouterr().err, case
+
+
+# ---- checkpoints kept ----------------------------------------------------------------------------------
+def cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def overwrite_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = b"\1" * 64
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [cut_short, overwrite_middle], ids=["cut short", "overwritten"])
+def test_keep_checkpoints_counts_only_whole_ones_after_a_resume_past_a_damaged_one(damage, tmp_path, capsys):
+    args = [*TINY_ARGS, "--serial", "--eval-tasks", "", "--keep-checkpoints", "2", "--output-dir", str(tmp_path)]
+    assert main([*args, "--max-steps", "4", "--save-every", "2", "--run-name", "k"]) == 0
+    ckpts = tmp_path / "k" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]
+    damage(ckpts / "step_4" / "optimizer.pt")
+    assert main(["--resume", str(tmp_path / "k"), "--max-steps", "3"]) == 0
+    assert sorted(p.name for p in ckpts.iterdir()) == ["damaged-step_4", "step_2", "step_3"]
+    assert "set aside as damaged-step_4" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_save_sets_aside_a_checkpoint_cut_short_since_instead_of_counting_it(tmp_path, capsys):
+    from nanorllm.trainer import checkpoint
+
+    args = [*TINY_ARGS, "--serial", "--eval-tasks", "", "--keep-checkpoints", "3", "--output-dir", str(tmp_path)]
+    assert main([*args, "--max-steps", "3", "--save-every", "1", "--run-name", "k"]) == 0
+    ckpts = tmp_path / "k" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_1", "step_2", "step_3"]
+    cut_short(ckpts / "step_3" / "rng.pt")
+    checkpoint.prune(tmp_path / "k", keep=2)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["damaged-step_3", "step_1", "step_2"]
+    assert "step_3: rng.pt is" in capsys.readouterr().out
+
+
+# ---- reward functions and task sources -----------------------------------------------------------------
+REWARDS = '''
+def some(completions, task_id, **kw):
+    """TRL's way of saying a function does not apply: None for those samples."""
+    return [None if int(t[-1]) % 2 else float(len(c) % 2) for c, t in zip(completions, task_id)]
+
+def never(completions, **kw):
+    return [None] * len(completions)
+
+def half(completions, **kw):
+    return [0.5] * len(completions)
+
+def needs_solution(completions, solution):
+    return [0.0] * len(completions)
+
+def maybe_solution(completions, solution=None):
+    return [0.0] * len(completions)
+
+def by_level(completions, level, **kw):
+    return [1.0 if lv == "easy" else 0.0 for lv in level]
+
+def by_length(completions, **kw):
+    return [float(len(c) % 2) for c in completions]
+
+def trl_conversational(completions, **kw):
+    """Copied from TRL's docs for conversational datasets."""
+    contents = [completion[0]["content"] for completion in completions]
+    return [float(len(c) % 2) for c in contents]
+
+def shapes(completions, prompts, **kw):
+    shapes.seen = (completions, prompts)
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture
+def rewards(tmp_path):
+    path = tmp_path / "rw.py"
+    path.write_text(REWARDS)
+    return str(path)
+
+
+def scored(rewards, names, *, env="single", mode="add"):
+    from nanorllm.envs.base import EpisodeSettings
+    from nanorllm.envs.registry import load_env
+    from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
+
+    return RewardBundle(load_env(env, EpisodeSettings()), load_reward_functions(tuple(f"{rewards}:{n}" for n in names)),
+                        mode)
+
+
+def episodes(questions: list, responses: list[str], env_reward: float = 0.0):
+    from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+
+    out = []
+    for i, (q, text) in enumerate(zip(questions, responses)):
+        task = {"task_id": f"t{i}", "question": q}
+        traj = Trajectory(task_id=task["task_id"], task=task, final_reward=env_reward, termination_reason="max_turns",
+                          steps=[Step(observation="q", model_response=text, reward=env_reward)])
+        out.append(RolloutResult(trajectory=traj, step_samples=[StepSample(
+            task_id=task["task_id"], episode_id="e", turn=0, prompt_ids=[1], response_ids=[7], rollout_logprobs=[0.0])]))
+    return out
+
+
+def test_a_reward_of_none_leaves_that_function_out_of_that_sample_as_trl_sums_with_nansum(rewards, capsys):
+    batch = episodes(["a", "b", "c"], ["xx", "x", "x"], env_reward=1.0)
+    scored(rewards, ["some", "half"], env="math").score_batch(batch)  # add: the env's reward stands
+    assert [r.trajectory.final_reward for r in batch] == [1.0 + 0.0 + 0.5, 1.0 + 0.5, 1.0 + 1.0 + 0.5]
+    assert [r.trajectory.termination_reason for r in batch] == ["max_turns"] * 3
+    assert "reward/some" not in batch[1].trajectory.steps[-1].info
+    b = scored(rewards, ["some"], env="math")
+    assert b.metrics(batch) == {"reward/some": 0.5}  # over the samples it scored
+
+
+@pytest.mark.parametrize("env, mode", [("single", "add"), ("math", "replace")])
+def test_an_episode_no_function_scores_with_no_env_reward_to_stand_in_is_an_env_error(rewards, capsys, env, mode):
+    batch = episodes(["a", "b", "c"], ["xx", "x", "x"], env_reward=1.0)
+    scored(rewards, ["some", "never"], env=env, mode=mode).score_batch(batch)
+    assert [r.trajectory.termination_reason for r in batch] != ["error"] * 3
+    assert batch[1].trajectory.termination_reason == "error"  # t1: `some` says None, `never` too
+    assert "no reward function scored episode t1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_whose_function_skips_half_the_tasks_trains_on_the_rest_and_counts_them(rewards, tmp_path):
+    from tests.procs import read_scalars
+
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:some", "--max-steps", "2", "--eval-tasks", "",
+                 "--output-dir", str(tmp_path), "--run-name", "n"]) == 0
+    scalars = read_scalars(tmp_path / "n")
+    assert sum(v for _, v in scalars["rollout/env_errors"]) > 0  # the tasks with an odd last digit
+    assert all(0 <= v <= 1 for _, v in scalars["reward/some"])
+
+
+@pytest.mark.parametrize("extra", [[], ["--eval-set", "x={eval}"]], ids=["training tasks", "an eval set"])
+def test_a_reward_function_that_takes_a_column_the_tasks_lack_is_refused_at_start(rewards, tmp_path, capsys, extra):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"task_id": "a", "question": "1+1?", "answer": "2"}\n')
+    with_solution = tmp_path / "sol.jsonl"
+    with_solution.write_text('{"task_id": "a", "question": "1+1?", "answer": "2", "solution": "2"}\n')
+    tasks = str(with_solution) if extra else str(plain)
+    flags = [f.replace("{eval}", str(plain)) for f in extra]
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:needs_solution", "--tasks", tasks, "--eval-tasks", "",
+                 *flags, "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{plain}: reward function {rewards}:needs_solution takes 'solution', which is no column" in err
+    assert "(columns: answer, question, task_id)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_column_a_function_takes_with_a_default_or_that_the_tasks_have_is_accepted(rewards, tmp_path):
+    path = tmp_path / "sol.jsonl"
+    path.write_text('{"task_id": "a", "question": "1+1?", "answer": "2", "solution": "2"}\n')
+    assert len(scored(rewards, ["maybe_solution"]).load_tasks(str(path))) == 1
+    assert len(scored(rewards, ["maybe_solution"]).load_tasks("arith:count=2,seed=1")) == 2
+    assert scored(rewards, ["needs_solution"]).load_tasks(str(path))[0]["solution"] == "2"
+
+
+def test_jsonl_and_parquet_keep_a_rows_other_columns_with_or_without_task_fields(tmp_path):
+    import pandas as pd
+
+    from nanorllm.datasets.tasks import load_tasks
+
+    rows = [{"task_id": "a", "question": "1+1?", "answer": "2", "level": "easy"},
+            {"task_id": "b", "question": "2+2?", "answer": "4", "level": "hard"}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "gsm.jsonl").write_text("".join(json.dumps({"question": r["question"], "answer": f"#### {r['answer']}",
+                                                            "level": r["level"]}) + "\n" for r in rows))
+    pd.DataFrame(rows).to_parquet(tmp_path / "t.parquet")
+    for source in ("t.jsonl", "gsm.jsonl", "t.parquet"):
+        for fields in (None, {"question": "question"}):
+            tasks = load_tasks(str(tmp_path / source), fields=fields)
+            assert [(t["answer"], t["level"]) for t in tasks] == [("2", "easy"), ("4", "hard")], (source, fields)
+
+
+@pytest.mark.slow
+def test_a_run_reads_a_jsonl_files_own_column_through_a_reward_function(rewards, tmp_path):
+    from tests.procs import read_scalars
+
+    path = tmp_path / "levels.jsonl"
+    path.write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"{i}+1?", "answer": str(i + 1),
+                                        "level": "easy" if i % 2 else "hard"}) + "\n" for i in range(8)))
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:by_level", "--tasks", str(path), "--eval-tasks", "",
+                 "--max-steps", "1", "--output-dir", str(tmp_path), "--run-name", "l"]) == 0
+    assert 0 < read_scalars(tmp_path / "l")["reward/by_level"][0][1] < 1
+
+
+def prompt_only_sources(tmp_path) -> list[str]:
+    import pandas as pd
+
+    rows = [{"prompt": f"Write {i} words."} for i in range(6)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pd.DataFrame(rows).to_parquet(tmp_path / "p.parquet")
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"task_id": f"q{i}", "question": r["prompt"]}) + "\n"
+                                              for i, r in enumerate(rows)))
+    return [str(tmp_path / n) for n in ("p.jsonl", "p.parquet", "q.jsonl")]
+
+
+def test_a_prompt_only_dataset_loads_for_reward_functions_alone_and_is_refused_where_an_env_grades(tmp_path, rewards):
+    from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.envs.base import EpisodeSettings
+    from nanorllm.envs.registry import load_env
+
+    for source in prompt_only_sources(tmp_path):
+        tasks = scored(rewards, ["by_length"]).load_tasks(source)
+        assert len(tasks) == 6 and tasks[0]["question"] == "Write 0 words." and "answer" not in tasks[0], source
+        with pytest.raises(TaskFileError, match="answer"):
+            load_env("math", EpisodeSettings()).load_tasks(source)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_prompt_only_parquet_file_scored_by_a_function_trains(rewards, tmp_path):
+    source = prompt_only_sources(tmp_path)[1]
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:by_length", "--tasks", source, "--eval-tasks", "",
+                 "--max-steps", "1", "--output-dir", str(tmp_path), "--run-name", "p"]) == 0
+    assert (tmp_path / "p" / "final_model").is_dir()
+
+
+def test_a_source_with_an_at_in_its_path_splits_at_the_last_at_everywhere(tmp_path):
+    import datasets
+    import pandas as pd
+
+    from nanorllm.datasets.hf_tasks import is_datasets_source, split_spec
+    from nanorllm.datasets.tasks import load_tasks
+
+    folder = tmp_path / "team@lab" / "gsm"
+    frame = lambda a: pd.DataFrame({"question": ["1+1?", "2+2?"], "answer": [a, "4"]})  # noqa: E731
+    datasets.DatasetDict({"train": datasets.Dataset.from_pandas(frame("2")),
+                          "test": datasets.Dataset.from_pandas(frame("7"))}).save_to_disk(str(folder))
+    assert split_spec(f"{folder}@test") == (str(folder), "test")
+    assert split_spec(str(folder)) == (str(folder), "")
+    assert is_datasets_source(f"{folder}@test") and is_datasets_source(str(folder))
+    test = load_tasks(f"{folder}@test")
+    assert [t["answer"] for t in test] == ["7", "4"] and test[0]["task_id"] == "gsm-00000"
+    assert [t["answer"] for t in load_tasks(str(folder))] == ["2", "4"]  # train, the default split
+    named = tmp_path / "v@2"  # a folder whose own name has an @ is that folder
+    datasets.Dataset.from_pandas(frame("5")).save_to_disk(str(named))
+    assert split_spec(str(named)) == (str(named), "")
+    assert load_tasks(str(named))[0]["answer"] == "5"
+
+
+def test_a_limit_on_a_parquet_file_reads_only_that_many_rows(tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.datasets.tasks import load_tasks
+
+    frame = pd.DataFrame({"question": [f"{i}+1?" for i in range(40)] + [" "], "answer": [str(i + 1) for i in range(41)],
+                          "level": ["easy"] * 41})
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.Table.from_pandas(frame), path, row_group_size=8)  # the bad last row in the last group
+    with pytest.raises(TaskFileError, match="row 40: column 'question' is empty"):
+        load_tasks(str(path))
+    part = load_tasks(str(path), limit=10)
+    assert part == load_tasks(str(path), limit=40)[:10] and len(part) == 10 and part[3]["level"] == "easy"
+
+
+@pytest.mark.slow
+def test_a_run_loads_each_task_source_once(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from nanorllm.datasets import hf_tasks
+
+    loads = []
+    real = hf_tasks.load_dataset_tasks
+    monkeypatch.setattr(hf_tasks, "load_dataset_tasks", lambda spec, **kw: loads.append(spec) or real(spec, **kw))
+    for name, seed in (("train", 0), ("held", 100), ("other", 200)):
+        pd.DataFrame({"question": [f"{i}+{seed}?" for i in range(8)],
+                      "answer": [str(i + seed) for i in range(8)]}).to_parquet(tmp_path / f"{name}.parquet")
+    assert main([*TINY_ARGS, "--serial", "--tasks", str(tmp_path / "train.parquet"), "--eval-tasks",
+                 str(tmp_path / "held.parquet"), "--eval-set", f"o={tmp_path / 'other.parquet'}", "--max-steps", "1",
+                 "--output-dir", str(tmp_path), "--run-name", "once"]) == 0
+    assert sorted(loads) == sorted(str(tmp_path / f"{n}.parquet") for n in ("train", "held", "other"))
