@@ -57,8 +57,10 @@ class SingleTurnEnv:
         self.task: dict | None = None
 
     def reset(self, task: dict) -> dict:
+        """The question; for a conversational prompt its last message's text (the agent renders them all)."""
         self.task = task
-        return {"question": task["question"]}
+        question = task["question"]
+        return {"question": question[-1]["content"] if isinstance(question, list) else question}
 
     def step(self, response: str) -> tuple[None, float, bool, dict]:
         return None, 0.0, True, {}
@@ -70,12 +72,12 @@ class PromptAgent(MathAgent):
     or worked example of ours is added."""
 
     def reset(self, task: dict, observation) -> None:
-        question = observation_text(observation)
+        question = task.get("question")
         if not isinstance(question, list):
             return super().reset(task, observation)
         self.trajectory = Trajectory(task_id=task["task_id"], task=dict(task))
         self.messages = [dict(m) for m in question]
-        self.trajectory.steps.append(Step(observation=question[-1]["content"]))
+        self.trajectory.steps.append(Step(observation=observation_text(observation)))
 
 
 class SingleTurn(MathSelfRefine):
