@@ -395,3 +395,235 @@ def test_a_run_loads_each_task_source_once(tmp_path, monkeypatch):
                  str(tmp_path / "held.parquet"), "--eval-set", f"o={tmp_path / 'other.parquet'}", "--max-steps", "1",
                  "--output-dir", str(tmp_path), "--run-name", "once"]) == 0
     assert sorted(loads) == sorted(str(tmp_path / f"{n}.parquet") for n in ("train", "held", "other"))
+
+
+# ---- conversational data, as TRL holds it ---------------------------------------------------------------
+CHAT = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Name a colour."}]
+
+
+def conversational_file(tmp_path: Path, n: int = 8) -> Path:
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [CHAT[0], {"role": "user", "content": f"Name colour {i}."}]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_a_prompt_of_chat_messages_is_the_conversation_as_it_stands_system_turn_included(tmp_path, rewards):
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+
+    bundle = scored(rewards, ["trl_conversational"])
+    task = bundle.load_tasks(str(conversational_file(tmp_path)))[0]
+    assert task["question"] == [CHAT[0], {"role": "user", "content": "Name colour 0."}]
+    agent = bundle.make_agent()
+    agent.reset(task, bundle.make_env().reset(task))
+    assert agent.messages == task["question"]  # no system prompt or worked example of ours
+    policy = HFCausalPolicy.from_name("tiny-random")
+    want = policy.tokenizer.apply_chat_template(task["question"], tokenize=False, add_generation_prompt=True)
+    assert policy.tokenizer.decode(policy.first_prompt_ids(agent.messages)) == want
+    assert "Answer in one word." in want
+    text = scored(rewards, ["by_length"]).load_tasks("arith:count=1,seed=1")[0]
+    agent.reset(text, bundle.make_env().reset(text))
+    assert agent.messages[0]["role"] == "system" and agent.messages[-1]["content"] == text["question"]
+
+
+def test_reward_functions_get_completions_and_prompts_in_trls_shape_for_each_kind_of_prompt(rewards):
+    import sys
+
+    batch = episodes([CHAT, "What is 1+1?"], ["blue", "2"])
+    scored(rewards, ["shapes"]).score_batch(batch)
+    module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == str(Path(rewards).resolve()))
+    completions, prompts = module.shapes.seen
+    assert completions == [[{"role": "assistant", "content": "blue"}], "2"]
+    assert prompts == [CHAT, "What is 1+1?"]
+    chat = episodes([CHAT, CHAT], ["blue", "red!"])
+    scored(rewards, ["trl_conversational"]).score_batch(chat)  # TRL's docs' function, as copied
+    assert [r.trajectory.final_reward for r in chat] == [0.0, 0.0] and chat[0].trajectory.termination_reason != "error"
+
+
+def test_a_prompt_of_chat_messages_is_refused_where_an_env_grades_and_bad_messages_name_the_line(tmp_path):
+    from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.datasets.tasks import load_tasks
+    from nanorllm.envs.base import EpisodeSettings
+    from nanorllm.envs.registry import load_env
+
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"task_id": "a", "question": CHAT, "answer": "red"}) + "\n")
+    with pytest.raises(TaskFileError, match=r"c.jsonl:1: field 'question' holds chat messages .* --env single"):
+        load_env("math", EpisodeSettings()).load_tasks(str(path))
+    path.write_text(json.dumps({"question": [{"role": "robot", "content": "x"}]}) + "\n")
+    with pytest.raises(TaskFileError, match=r"c.jsonl:1: field 'question' message 0 is not"):
+        load_tasks(str(path), gold=False, chat=True)
+
+
+@pytest.mark.slow
+def test_a_conversational_run_scored_by_trls_docs_function_trains_every_update(rewards, tmp_path):
+    from tests.procs import read_scalars
+
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:trl_conversational", "--tasks",
+                 str(conversational_file(tmp_path)), "--eval-tasks", "", "--max-steps", "2", "--lr", "1e-3",
+                 "--no-drop-zero-std-groups", "--output-dir", str(tmp_path), "--run-name", "c"]) == 0
+    scalars = read_scalars(tmp_path / "c")
+    assert [v for _, v in scalars["rollout/env_errors"]] == [0.0, 0.0]
+    assert [s for s, _ in scalars["reward/trl_conversational"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_otherwise(rewards, tmp_path, capsys):
+    import launch.eval as eval_script
+
+    assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:by_length", "--max-steps", "1",
+                 "--output-dir", str(tmp_path), "--run-name", "s"]) == 0
+    capsys.readouterr()
+    model = str(tmp_path / "s" / "final_model")
+
+    def run_eval(*flags):
+        assert eval_script.main(["--model", model, "--limit", "4", *flags]) == 0
+        out = capsys.readouterr()
+        return json.loads(out.out.splitlines()[0]), out.err
+
+    own, err = run_eval()
+    assert own["mean_turns"] == 1.0 and own["n"] == 4 and "reward/by_length" in own  # scored by the run's function
+    assert f"{tmp_path / 's' / 'config.json'}: the run's settings where no flag gives them" in err
+    assert "env='single'" in err and "reward=(" in err and "max_new_tokens=8" in err
+    saved = json.loads((tmp_path / "s" / "config.json").read_text())
+    explicit = ["--env", "single", "--reward", f"{rewards}:by_length", "--max-new-tokens", "8", "--tasks",
+                saved["eval_tasks"]]
+    assert run_eval(*explicit)[0] == own
+    math, err = run_eval("--env", "math", "--max-new-tokens", "4")
+    assert "max_new_tokens" not in err and "env=" not in err  # flags win
+    plain = eval_script.main(["--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"])
+    assert plain == 0 and "the run's settings" not in capsys.readouterr().err  # no run wrote it
+
+
+def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_path):
+    from nanorllm.trainer.eval_model import EvalConfig, given_fields, with_run_settings
+
+    run = tmp_path / "r"
+    for d in ("final_model/merged", "checkpoints/step_2/model"):
+        (run / d).mkdir(parents=True)
+    (run / "final_model" / "config.json").write_text('{"model_type": "llama"}')  # the HF model's own config
+    (run / "config.json").write_text(json.dumps({
+        "max_steps": 2, "tasks_per_step": 4, "env": "single", "reward": ["rw.py:f"], "max_turns": 1,
+        "max_new_tokens": 64, "eval_tasks": "held.jsonl", "eval_limit": 10, "worked_example": False,
+        "model": "base", "dtype": "bfloat16", "seed": 7, "lr": 1e-5}))
+    for model in ("final_model", "final_model/merged", "checkpoints/step_2/model"):
+        argv = ["--model", str(run / model), "--max-turns", "3", "--no-worked-example"]
+        cfg, line = with_run_settings(EvalConfig(model=str(run / model), max_turns=3, worked_example=False),
+                                      given_fields(argv))
+        assert (cfg.env, cfg.reward, cfg.max_new_tokens, cfg.tasks, cfg.limit) == (
+            "single", ("rw.py:f",), 64, "held.jsonl", 10), model
+        assert (cfg.max_turns, cfg.worked_example, cfg.dtype, cfg.seed) == (3, False, "float32", 0), model
+        assert str(run / "config.json") in line
+    cfg, line = with_run_settings(EvalConfig(model="tiny-random", reward=("rw.py:f",)), set())
+    assert line is None and cfg.env == "single"  # --reward without --env, as in training
+    assert given_fields(["--env=math", "--max-new-tokens", "4", "--no-worked-example"]) == {
+        "env", "max_new_tokens", "worked_example"}
+
+
+# ---- the host's memory, as a container sees it ---------------------------------------------------------
+GiB = 2**30
+
+
+def fake_host(tmp_path: Path, monkeypatch, *, cgroup: str, meminfo: str, files: dict[str, str]) -> Path:
+    """/proc/self/cgroup, /proc/meminfo and a /sys/fs/cgroup tree of our own, read in their place."""
+    from nanorllm.policy import slot_cache
+
+    root = tmp_path / "sys_fs_cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    root.mkdir(exist_ok=True)
+    (tmp_path / "cgroup").write_text(cgroup)
+    (tmp_path / "meminfo").write_text(meminfo)
+    monkeypatch.setattr(slot_cache, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(slot_cache, "PROC_SELF_CGROUP", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(slot_cache, "MEMINFO", str(tmp_path / "meminfo"))
+    return root
+
+
+HOST_64 = f"MemTotal: {64 * GiB // 1024} kB\nMemFree: {2 * GiB // 1024} kB\nMemAvailable: {60 * GiB // 1024} kB\n"
+
+
+@pytest.mark.parametrize("layout", ["v2", "v2 parent", "v1", "v1 namespaced"])
+def test_a_memory_cgroup_on_a_bigger_host_is_what_the_host_has_for_this_process(tmp_path, monkeypatch, layout):
+    from nanorllm.policy.slot_cache import host_memory
+
+    cgroup, files, limit_file = {
+        "v2": ("0::/job\n", {"job/memory.max": str(8 * GiB), "job/memory.current": str(GiB),
+                             "job/memory.stat": f"anon 1\ninactive_file {GiB // 2}\n", "memory.max": "max"}, "job/memory.max"),
+        "v2 parent": ("0::/a/b\n", {"a/b/memory.max": "max", "a/memory.max": str(8 * GiB),
+                                    "a/memory.current": str(GiB // 2)}, "a/memory.max"),
+        "v1": ("4:memory:/docker/x\n3:cpu:/\n", {"memory/docker/x/memory.limit_in_bytes": str(8 * GiB),
+                                                 "memory/docker/x/memory.usage_in_bytes": str(GiB // 2)},
+               "memory/docker/x/memory.limit_in_bytes"),
+        "v1 namespaced": ("4:memory:/docker/x\n", {"memory/memory.limit_in_bytes": str(8 * GiB),
+                                                   "memory/memory.usage_in_bytes": str(GiB // 2)},
+                          "memory/memory.limit_in_bytes"),
+    }[layout]
+    root = fake_host(tmp_path, monkeypatch, cgroup=cgroup, meminfo=HOST_64, files=files)
+    assert host_memory() == (int(7.5 * GiB), str(root / limit_file))
+
+
+@pytest.mark.parametrize("limit", ["max", "9223372036854771712", str(100 * GiB)])
+def test_no_cgroup_limit_or_one_above_the_hosts_leaves_the_hosts_figure(tmp_path, monkeypatch, limit):
+    from nanorllm.policy.slot_cache import host_memory
+
+    fake_host(tmp_path, monkeypatch, cgroup="0::/\n4:memory:/\n", meminfo=HOST_64,
+              files={"memory.max": limit, "memory/memory.limit_in_bytes": limit})
+    assert host_memory() == (60 * GiB, "MemAvailable")
+
+
+def test_without_memavailable_free_memory_is_estimated_never_taken_as_unlimited(tmp_path, monkeypatch):
+    from nanorllm.memory.plan import plan_run
+    from nanorllm.config import TrainConfig
+    from nanorllm.policy import slot_cache
+    from nanorllm.run.assembly import assemble
+
+    old_kernel = f"MemTotal: {64 * GiB // 1024} kB\nMemFree: {GiB // 1024} kB\nBuffers: {GiB // 1024} kB\nCached: {GiB // 1024} kB\n"
+    fake_host(tmp_path, monkeypatch, cgroup="0::/\n", meminfo=old_kernel, files={})
+    assert slot_cache.host_memory() == (3 * GiB, "MemFree + Buffers + Cached")
+    (tmp_path / "meminfo").unlink()
+    pages = slot_cache.host_memory()
+    assert 0 < pages[0] < slot_cache.UNKNOWN and pages[1] == "free physical pages"
+
+    def no_sysconf(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(slot_cache.os, "sysconf", no_sysconf)
+    assert slot_cache.host_memory() == (slot_cache.UNKNOWN, "unknown")
+    plan = plan_run(assemble(TrainConfig(model="tiny-random", serial=True)))
+    assert "machine free memory unknown (not checked)" in plan.table()
+
+
+def test_a_cuda_learner_with_cpu_workers_holds_the_shm_block_and_every_runtime_on_the_host():
+    from nanorllm.config import TrainConfig
+    from nanorllm.memory.plan import CUDA_CONTEXT_BYTES, RUNTIME_BYTES, plan_run
+    from nanorllm.run.assembly import assemble
+    from nanorllm.utils.devices import DeviceMap
+
+    def plan(devices):
+        parts = assemble(TrainConfig(model="preset:qwen2.5-0.5b", dtype="bf16"))
+        parts.devices = devices
+        return plan_run(parts, free={"cpu": 200 * 10**9, "cuda:0": 80 * 10**9, "cuda:1": 80 * 10**9},
+                        shm_free=100 * 10**9)
+
+    mixed = plan(DeviceMap(["cuda:0"], ["cpu", "cpu"]))
+    on_gpu = {part.name: part.nbytes for d, p, part in mixed.held() if d == "cuda:0"}
+    assert "shm block" not in on_gpu and "runtime" not in on_gpu and on_gpu["cuda context"] == CUDA_CONTEXT_BYTES
+    host = [(p.name, part.name) for d, p, part in mixed.held() if d == "cpu"]
+    assert ("learner", "shm block") in host and ("learner", "runtime") in host
+    assert mixed.need()["cpu"] - mixed.need()["cuda:0"] != 0
+    gpus = plan(DeviceMap(["cuda:0"], ["cuda:1", "cuda:1"]))
+    cuda1 = [part for d, p, part in gpus.held() if d == "cuda:1"]
+    assert sum(part.nbytes for part in cuda1 if part.name == "cuda context") == 2 * CUDA_CONTEXT_BYTES  # one a worker
+    assert sum(part.nbytes for d, p, part in gpus.held() if d == "cpu" and part.name == "runtime") == 3 * RUNTIME_BYTES
+
+
+def test_a_run_in_a_small_cgroup_is_refused_by_the_plan_naming_the_limit(tmp_path, monkeypatch, capsys):
+    root = fake_host(tmp_path, monkeypatch, cgroup="0::/job\n", meminfo=HOST_64,
+                     files={"job/memory.max": str(300 * 2**20), "job/memory.current": str(100 * 2**20)})
+    assert main([*TINY_ARGS, "--serial", "--max-steps", "1", "--output-dir", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert f"machine 0.2 GB free ({root / 'job' / 'memory.max'})" in captured.out
+    assert f"the plan needs" in captured.err and f"the host (all CPU processes, every runtime; {root / 'job' / 'memory.max'})" in captured.err
+    assert not (tmp_path / "out").exists()
