@@ -1,5 +1,6 @@
 """Evaluate a model greedily on an env's tasks (math self-refine by default) with the training episodes.
 
+    python launch/eval.py --model runs/<run>/final_model      # the run's env, turns, rewards and held-out tasks
     python launch/eval.py --model runs/<run>/final_model --tasks arith:digits=1,terms=3,count=200,seed=2
     python launch/eval.py --model smollm2-135m-instruct --tasks ../shared/data/gsm8k/train.jsonl --limit 100
     GEMINI_API_KEY=... python launch/eval.py --model gemini:gemini-2.5-flash --tasks tasks.jsonl
@@ -20,12 +21,15 @@ import tyro
 
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.envs.registry import EnvSpecError
-from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
+from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, given_fields, with_run_settings
 
 
 def main(argv: list[str]) -> int:
+    cfg, line = with_run_settings(tyro.cli(EvalConfig, args=argv, description=__doc__), given_fields(argv))
+    if line:
+        print(line, file=sys.stderr)
     try:
-        result = evaluate_model(tyro.cli(EvalConfig, args=argv, description=__doc__))
+        result = evaluate_model(cfg)
     except (TaskFileError, EnvSpecError, ValueError) as e:  # bad task spec or env: before the model loads
         print(f"error: {e}", file=sys.stderr)
         return 2

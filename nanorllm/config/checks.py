@@ -139,6 +139,9 @@ def config_problems(cfg) -> list[str]:
         if Path(cfg.run_name).is_absolute() or ".." in parts or all(x in ("", ".") for x in parts):
             p.append(f"run_name: must be one or more plain folder names under --output-dir (no '..', not "
                      f"absolute), got {cfg.run_name!r}")
+    if any(c in cfg.exp_name for c in "/\\\0"):
+        p.append(f"exp_name: must be a plain name (it goes into the run folder's name under --output-dir: no "
+                 f"'/' or '\\'), got {cfg.exp_name!r}")
     p += agent_env_problems(cfg)
     if cfg.agent_timeout_s <= 0:
         p.append(f"agent_timeout_s: must be > 0, got {cfg.agent_timeout_s}")

@@ -68,6 +68,47 @@ def gold_answer(value: object, *, plain: bool = True) -> tuple[str | None, str |
     return normalize_answer_text(value), None
 
 
+def task_columns(fields: dict[str, str], have) -> dict[str, str]:
+    """{"question", "answer", "task_id"} -> the source's column for each: `fields` (--task-fields), else the
+    same name; a source with no "question" but a "prompt" column (TRL's name for it) has its prompt read."""
+    col = {k: fields.get(k, k) for k in TASK_FIELDS}
+    if "question" not in fields and "question" not in have and "prompt" in have:
+        col["question"] = "prompt"
+    return col
+
+
+def task_row(row: dict, task_id: str, question, answer: str | None) -> dict:
+    """A task: the source row's own columns, then task_id, question and (when the source has one) answer."""
+    task = {**{k: v for k, v in row.items() if k not in TASK_FIELDS}, "task_id": task_id, "question": question}
+    if answer is not None:
+        task["answer"] = answer
+    return task
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def question_value(value: object, *, chat: bool) -> tuple[str | list[dict] | None, str | None]:
+    """(question, None) or (None, problem): text, stripped, or (with `chat`) a conversational prompt as TRL's
+    datasets hold it, a list of {"role", "content"} messages (kept as they are: the chat template renders
+    them, system turn included)."""
+    if isinstance(value, str):
+        return (value.strip(), None) if value.strip() else (None, "is empty")
+    if isinstance(value, (list, tuple)) and not chat:
+        return None, ("holds chat messages (a conversational prompt); only --env single, where --reward functions "
+                      "score the episodes, takes those")
+    if not isinstance(value, (list, tuple)):
+        return None, (f"must be {'text or a list of chat messages' if chat else 'a string'}, got "
+                      f"{'null' if value is None else type(value).__name__}")
+    if not value:
+        return None, "is an empty list of chat messages"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            return None, (f"message {i} is not {{'role': {'/'.join(CHAT_ROLES)}, 'content': text}} "
+                          f"(got {str(m)[:60]})")
+    return [{"role": m["role"], "content": m["content"]} for m in value], None
+
+
 def parse_task_fields(text: str | None) -> dict[str, str]:
     """{"question": column, ...} from "question=problem,answer=solution,task_id=id" (None or '': {})."""
     out: dict[str, str] = {}

@@ -16,11 +16,12 @@ JSONL and arith: paths, and a machine without those packages, never touch it. Pr
 are listed together, like the JSONL reader's per-line ones.
 """
 
+import itertools
 import os
 import tempfile
 from pathlib import Path
 
-from nanorllm.datasets.golds import gold_answer
+from nanorllm.datasets.golds import gold_answer, question_value, task_columns, task_row
 from nanorllm.datasets.errors import TaskFileError
 
 FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow", ".jsonl": "json", ".json": "json"}
@@ -28,6 +29,7 @@ HUB_PREFIX = "hf:"
 _TEXT = ("string", "large_string")
 _INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _NUMBERS = _INTS + ("float16", "float32", "float64")
+_LISTS = ("List", "LargeList", "Sequence", "list")  # a column of chat messages (datasets' feature class names)
 
 
 def _is_json_array(path: Path) -> bool:
@@ -36,12 +38,22 @@ def _is_json_array(path: Path) -> bool:
     return head.startswith(b"[")
 
 
+def split_spec(spec: str) -> tuple[str, str]:
+    """(source, split) of `<source>[@split]`: the split follows the last `@`, and only when the whole spec is
+    not itself a path that exists (a folder named `data@v2` is a folder). The one rule every reader here uses."""
+    if spec.startswith(HUB_PREFIX) or not Path(spec).exists():
+        source, at, split = spec.rpartition("@")
+        if at and source:
+            return source, split
+    return spec, ""
+
+
 def is_datasets_source(spec: str) -> bool:
     """A spec this module reads (the JSONL reader keeps .jsonl files and JSON-lines .json files)."""
     if spec.startswith(HUB_PREFIX):
         return True
     path = Path(spec)
-    if path.is_dir() or (not path.exists() and Path(spec.rpartition("@")[0]).is_dir()):  # dir, dir@split
+    if path.is_dir() or Path(split_spec(spec)[0]).is_dir():  # dir, dir@split
         return True
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -92,30 +104,33 @@ def _parquet_rows(path: Path) -> int | None:
         return None
 
 
-def _open(spec: str, cache_dir: str):
-    """The `datasets.Dataset` a spec names (one split)."""
+def _open(spec: str, cache_dir: str, limit: int | None = None):
+    """The `datasets.Dataset` a spec names (one split); with `limit`, parquet files are read only as far as the
+    first `limit` rows (streamed: nothing is converted or cached), any other source in full."""
     datasets = _import_datasets(spec)
+    source, split = split_spec(spec)
     if spec.startswith(HUB_PREFIX):
-        rest, _, split = spec[len(HUB_PREFIX):].partition("@")
-        name, _, config = rest.partition(":")
+        name, _, config = source[len(HUB_PREFIX):].partition(":")
         if not name:
             raise TaskFileError(spec, [f"{spec}: expected hf:NAME[:config][@split]"])
-        try:
-            loaded = datasets.load_dataset(name, config or None, split=split or None, cache_dir=cache_dir)
+        try:  # the user's own hub cache (HF_DATASETS_CACHE): a second run does not download it again
+            loaded = datasets.load_dataset(name, config or None, split=split or None)
         except Exception as e:  # no network, no such dataset, no such config or split
             offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")
             why = "the Hugging Face hub is not reachable from this machine" + (" (HF_HUB_OFFLINE is set)" if offline
                                                                                else "") + ", or it has no such dataset"
             raise TaskFileError(spec, [f"{spec}: cannot load {name!r}: {why} ({type(e).__name__}: {e})"]) from None
         return _pick_split(spec, loaded, split or None)
-    path_text, _, split = spec.partition("@") if not Path(spec).exists() else (spec, "", "")
-    path = Path(path_text)
+    path = Path(source)
     if not path.exists():
         raise TaskFileError(spec, [f"{spec}: file not found"])
     try:
         if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
             return _pick_split(spec, datasets.load_from_disk(str(path)), split or None)
         kind, files = _folder_files(spec, path) if path.is_dir() else (FILE_BUILDERS[path.suffix.lower()], [str(path)])
+        if limit is not None and kind == "parquet":
+            streamed = datasets.load_dataset(kind, data_files=files, split="train", streaming=True)
+            return datasets.Dataset.from_list(list(itertools.islice(streamed, limit)), features=streamed.features)
         return datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache_dir)
     except TaskFileError:
         raise
@@ -130,37 +145,42 @@ def _dtype(feature) -> str:
     return getattr(feature, "dtype", type(feature).__name__)
 
 
-def _check_columns(spec: str, features: dict, col: dict[str, str], mapped: set[str]) -> list[str]:
+def _check_columns(spec: str, features: dict, col: dict[str, str], mapped: set[str], *, gold: bool = True,
+                   chat: bool = False) -> list[str]:
     """One problem per column that is missing or of the wrong type, naming the columns that exist."""
     have = ", ".join(features) or "none"
-    wanted = {"question": _TEXT, "answer": _TEXT + _NUMBERS, "task_id": _TEXT + _INTS}
+    wanted = {"question": _TEXT + (_LISTS if chat else ()), "answer": _TEXT + _NUMBERS, "task_id": _TEXT + _INTS}
     problems = []
     for key, column in col.items():
         how = f" (--task-fields {key}={column})" if key in mapped else ""
         if column not in features:
-            if key == "task_id" and key not in mapped:
-                continue  # ids are made from the row positions
+            if (key == "task_id" or (key == "answer" and not gold)) and key not in mapped:
+                continue  # ids are made from the row positions; a prompt-only set has no gold
             problems.append(f"{spec}: column {column!r}{how} not found (columns: {have})")
         elif _dtype(features[column]) not in wanted[key]:
-            problems.append(f"{spec}: column {column!r}{how} holds {_dtype(features[column])}, expected "
-                            f"{'text' if key == 'question' else 'text or numbers' if key == 'answer' else 'text or integers'}"
+            expected = {"question": "text" + (" or a list of chat messages" if chat else ""),
+                        "answer": "text or numbers", "task_id": "text or integers"}[key]
+            problems.append(f"{spec}: column {column!r}{how} holds {_dtype(features[column])}, expected {expected}"
                             f" (columns: {have})")
     return problems
 
 
 def _source_name(spec: str) -> str:
+    source = split_spec(spec)[0]
     if spec.startswith(HUB_PREFIX):
-        return spec[len(HUB_PREFIX):].split("@")[0].split(":")[0].replace("/", "_")
-    return Path(spec.split("@")[0] if not Path(spec).exists() else spec).stem
+        return source[len(HUB_PREFIX):].split(":")[0].replace("/", "_")
+    return Path(source).stem
 
 
-def load_dataset_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | None = None) -> list[dict]:
-    """The tasks of a `datasets` source, checked in full (TaskFileError lists every problem)."""
+def load_dataset_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | None = None,
+                       gold: bool = True, chat: bool = False) -> list[dict]:
+    """The tasks of a `datasets` source, checked in full (TaskFileError lists every problem); `gold` and
+    `chat` as tasks.load_tasks takes them."""
     fields = fields or {}
-    col = {k: fields.get(k, k) for k in ("question", "answer", "task_id")}
     with tempfile.TemporaryDirectory(prefix="nanorllm-datasets-") as cache_dir:  # no cache left behind
-        ds = _open(spec, cache_dir)
-        problems = _check_columns(spec, dict(ds.features), col, set(fields))
+        ds = _open(spec, cache_dir, limit)
+        col = task_columns(fields, ds.column_names)
+        problems = _check_columns(spec, dict(ds.features), col, set(fields), gold=gold, chat=chat)
         if problems:
             raise TaskFileError(spec, problems)
         if limit is not None:
@@ -172,10 +192,10 @@ def load_dataset_tasks(spec: str, *, limit: int | None = None, fields: dict[str,
     stem, tasks, seen = _source_name(spec), [], {}
     for i, row in enumerate(rows):
         found = []
-        question = row[col["question"]]
-        if not isinstance(question, str) or not question.strip():
-            found.append(f"column {col['question']!r} is empty")
-        answer, why = gold_answer(row[col["answer"]])
+        question, why = question_value(row[col["question"]], chat=chat)
+        if why:
+            found.append(f"column {col['question']!r} {why}")
+        answer, why = gold_answer(row[col["answer"]]) if col["answer"] in row else (None, None)
         if why:
             found.append(f"column {col['answer']!r} {why}")
         task_id = str(row[col["task_id"]]).strip() if has_ids and row[col["task_id"]] is not None else None
@@ -190,8 +210,7 @@ def load_dataset_tasks(spec: str, *, limit: int | None = None, fields: dict[str,
         if found:
             problems += [f"{spec}: row {i}: {p}" for p in found]
             continue
-        extras = {k: v for k, v in row.items() if k not in ("task_id", "question", "answer")}
-        tasks.append({**extras, "task_id": task_id, "question": question.strip(), "answer": answer})
+        tasks.append(task_row(row, task_id, question, answer))
     if problems:
         raise TaskFileError(spec, problems)
     return tasks

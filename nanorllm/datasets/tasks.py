@@ -19,7 +19,8 @@ from pathlib import Path
 
 from nanorllm.datasets.arithmetic import make_arithmetic_tasks, parse_arith_spec
 from nanorllm.datasets.errors import TaskFileError
-from nanorllm.datasets.golds import extract_boxed, normalize_answer_text, number_text
+from nanorllm.datasets.golds import (extract_boxed, normalize_answer_text, number_text, question_value, task_columns,
+                                     task_row)
 
 
 def _is_arith_spec(spec: str) -> bool:
@@ -40,6 +41,13 @@ def _text_field(record: dict, key: str) -> tuple[str | None, str | None]:
     if not value.strip():
         return None, f"field {key!r} is empty"
     return value.strip(), None
+
+
+def _question_field(record: dict, key: str, *, chat: bool) -> tuple[str | list[dict] | None, str | None]:
+    if key not in record:
+        return None, f"field {key!r} is missing"
+    question, problem = question_value(record[key], chat=chat)
+    return question, problem and f"field {key!r} {problem}"
 
 
 def _seed_answer(record: dict, key: str = "answer") -> tuple[str | None, str | None]:
@@ -101,7 +109,7 @@ def _read_records(path: Path, problems: list[tuple[int, str]]) -> list[tuple[int
     return records
 
 
-def _load_file(label: str, fields: dict[str, str] | None = None) -> list[dict]:
+def _load_file(label: str, fields: dict[str, str] | None = None, *, gold: bool = True, chat: bool = False) -> list[dict]:
     path = Path(label)
     if not path.is_file():
         reason = "is not a file" if path.exists() else "file not found"
@@ -114,14 +122,14 @@ def _load_file(label: str, fields: dict[str, str] | None = None) -> list[dict]:
     if not records and not problems:
         raise TaskFileError(label, [f"{label}: no tasks (the file has no JSON records)"])
 
-    col = {k: (fields or {}).get(k, k) for k in ("question", "answer", "task_id")}
+    col = task_columns(fields or {}, records[0][1] if records else {})
     gsm8k = bool(records) and col["task_id"] not in records[0][1]
     first_line = records[0][0] if records else 0
     tasks = []
     id_lines: dict[str, int] = {}
     for line_no, record in records:
         found = []
-        question, problem = _text_field(record, col["question"])
+        question, problem = _question_field(record, col["question"], chat=chat)
         found.append(problem)
         if gsm8k:
             if col["task_id"] in record:
@@ -130,7 +138,8 @@ def _load_file(label: str, fields: dict[str, str] | None = None) -> list[dict]:
                     "so the file was read as GSM8K format"
                 )
             task_id = f"{path.stem}-{line_no:05d}"
-            answer, problem = _gsm8k_answer(record, col["answer"], plain=bool(fields))
+            answer, problem = (None, None) if not gold and col["answer"] not in record else \
+                _gsm8k_answer(record, col["answer"], plain=bool(fields))
         else:
             task_id, problem = _text_field(record, col["task_id"])
             found.append(problem)
@@ -141,24 +150,28 @@ def _load_file(label: str, fields: dict[str, str] | None = None) -> list[dict]:
                     )
                 else:
                     id_lines[task_id] = line_no
-            answer, problem = _seed_answer(record, col["answer"])
+            answer, problem = (None, None) if not gold and col["answer"] not in record else \
+                _seed_answer(record, col["answer"])
         found.append(problem)
         found = [p for p in found if p]
         if found:
             problems.extend((line_no, p) for p in found)
-        else:  # a mapped layout keeps its own columns beside the three the env reads (reward functions see them)
-            extras = {k: v for k, v in record.items() if k not in ("task_id", "question", "answer")} if fields else {}
-            tasks.append({**extras, "task_id": task_id, "question": question, "answer": answer})
+        else:  # the file's own columns stay beside the three the env reads (reward functions see them)
+            tasks.append(task_row(record, task_id, question, answer))
     if problems:
         problems.sort(key=lambda item: item[0])
         raise TaskFileError(label, [f"{label}:{line_no}: {p}" for line_no, p in problems])
     return tasks
 
 
-def load_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | None = None) -> list[dict]:
+def load_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | None = None, gold: bool = True,
+               chat: bool = False) -> list[dict]:
     """Tasks from an arithmetic spec ("arith", "arith:..."), a JSONL file, or a source the `datasets`
     library reads (parquet, CSV, a JSON array, an Arrow folder, a folder of such files, hf:NAME...;
-    nanorllm/datasets/hf_tasks.py). `fields` maps question / answer / task_id to the source's own columns.
+    nanorllm/datasets/hf_tasks.py). `fields` maps question / answer / task_id to the source's own columns;
+    every other column of a row is kept in its task. Without `gold` a source may have no answer column
+    (a prompt-only dataset, scored by reward functions alone: its tasks have no "answer"); with `chat` a
+    question may be a list of chat messages (a conversational prompt, golds.question_value).
 
     A file is validated in full before anything is returned: every problem found is collected
     into one TaskFileError. `limit` keeps the first N tasks.
@@ -174,8 +187,8 @@ def load_tasks(spec: str, *, limit: int | None = None, fields: dict[str, str] | 
     from nanorllm.datasets import hf_tasks  # imports `datasets` itself only for a source that needs it
 
     if hf_tasks.is_datasets_source(spec):
-        return hf_tasks.load_dataset_tasks(spec, limit=limit, fields=fields)
-    tasks = _load_file(spec, fields)
+        return hf_tasks.load_dataset_tasks(spec, limit=limit, fields=fields, gold=gold, chat=chat)
+    tasks = _load_file(spec, fields, gold=gold, chat=chat)
     return tasks if limit is None else tasks[:limit]
 
 

@@ -4,10 +4,15 @@
 
 Two signatures are recognised, by their parameter names:
 
-- TRL: `fn(completions, **columns) -> list[float]`, one call per batch. `completions` are the episodes' last
-  responses (text); every task column (question, answer, task_id and a dataset's own columns) comes as a
-  list beside them, each one the function names (all of them to a `**kwargs`); `prompts` (the questions)
-  and `completion_ids` (the last responses' token ids) only when it asks for them.
+- TRL: `fn(completions, **columns) -> list[float | None]`, one call per batch. `completions` are the episodes'
+  last responses: text, or for a conversational task (its question a list of chat messages) a list of one
+  assistant message, as TRL passes them; every task column (question, answer, task_id and a dataset's own
+  columns) comes as a list beside them, each one the function names (all of them to a `**kwargs`); `prompts`
+  (the questions) and `completion_ids` (the last responses' token ids) only when it asks for them. A name it
+  takes without a default that no task column fills is refused when the tasks load (RewardBundle.load_tasks).
+  None for a completion means the function does not apply to it (TRL's NaN, summed with nansum): the other
+  functions' values and the env's reward stand; where none is left (every function None, and `replace` or
+  `single`), the episode is an env error, counted in rollout/env_errors and left out of its group.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float` (or a dict with a
   "score"), one call per episode: data_source is the task's "data_source" column or the env's name,
   ground_truth its answer, extra_info the whole task.
@@ -29,7 +34,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from nanorllm.core.types import RolloutResult
+from nanorllm.agents.chat_agent import observation_text
+from nanorllm.agents.math_agent import MathAgent
+from nanorllm.core.types import RolloutResult, Step, Trajectory
+from nanorllm.datasets.errors import TaskFileError
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.modules import EnvSpecError, import_spec
@@ -49,21 +57,45 @@ class SingleTurnEnv:
         self.task: dict | None = None
 
     def reset(self, task: dict) -> dict:
+        """The question; for a conversational prompt its last message's text (the agent renders them all)."""
         self.task = task
-        return {"question": task["question"]}
+        question = task["question"]
+        return {"question": question[-1]["content"] if isinstance(question, list) else question}
 
     def step(self, response: str) -> tuple[None, float, bool, dict]:
         return None, 0.0, True, {}
 
 
+class PromptAgent(MathAgent):
+    """The math agent, but a conversational prompt (a task whose question is a list of chat messages, as TRL's
+    conversational datasets hold it) is the conversation as it stands, system turn included: no system prompt
+    or worked example of ours is added."""
+
+    def reset(self, task: dict, observation) -> None:
+        question = task.get("question")
+        if not isinstance(question, list):
+            return super().reset(task, observation)
+        self.trajectory = Trajectory(task_id=task["task_id"], task=dict(task))
+        self.messages = [dict(m) for m in question]
+        self.trajectory.steps.append(Step(observation=observation_text(observation)))
+
+
 class SingleTurn(MathSelfRefine):
-    """The math prompt and tasks, one turn, scored only by --reward functions (`--env single`)."""
+    """The math prompt and tasks, one turn, scored only by --reward functions (`--env single`). Its tasks need
+    no gold answer (a prompt-only dataset: the functions score), and a question may be a list of chat
+    messages (a conversational dataset, TRL's format)."""
 
     name = "single"
     env_class = SingleTurnEnv
+    agent_class = PromptAgent
 
     def make_env(self) -> SingleTurnEnv:
         return SingleTurnEnv()
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        from nanorllm.datasets.tasks import load_tasks
+
+        return load_tasks(spec, limit=limit, fields=self.settings.task_fields, gold=False, chat=True)
 
 
 @dataclass
@@ -75,10 +107,14 @@ class RewardFunction:
     params: tuple[str, ...]  # the names a TRL function takes (all columns when it has **kwargs)
     var_kw: bool
     weight: float = 1.0
+    required: tuple[str, ...] = ()  # the names it takes without a default
 
-    def __call__(self, results: list[RolloutResult], env_name: str) -> list[float]:
+    def __call__(self, results: list[RolloutResult], env_name: str) -> list[float | None]:
         tasks = [r.trajectory.task for r in results]
         completions = [r.trajectory.steps[-1].model_response if r.trajectory.steps else "" for r in results]
+        if self.kind == "trl":  # TRL's shape: a conversational prompt's completion is a list of messages too
+            completions = [[{"role": "assistant", "content": c}] if isinstance(t.get("question"), list) else c
+                           for t, c in zip(tasks, completions)]
         if self.kind == "verl":
             out = [self.fn(data_source=t.get("data_source", env_name), solution_str=c, ground_truth=t.get("answer"),
                            extra_info=t) for t, c in zip(tasks, completions)]
@@ -95,18 +131,26 @@ class RewardFunction:
             out = self.fn(completions, **kwargs)
         return self.check(out, len(results))
 
-    def check(self, out: object, n: int) -> list[float]:
+    def check(self, out: object, n: int) -> list[float | None]:
+        """One finite number per completion, or None where the function does not apply (TRL's convention:
+        that completion's reward is not this function's; score_batch)."""
         if not isinstance(out, (list, tuple)) or len(out) != n:
             got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
             raise RewardFunctionError(f"reward function {self.spec}: returned {got} for a batch of {n} completions "
-                                      "(expected one number each)")
-        bad = [(i, v) for i, v in enumerate(out)
-               if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)]
+                                      "(expected one number each, or None where it does not apply)")
+        bad = [(i, v) for i, v in enumerate(out) if v is not None and (
+            isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v))]
         if bad:
             i, v = bad[0]
             raise RewardFunctionError(f"reward function {self.spec}: value {i} is {v!r}, not a finite number "
-                                      f"({len(bad)} such of {n})")
-        return [float(v) for v in out]
+                                      f"or None ({len(bad)} such of {n})")
+        return [None if v is None else float(v) for v in out]
+
+    def missing_columns(self, columns: set[str]) -> list[str]:
+        """The names this function takes without a default that no task column, and nothing we pass, fills."""
+        if self.kind != "trl":
+            return []
+        return [p for p in self.required if p not in ("completions", "prompts", "completion_ids") and p not in columns]
 
 
 def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
@@ -120,6 +164,7 @@ def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
     except (TypeError, ValueError) as e:
         raise EnvSpecError(f"{spec!r}: cannot read the signature of {name}: {e}") from e
     names = tuple(p for p, v in params.items() if v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD))
+    required = tuple(p for p in names if params[p].default is inspect.Parameter.empty)
     var_kw = any(v.kind == v.VAR_KEYWORD for v in params.values())
     if all(p in names for p in VERL_PARAMS):
         kind = "verl"
@@ -129,7 +174,8 @@ def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
         raise EnvSpecError(f"{spec!r}: {name}{inspect.signature(fn)} has neither TRL's signature "
                            "fn(completions, **columns) -> list[float] nor verl's compute_score(data_source, "
                            "solution_str, ground_truth, extra_info) -> float")
-    return RewardFunction(spec=spec, name=name, fn=fn, kind=kind, params=names, var_kw=var_kw, weight=weight)
+    return RewardFunction(spec=spec, name=name, fn=fn, kind=kind, params=names, var_kw=var_kw, weight=weight,
+                          required=required)
 
 
 def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = ()) -> list[RewardFunction]:
@@ -157,7 +203,17 @@ class RewardBundle(EnvBundle):
         return self.inner.make_agent()
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
-        return self.inner.load_tasks(spec, limit=limit)
+        """`inner`'s tasks, refused (TaskFileError) when a function takes a column they lack: it would fail
+        every batch, each one an env error."""
+        tasks = self.inner.load_tasks(spec, limit=limit)
+        if isinstance(tasks, list) and all(isinstance(t, dict) for t in tasks):
+            columns = {k for t in tasks for k in t}
+            problems = [f"{spec}: reward function {f.spec} takes {p!r}, which is no column of these tasks (columns: "
+                        f"{', '.join(sorted(columns)) or 'none'}); give it a default, or name a column the source has"
+                        for f in self.functions for p in f.missing_columns(columns)]
+            if problems:
+                raise TaskFileError(spec, problems)
+        return tasks
 
     def metrics(self, results: list[RolloutResult]) -> dict:
         scored = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
@@ -179,20 +235,25 @@ class RewardBundle(EnvBundle):
         except RewardFunctionError:
             raise
         except Exception as e:  # the batch's episodes say nothing about the policy: env errors
-            key = (type(e).__name__, str(e)[:80])
-            if key not in _reported:
-                _reported.add(key)
-                print(f"[reward] a reward function raised; the {len(live)} episodes of this batch are dropped "
-                      f"(counted in rollout/env_errors; printed once):\n{traceback.format_exc(limit=-8)}",
-                      file=sys.stderr, flush=True)
+            _report_once((type(e).__name__, str(e)[:80]),
+                         f"[reward] a reward function raised; the {len(live)} episodes of this batch are dropped "
+                         f"(counted in rollout/env_errors; printed once):\n{traceback.format_exc(limit=-8)}")
             for r in live:
                 r.trajectory.termination_reason = "error"
             return
         for i, r in enumerate(live):
-            extra = sum(f.weight * scores[f.name][i] for f in self.functions)
+            got = {f.name: scores[f.name][i] for f in self.functions if scores[f.name][i] is not None}
+            if not got and (self.mode == "replace" or self.name == "single"):
+                _report_once(("none", *(f.spec for f in self.functions)),
+                             f"[reward] no reward function scored episode {r.trajectory.task_id} (each returned None) "
+                             "and no env reward stands in: such episodes are left out of training as env errors "
+                             "(counted in rollout/env_errors; printed once)")
+                r.trajectory.termination_reason = "error"
+                continue
+            extra = sum(f.weight * got[f.name] for f in self.functions if f.name in got)  # TRL's nansum
             last = r.trajectory.steps[-1]
-            for f in self.functions:
-                last.info[f"reward/{f.name}"] = scores[f.name][i]
+            for name, value in got.items():
+                last.info[f"reward/{name}"] = value
             if self.mode == "replace":
                 for s in r.trajectory.steps:
                     s.reward = 0.0
@@ -203,3 +264,9 @@ class RewardBundle(EnvBundle):
                 s.reward = total
             if self.name == "single":
                 r.trajectory.termination_reason = "correct" if total > 0 else "max_turns"
+
+
+def _report_once(key: tuple, line: str) -> None:
+    if key not in _reported:
+        _reported.add(key)
+        print(line, file=sys.stderr, flush=True)

@@ -12,8 +12,11 @@ exact parameter counts, no weights):
     /dev/shm  the shared weight block (pipeline/weights.py): on a CPU learner whose parameters are
               stored in the replica dtype it IS the learner's weights, counted once
 
-and a process's runtime (Python, torch, transformers: RUNTIME_BYTES). Everything on CPU shares the
-host's MemAvailable; a CUDA device's parts are held against its `mem_get_info`. The activation
+and a process's runtime (Python, torch, transformers: RUNTIME_BYTES), which is host memory whatever the
+process's device, plus a CUDA context (CUDA_CONTEXT_BYTES) on each CUDA device a process uses. Everything on
+the host (CPU processes' parts, every runtime, the /dev/shm block) shares what the host has available for
+this process: the least of MemAvailable and its memory cgroups' limits (policy/slot_cache.py
+`host_memory`); a CUDA device's parts are held against its `mem_get_info`. The activation
 figure is the saved values of the forward (10 x hidden + 4 x intermediate per layer and token, in
 the compute dtype) plus the head's fp32 logits work at the scored tokens only (the head gather):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
@@ -32,7 +35,12 @@ import torch
 from nanorllm.memory.tasks import TaskShape, task_shape
 from nanorllm.trainer.parts import RunParts
 
+UNKNOWN = 1 << 62  # a free figure nothing could read (policy/slot_cache.py)
+
 RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transformers and nanorllm (measured here)
+# A CUDA context's device memory (kernels, cuBLAS workspace), not measured on this CPU-only machine: torch 2.x
+# with lazy module loading takes a few hundred MB on recent GPUs; 500 MiB errs on the side of refusing.
+CUDA_CONTEXT_BYTES = 500 * 2**20
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
 HEAD_BYTES_PER_VOCAB = 20  # fp32 logits, log-softmax, its exp, the entropy's product, the gradient
 CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
@@ -101,6 +109,7 @@ class Part:
     name: str
     nbytes: int
     note: str = ""
+    device: str | None = None  # where it is held when not on its process's device (a runtime, the shm block: "cpu")
 
 
 @dataclass
@@ -123,35 +132,42 @@ class MemoryPlan:
     processes: list[Process]
     shm_bytes: int  # the shared weight block(s) in host shared memory
     shm_free: int
-    free: dict[str, int]  # bytes free per device ("cpu": the host's MemAvailable)
+    free: dict[str, int]  # bytes free per device ("cpu": what the host has available for this process)
     micro_batch_tokens: int
+    host_source: str = "MemAvailable"  # where the host's figure came from (a cgroup's limit file, ...)
+
+    def held(self):
+        """(device, process, part) of every part, on the device that holds it."""
+        return [(p.device if part.device is None else part.device, p, part) for p in self.processes for part in p.parts]
 
     def need(self) -> dict[str, int]:
         """Bytes planned per device; /dev/shm pages are host memory too (counted in the learner's weights
         where they are the learner's parameters, else as a part of their own on "cpu")."""
         out: dict[str, int] = {}
-        for p in self.processes:
-            key = "cpu" if p.device == "cpu" else p.device
-            out[key] = out.get(key, 0) + p.total
+        for device, _, part in self.held():
+            out[device] = out.get(device, 0) + part.nbytes
         return out
 
     def table(self) -> str:
         cells = [p.line() for p in self.processes]
         cells.append(f"/dev/shm: {self.shm_bytes / GB:.2f} of {self.shm_free / GB:.1f} GB free")
-        cells += [f"{'machine' if d == 'cpu' else d} {f / GB:.1f} GB free" for d, f in self.free.items()]
+        cells += [(f"machine {f / GB:.1f} GB free ({self.host_source})" if f < UNKNOWN else
+                   "machine free memory unknown (not checked)") if d == "cpu" else f"{d} {f / GB:.1f} GB free"
+                  for d, f in self.free.items()]
         return "[memory] " + " | ".join(cells)
 
     def problems(self) -> list[str]:
         """What does not fit, each with its figures, the biggest parts and the flags that shrink them."""
         out = []
         for device, need in self.need().items():
-            free = self.free.get(device, 1 << 62)
+            free = self.free.get(device, UNKNOWN)
             if need > FIT_SHARE * free:
-                parts = sorted(((f"{p.name} {pr.name}", p.nbytes) for pr in self.processes
-                                if (pr.device == "cpu") == (device == "cpu") and (device == "cpu" or pr.device == device)
-                                for p in pr.parts), key=lambda x: -x[1])[:3]
+                parts = sorted(((f"{part.name} {pr.name}", part.nbytes) for d, pr, part in self.held() if d == device),
+                               key=lambda x: -x[1])[:3]
                 biggest = ", ".join(f"{n} {b / GB:.2f} GB" for n, b in parts)
-                out.append(f"the plan needs {need / GB:.1f} GB on {'the host (all CPU processes)' if device == 'cpu' else device}, "
+                where = (f"the host (all CPU processes, every runtime; {self.host_source})" if device == "cpu"
+                         else device)
+                out.append(f"the plan needs {need / GB:.1f} GB on {where}, "
                            f"{free / GB:.1f} GB is free there; biggest: {biggest}. Shrink it with --lora-rank 16, "
                            f"--dtype bf16, --grad-checkpointing, --micro-batch-tokens, --max-batch-episodes, --num-workers")
         if self.shm_bytes > FIT_SHARE * self.shm_free:
@@ -162,7 +178,7 @@ class MemoryPlan:
 
 
 def free_bytes(device: str) -> int:
-    """CUDA's free memory on `device`, or the host's MemAvailable."""
+    """CUDA's free memory on `device`, or what the host has available for this process (host_memory)."""
     from nanorllm.policy.slot_cache import free_memory
 
     return free_memory(torch.device(device))
@@ -262,7 +278,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
         Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
         Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute)),
-        Part("runtime", RUNTIME_BYTES)])
+        *process_overheads(learner_dev)])
     if cfg.kl_coef > 0 and lora is None:
         learner.parts.insert(3, Part("reference", total * compute))
     processes = [learner]
@@ -275,14 +291,26 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         if host_readers:
             shm = shared
             if not in_place:
-                learner.parts.append(Part("shm block", shared))
+                learner.parts.append(Part("shm block", shared, device="cpu"))  # host memory, whatever the learner's
     for i, dev in enumerate(devices.workers):
         replica = total * compute if lora is None else (total - trainable) * compute + trainable * 4
         processes.append(Process(f"worker {i}", dev, [
             Part("weights", replica),
             Part("kv", kv_bytes(config, slots=rollout_rows, width=width, dtype_bytes=compute)),
-            Part("runtime", RUNTIME_BYTES if dev == "cpu" else 0)]))
+            *process_overheads(dev)]))
     devices_used = {"cpu"} | {p.device for p in processes}
-    free = dict(free) if free is not None else {d: free_bytes(d) for d in sorted(devices_used)}
+    host_source = "given"
+    if free is None:
+        from nanorllm.policy.slot_cache import host_memory, release_freed
+
+        free = {d: free_bytes(d) for d in sorted(devices_used) if d != "cpu"}
+        release_freed(torch.device("cpu"))  # as free_bytes does: what this process freed counts as free
+        free["cpu"], host_source = host_memory()
     return MemoryPlan(processes=processes, shm_bytes=shm, shm_free=shm_free_bytes() if shm_free is None else shm_free,
-                      free=free, micro_batch_tokens=tokens)
+                      free=dict(free), micro_batch_tokens=tokens, host_source=host_source)
+
+
+def process_overheads(device: str) -> list[Part]:
+    """What any process holds besides its model parts: its runtime on the host, and on a CUDA device its context."""
+    runtime = Part("runtime", RUNTIME_BYTES, device="cpu")
+    return [runtime] if not device.startswith("cuda") else [runtime, Part("cuda context", CUDA_CONTEXT_BYTES)]

@@ -21,6 +21,8 @@ behind unmerged vs merged-from-pristine-base.
 """
 
 import contextlib
+import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,16 +157,80 @@ class AdaptersOff:
 
 
 def load_adapter_weights(peft_model, path: str | Path) -> None:
-    """Copy the adapter tensors saved in `path` (a peft adapter folder) into `peft_model`'s adapters."""
+    """Copy the adapter tensors saved in `path` (a peft adapter folder) into `peft_model`'s adapters, every one
+    of them and nothing else (check_adapter_state)."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    state = load_file(str(Path(path) / ADAPTER_WEIGHTS))
-    result = set_peft_model_state_dict(peft_model, state)
-    missing = [k for k in result.missing_keys if "lora_" in k]
-    if missing or result.unexpected_keys:
-        raise LoraError(f"{path}: adapter weights do not fit this model (missing {missing[:3]}, unexpected "
-                        f"{list(result.unexpected_keys)[:3]}): another rank or other targets?")
+    try:
+        state = load_file(str(Path(path) / ADAPTER_WEIGHTS))
+    except Exception as e:  # missing, cut short, not safetensors
+        raise LoraError(f"{Path(path) / ADAPTER_WEIGHTS}: unreadable ({type(e).__name__}: {e})") from None
+    check_adapter_state(peft_model, state, path)
+    set_peft_model_state_dict(peft_model, state)
+
+
+def check_adapter_state(peft_model, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Refuse saved adapter tensors that do not fill `peft_model`'s adapters exactly, key for key and shape
+    for shape: peft itself loads a partial or foreign state with a warning (the missing adapters stay at
+    B = 0 and compute nothing) and fails another rank with a torch size mismatch."""
+    from peft import get_peft_model_state_dict
+
+    want = get_peft_model_state_dict(peft_model, save_embedding_layers=False)  # "auto" asks the hub
+    missing = [k for k in want if k not in state]
+    foreign = [k for k in state if k not in want]
+    shaped = [f"{k} is {tuple(state[k].shape)}, here {tuple(want[k].shape)}"
+              for k in want if k in state and state[k].shape != want[k].shape]
+    if missing or foreign or shaped:
+        parts = [f"{len(v)} {what} (first: {v[0]})" for what, v in
+                 (("missing", missing), ("not adapters of this model", foreign), ("of another shape", shaped)) if v]
+        raise LoraError(f"{Path(path) / ADAPTER_WEIGHTS}: the weights do not fit the adapters "
+                        f"{ADAPTER_CONFIG} asks for (or the run's --lora-rank/--lora-targets): {'; '.join(parts)}")
+
+
+def adapter_base(path: str | Path) -> str:
+    """The base model an adapter folder names (adapter_config.json's base_model_name_or_path; itself an
+    adapter when adapters are stacked). The chain is followed to its end first: one that comes back to one
+    of its own folders is refused (loading it would recurse without end)."""
+    chain, here, bases = [], str(path), []
+    while is_adapter_dir(here):
+        real = os.path.realpath(here)
+        if real in chain:
+            raise LoraError(f"{Path(path) / ADAPTER_CONFIG}: base_model_name_or_path leads back to {here} "
+                            f"({' -> '.join(chain + [real])}); name the base model the adapter was trained on")
+        chain.append(real)
+        config = Path(here) / ADAPTER_CONFIG
+        try:
+            base = json.loads(config.read_text())["base_model_name_or_path"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LoraError(f"{config}: no base_model_name_or_path ({type(e).__name__}: {e})") from None
+        if not isinstance(base, str) or not base:
+            raise LoraError(f"{config}: base_model_name_or_path is {base!r}, not a model name or folder")
+        here = base
+        bases.append(base)
+    return bases[0]
+
+
+def adapter_on(model: torch.nn.Module, path: str | Path):
+    """`model` with the adapter saved in `path` added (a PeftModel), or LoraError when the adapter's own
+    config does not apply to this model or its weights do not fill what the config asks for."""
+    from peft import LoraConfig, get_peft_model
+
+    try:
+        config = LoraConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise LoraError(f"{Path(path) / ADAPTER_CONFIG}: not a LoRA config peft reads "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        with peft_quiet(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*base_model_name_or_path. was renamed")  # kept as saved
+            peft_model = get_peft_model(model, config)  # its random init is overwritten below
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise LoraError(f"{Path(path) / ADAPTER_CONFIG}: its target_modules {sorted(config.target_modules or [])} "
+                        f"do not apply to {type(model).__name__} ({type(e).__name__}: {str(e).splitlines()[0]})"
+                        ) from None
+    load_adapter_weights(peft_model, path)
+    return peft_model
 
 
 def save_adapter(peft_model, path: str) -> None:

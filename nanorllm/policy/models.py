@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
-from nanorllm.policy.lora import ADAPTER_CONFIG, is_adapter_dir, peft_quiet
+from nanorllm.policy.lora import adapter_base, adapter_on, is_adapter_dir
 from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -99,13 +99,10 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> LlamaFor
 
 def load_adapter_model(path: str, *, dtype: torch.dtype, device: str | None = None):
     """(model with the adapter of `path` merged in, tokenizer) for evaluation: the base named in the
-    adapter's adapter_config.json, loaded as any model is here, plus the adapter."""
-    from peft import PeftModel
-
-    base_name = json.loads((Path(path) / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-    model, tokenizer = load_model_and_tokenizer(base_name, dtype=dtype, device=device)
-    with peft_quiet():
-        return PeftModel.from_pretrained(model, path).merge_and_unload(), tokenizer
+    adapter's adapter_config.json, loaded as any model is here, plus the adapter, whose weights must fill
+    exactly what its config asks for (LoraError otherwise)."""
+    model, tokenizer = load_model_and_tokenizer(adapter_base(path), dtype=dtype, device=device)
+    return adapter_on(model, path).merge_and_unload(), tokenizer
 
 
 def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32, device: str | None = None):

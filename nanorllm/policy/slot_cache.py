@@ -31,7 +31,9 @@ import contextlib
 import ctypes
 import gc
 import itertools
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -267,17 +269,97 @@ _LIBC = _glibc()
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes a new buffer may take on `device`: CUDA's free memory, or the host's available memory,
-    each after this process has handed back what it freed (`release_freed`)."""
+    """Bytes a new buffer may take on `device`: CUDA's free memory, or the host's available memory
+    (host_memory), each after this process has handed back what it freed (`release_freed`)."""
     release_freed(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    return host_memory()[0]
+
+
+# Where the host's figures are read (a test points them at a fake folder).
+MEMINFO, PROC_SELF_CGROUP, CGROUP_ROOT = "/proc/meminfo", "/proc/self/cgroup", "/sys/fs/cgroup"
+UNKNOWN = 1 << 62  # nothing could be read: said so in the memory plan's table, never refused
+NO_LIMIT = 1 << 60  # a cgroup v1 "unlimited" is 2^63 rounded down to a page
+
+
+def host_memory() -> tuple[int, str]:
+    """(bytes this process may still take on the host, where the figure comes from): the least of the
+    machine's available memory and what this process's memory cgroups still allow (v2 memory.max, v1
+    memory.limit_in_bytes, at its own cgroup and every one above it). A container limited to 8 GB on a 64 GB
+    host is planned against 8 GB, not OOM-killed for 64. Available memory is MemAvailable, else (kernels
+    before 3.14) MemFree + Buffers + Cached, else the free physical pages (sysconf)."""
+    machine, source = _machine_available()
+    limit = cgroup_free()
+    if limit is not None and limit[0] < machine:
+        return limit
+    return machine, source
+
+
+def _machine_available() -> tuple[int, str]:
     try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return 1 << 62  # unknown: do not refuse
+        with open(MEMINFO) as f:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line)}
+    except (OSError, ValueError, IndexError):
+        info = {}
+    if "MemAvailable" in info:
+        return info["MemAvailable"], "MemAvailable"
+    if "MemFree" in info:
+        return info["MemFree"] + info.get("Buffers", 0) + info.get("Cached", 0), "MemFree + Buffers + Cached"
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical pages"
+    except (ValueError, OSError, AttributeError):
+        return UNKNOWN, "unknown"
+
+
+def cgroup_free() -> tuple[int, str] | None:
+    """(bytes the tightest memory cgroup of this process still allows: limit - usage + its inactive file
+    pages, which the kernel reclaims before it kills, the file that sets that limit), or None without a limit."""
+    try:
+        with open(PROC_SELF_CGROUP) as f:
+            lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return None
+    root, found = Path(CGROUP_ROOT), []
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: one unified hierarchy
+            found += _cgroup_levels(root, path, "memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            found += _cgroup_levels(root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                    "total_inactive_file")
+    return min(found) if found else None
+
+
+def _cgroup_levels(mount: Path, path: str, limit_file: str, usage_file: str, inactive: str) -> list[tuple[int, str]]:
+    """(bytes left, limit file) of each limited level from the process's cgroup up to the mount. In a cgroup
+    namespace (a container) the process's cgroup is the mount itself, whatever path /proc/self/cgroup shows."""
+    here = mount / path.lstrip("/")
+    levels = [here, *here.parents] if here.is_dir() else [mount]
+    out = []
+    for d in levels:
+        limit = _read_int(d / limit_file)
+        if limit is not None and limit < NO_LIMIT:
+            usage = _read_int(d / usage_file) or 0
+            stat = _read_stat(d / "memory.stat")
+            out.append((max(0, limit - usage + stat.get(inactive, 0)), str(d / limit_file)))
+        if d == mount:
+            break
+    return out
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _read_stat(path: Path) -> dict[str, int]:
+    try:
+        return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if line.strip())}
+    except (OSError, ValueError):
+        return {}
 
 
 class CacheTooLarge(ValueError):

@@ -19,7 +19,8 @@ Written under a temporary name; the files, the manifest and the directory are fs
 then is it renamed: a crash or a full disk mid-write never leaves a directory that looks like a
 checkpoint. On resume every file is checked against the manifest before anything is parsed, so a
 checkpoint damaged later (a file cut short, overwritten, emptied) is reported in one line and the
-previous one is used. Nothing here unpickles code.
+previous one is used; the damaged one is set aside as `damaged-step_<N>/`, so that --keep-checkpoints
+counts only whole ones (each save also checks the sizes of those it counts). Nothing here unpickles code.
 """
 
 import errno
@@ -40,6 +41,7 @@ PREFIX = "step_"
 FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
 MODEL_CONFIGS = ("model/config.json", "model/adapter_config.json")  # a whole model, or a LoRA adapter
 MANIFEST = "manifest.json"
+DAMAGED = "damaged-"  # a damaged checkpoint's folder, set aside: damaged-step_<N>
 
 
 class CheckpointError(RuntimeError):
@@ -97,9 +99,31 @@ def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalP
         shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
+    prune(run_dir, keep)
+    return final
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` whole checkpoints. One whose files are not the sizes its manifest lists is
+    set aside first, so a damaged checkpoint never takes the place of a good one (a full check of every
+    hash here would reread gigabytes each save; the resume's check, load_latest, sets aside the rest)."""
+    for ckpt in list_complete(run_dir):
+        try:
+            verify_manifest(ckpt, hashes=False)
+        except CheckpointError as e:
+            print(f"[checkpoint] {set_aside(ckpt, e)}", flush=True)
     for old in list_complete(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def set_aside(ckpt: Path, problem: CheckpointError) -> str:
+    """Rename a damaged checkpoint to `damaged-step_<N>/` beside the others: kept for a look, no longer tried
+    by a resume nor counted by --keep-checkpoints (a later save of its step writes a new one). Returns the
+    line that says so."""
+    target = ckpt.with_name(DAMAGED + ckpt.name)
+    shutil.rmtree(target, ignore_errors=True)
+    os.rename(ckpt, target)
+    return f"{problem}; set aside as {target.name} (not counted by --keep-checkpoints)"
 
 
 def _write(tmp: Path, step: int, policy: HFCausalPolicy, optimizer_state: dict, state: dict) -> None:
@@ -148,8 +172,9 @@ def write_manifest(ckpt_dir: Path) -> dict:
     return manifest
 
 
-def verify_manifest(ckpt_dir: Path) -> None:
-    """Raise CheckpointError naming the first file that is missing, of another size, or of another hash."""
+def verify_manifest(ckpt_dir: Path, *, hashes: bool = True) -> None:
+    """Raise CheckpointError naming the first file that is missing, of another size, or (with `hashes`) of
+    another hash."""
     ckpt_dir = Path(ckpt_dir)
     try:
         files = json.loads((ckpt_dir / MANIFEST).read_text())["files"]
@@ -163,7 +188,7 @@ def verify_manifest(ckpt_dir: Path) -> None:
             raise CheckpointError(f"{ckpt_dir}: {name} missing (listed in {MANIFEST})")
         if path.stat().st_size != want["size"]:
             raise CheckpointError(f"{ckpt_dir}: {name} is {path.stat().st_size} bytes, {want['size']} were written")
-        if _sha256(path) != want["sha256"]:
+        if hashes and _sha256(path) != want["sha256"]:
             raise CheckpointError(f"{ckpt_dir}: {name} changed since it was written (sha256 differs)")
 
 
@@ -205,7 +230,8 @@ def read(ckpt: Path) -> dict:
 
 
 def load_latest(run_dir: Path) -> tuple[Path, dict]:
-    """Newest checkpoint that loads; each one skipped is reported with its reason."""
+    """Newest checkpoint that loads; each one skipped is reported with its reason and set aside (set_aside).
+    Only the holder of the run folder's lock may call it."""
     candidates = list_complete(run_dir)
     if not candidates:
         raise CheckpointError(f"{run_dir}: no complete checkpoint under {checkpoints_dir(run_dir)}")
@@ -215,7 +241,7 @@ def load_latest(run_dir: Path) -> tuple[Path, dict]:
             print(f"[resume] from {ckpt} (step {state['step']})", flush=True)
             return ckpt, state
         except CheckpointError as e:
-            print(f"[resume] skipping {e}", flush=True)
+            print(f"[resume] skipping {set_aside(ckpt, e)}", flush=True)
     raise CheckpointError(f"{run_dir}: none of {len(candidates)} checkpoints could be loaded")
 
 

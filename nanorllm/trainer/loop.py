@@ -15,8 +15,11 @@ logs the run is `committing` (a stop signal waits for it, it takes milliseconds)
 optimizer step a stop abandons the step and the weights are still those of the last completed one.
 """
 
+import errno
 import json
+import os
 import random
+import shutil
 import time
 from dataclasses import asdict, replace
 from datetime import datetime
@@ -26,7 +29,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from nanorllm.chaos.faults import before_update
+from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.config.specs import sampling_params
 from nanorllm.core.types import RolloutResult
@@ -447,12 +450,30 @@ class TrainingRun:
         after = self.evaluate(self.final_step)
         self.write_eval_summary(None, after)
         if self.cfg.save_model:
-            self.policy.save(str(self.run_dir / "final_model"))
-            if self.policy.peft is not None and self.cfg.lora_merged:
-                save_merged(self.policy.model, self.policy.tokenizer, self.run_dir / "final_model" / "merged")
+            self.save_final_model()
         self.logger.flush()
         path = self.run_dir / "eval.json"
         return json.loads(path.read_text()) if path.exists() else {}
+
+    def save_final_model(self) -> None:
+        """final_model/ (with merged/ inside under LoRA) written as `final_model.tmp/` and renamed once whole, as a
+        checkpoint is: a crash or a full disk mid-write leaves no final_model/ that looks complete (a resume's
+        clean_stale removes the .tmp)."""
+        final, tmp = self.run_dir / "final_model", self.run_dir / "final_model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self.policy.save(str(tmp))
+            if fault("disk_full") == "final":
+                raise OSError(errno.ENOSPC, "No space left on device (injected fault: disk_full final)")
+            if self.policy.peft is not None and self.cfg.lora_merged:
+                save_merged(self.policy.model, self.policy.tokenizer, tmp / "merged")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        checkpoint.fsync_dir(self.run_dir)
 
     def cleanup(self) -> None:
         if self.logger is not None:
