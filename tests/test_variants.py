@@ -104,7 +104,7 @@ def test_grpo_with_unbiased_std_gives_verls_and_trls_numbers():
     compute_advantage(group_by_task_id(a), eps=0.0)
     assert advantages(a) == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
     assert parse_config(["--adv-std", "unbiased"]).adv_std == "unbiased"
-    with pytest.raises(ConfigError, match="adv_std: must be one of population, unbiased, got 'sample'"):
+    with pytest.raises(ConfigError, match="adv_std: must be 'population' or 'unbiased', got 'sample'"):
         parse_config(["--adv-std", "sample"])
 
 
