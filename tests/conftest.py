@@ -26,3 +26,25 @@ def fresh_tiny_policy():
 def tiny_policy_factory():
     """Builds any number of fresh tiny policies; all start from the same weights."""
     return _tiny
+
+
+# ---- the tiny runs many tests read (tests/runs.py): each trains once a session ----------------------
+@pytest.fixture(scope="session")
+def serial_runs(tmp_path_factory, worker_id):
+    from tests import runs
+
+    return runs.once(tmp_path_factory, worker_id, "serial", runs.serial_runs)
+
+
+@pytest.fixture(scope="session")
+def lora_runs(tmp_path_factory, worker_id):
+    from tests import runs
+
+    return runs.once(tmp_path_factory, worker_id, "lora", runs.lora_runs)
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory, worker_id):
+    from tests import runs
+
+    return runs.once(tmp_path_factory, worker_id, "pipeline", runs.pipeline_run)

@@ -5,8 +5,15 @@ import uuid
 from pathlib import Path
 
 from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
-from nanorllm.chaos.process import ROOT, TINY_ARGS, child_env, train_command  # noqa: F401 (for the tests)
+from nanorllm.chaos.process import ROOT, child_env
+from nanorllm.chaos.process import train_command as _train_command
 from nanorllm.chaos.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
+from tests.runs import TINY_ARGS
+
+
+def train_command(args: list[str], out_dir: Path) -> list[str]:
+    """launch/train.py on the tests' tiny settings (tests/runs.py) and then `args`, its runs under `out_dir`."""
+    return _train_command(args, out_dir, base=TINY_ARGS)
 
 
 def start_train(args: list[str], out_dir: Path, **kw) -> tuple[subprocess.Popen, str]:

@@ -29,7 +29,8 @@ from nanorllm.run.lifecycle import main
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.metrics import rollout_metrics
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
-from tests.procs import ROOT, TINY_ARGS, child_env, read_rollouts, read_scalars, run_train
+from tests.procs import ROOT, child_env, read_rollouts, read_scalars, run_train
+from tests.runs import TINY_ARGS
 
 DOC = ROOT / "docs" / "environments.md"
 TASKS = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]

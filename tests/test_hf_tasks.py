@@ -11,7 +11,8 @@ import pytest
 from nanorllm.datasets.tasks import TaskFileError, load_tasks
 from nanorllm.envs.grader import Verdict
 from nanorllm.run.lifecycle import main
-from tests.procs import ROOT, TINY_ARGS, child_env
+from tests.procs import ROOT, child_env
+from tests.runs import TINY_ARGS
 
 MATH_FIELDS = {"question": "problem", "answer": "solution"}
 

@@ -18,7 +18,8 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.run.lifecycle import main
 from tests.helpers import ScriptedPolicy
-from tests.procs import ROOT, TINY_ARGS, child_env, read_scalars, run_train
+from tests.procs import ROOT, child_env, read_scalars, run_train
+from tests.runs import TINY_ARGS
 
 
 def _env_file(tmp_path, name: str, body: str) -> str:

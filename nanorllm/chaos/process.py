@@ -19,8 +19,8 @@ from nanorllm.chaos.procs import worker_pids
 ROOT = Path(nanorllm.__file__).resolve().parent.parent  # the checkout: launch/ lies beside the package
 TRAIN_SCRIPT = ROOT / "launch" / "train.py"
 TASKS_PER_STEP, SAMPLES = 4, 2
-TINY_ARGS = ["--model", "tiny-random", "--max-new-tokens", "8", "--tasks-per-step", str(TASKS_PER_STEP),
-             "--num-samples-per-task", str(SAMPLES), "--eval-limit", "4", "--threads", "1"]
+SUITE_ARGS = ["--model", "tiny-random", "--max-new-tokens", "8", "--tasks-per-step", str(TASKS_PER_STEP),
+              "--num-samples-per-task", str(SAMPLES), "--eval-limit", "4", "--threads", "1"]
 PIPELINE = ["--num-workers", "2", "--rollout-dump-size", "100000"]
 
 
@@ -34,9 +34,9 @@ def child_env(token: str | None = None, fault: str | None = None) -> dict[str, s
     return env
 
 
-def train_command(args: list[str], out_dir: Path) -> list[str]:
-    """launch/train.py on the tiny model with `args`, its runs under `out_dir`."""
-    return [sys.executable, str(TRAIN_SCRIPT), *TINY_ARGS, "--output-dir", str(out_dir), *args]
+def train_command(args: list[str], out_dir: Path, *, base: list[str] = SUITE_ARGS) -> list[str]:
+    """launch/train.py with `base` (the suite's tiny run) and then `args`, its runs under `out_dir`."""
+    return [sys.executable, str(TRAIN_SCRIPT), *base, "--output-dir", str(out_dir), *args]
 
 
 class TrainProcess:
