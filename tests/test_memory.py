@@ -132,6 +132,7 @@ def test_a_small_dev_shm_is_named_with_the_container_setting():
                     shm_free=64 * 2**20).problems() == []  # one process: no shared block
 
 
+@pytest.mark.slow
 def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
     r = subprocess.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
                        env=child_env(), capture_output=True, text=True, timeout=120)
@@ -140,6 +141,7 @@ def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(mem_available() > 50 * GB, reason="this host could hold a 1.5B fp32 full fine-tune's plan")
 def test_a_full_fine_tune_of_1_5b_in_fp32_is_refused_in_seconds_before_loading(tmp_path):
     t0 = time.perf_counter()
@@ -159,6 +161,7 @@ def unshare_allowed() -> bool:
     return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not unshare_allowed(), reason="needs root and unshare -m for a private /dev/shm")
 def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written(tmp_path):
     runs = tmp_path / "runs"
@@ -179,6 +182,7 @@ def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_the_last_step(tmp_path):
     r = run_with_fault(tmp_path, "learner_oom:2", "--serial", "--max-steps", "3")
     assert r.returncode == 1, r.stderr
@@ -188,6 +192,7 @@ def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_th
     assert (tmp_path / "r" / "checkpoints" / "step_1").is_dir() and not (tmp_path / "r" / "final_model").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_out_of_memory_is_said_and_the_worker_restarts(tmp_path):
     r = run_with_fault(tmp_path, "worker_oom", "--num-workers", "1", "--max-steps", "2", "--restart-backoff-s", "0.2")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -219,6 +224,7 @@ print(held, rss_mb())
 """
 
 
+@pytest.mark.slow
 def test_the_plan_counts_what_an_earlier_run_in_the_process_freed_as_free():
     # 400 MB freed in this process but kept in glibc's heap (an earlier run's, in a benchmark's table):
     # MemAvailable cannot see them until the plan hands them back

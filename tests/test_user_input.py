@@ -35,6 +35,7 @@ def _train_script(args: list[str], timeout: float = 120) -> subprocess.Completed
 
 # ---- 1: config files are typed like flags ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_yaml_file_with_wrong_types_is_refused_naming_field_file_and_line_all_at_once(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("lr: 1e-5\ntasks_per_step: 2.5\nserial: maybe\nmax_stepz: 3\nmax_turns: 0\nrun_name: 2024\n"
