@@ -58,7 +58,9 @@ class TrainProcess:
         """When a line containing `needle` appeared (at or after `after`), or None."""
         return next((t for t, line in list(self.lines) if t >= after and needle in line), None)
 
-    def wait_for(self, needle: str, timeout: float = 120, after: float = 0.0) -> float:
+    def wait_for(self, needle: str, timeout: float = 600, after: float = 0.0) -> float:
+        """When the line containing `needle` appeared: waits for it or for the run's end, whichever comes
+        first; `timeout` is only the net under a run that hangs (a busy machine is slow, not hung)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             t = self.seen(needle, after)
@@ -86,7 +88,8 @@ class TrainProcess:
         self.proc.send_signal(sig)
         return time.monotonic()
 
-    def wait(self, timeout: float = 240) -> int:
+    def wait(self, timeout: float = 900) -> int:
+        """The exit code; past `timeout` (the net under a hang, not a guess at a run's length) it is killed."""
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
