@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def smoke(tmp_path: Path, checks: str, *, pythonpath: str = "", timeout: int = 120) -> subprocess.CompletedProcess:
+def smoke(tmp_path: Path, checks: str, *, pythonpath: str = "", timeout: int = HANG_S) -> subprocess.CompletedProcess:
     """The script with only `python3` on PATH (a wrapper of this interpreter), no PYTHON set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)

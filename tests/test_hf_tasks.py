@@ -11,7 +11,7 @@ import pytest
 from nanorllm.datasets.tasks import TaskFileError, load_tasks
 from nanorllm.envs.grader import Verdict
 from nanorllm.run.lifecycle import main
-from tests.procs import ROOT, child_env
+from tests.procs import HANG_S, ROOT, child_env
 from tests.runs import TINY_ARGS
 
 MATH_FIELDS = {"question": "problem", "answer": "solution"}
@@ -129,7 +129,7 @@ def test_jsonl_and_arith_load_without_datasets_installed_and_parquet_says_what_i
             f"print(len(load_tasks({str(jsonl)!r})), len(load_tasks('arith:count=5')))\n"
             f"try: load_tasks({str(tmp_path / 'm.parquet')!r})\n"
             f"except TaskFileError as e: print(e.problems[0])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()
     assert first == "1 5"

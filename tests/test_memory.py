@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
 from nanorllm.policy.models import tiny_model
 from nanorllm.policy.slot_cache import cache_bytes
 from nanorllm.utils.devices import DeviceMap
-from tests.procs import ROOT, child_env
+from tests.procs import HANG_S, ROOT, child_env
 
 TRAIN = [sys.executable, str(ROOT / "launch" / "train.py")]
 CPU = DeviceMap(learners=["cpu"], workers=["cpu"])
@@ -135,7 +134,7 @@ def test_a_small_dev_shm_is_named_with_the_container_setting():
 @pytest.mark.slow
 def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
     r = subprocess.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     assert "[memory] learner cpu: weights" in r.stdout and "| worker 0 cpu:" in r.stdout and "/dev/shm:" in r.stdout
     assert not (tmp_path / "runs").exists()
@@ -144,11 +143,11 @@ def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(mem_available() > 50 * GB, reason="this host could hold a 1.5B fp32 full fine-tune's plan")
 def test_a_full_fine_tune_of_1_5b_in_fp32_is_refused_in_seconds_before_loading(tmp_path):
-    t0 = time.perf_counter()
+    """Refused from the plan alone: nothing loads (no [models] or [engine] line), which is what keeps it
+    to seconds; no clock is read, as a busy machine's imports alone can take a minute."""
     r = subprocess.run([*TRAIN, "--model", "preset:qwen2.5-1.5b", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr
-    assert time.perf_counter() - t0 < 60
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "adam learner" in line and "--lora-rank" in line and "--grad-checkpointing" in line
     assert "[models]" not in r.stdout and "[engine]" not in r.stdout  # nothing loaded
@@ -168,7 +167,7 @@ def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written
     script = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {ROOT / 'launch' / 'train.py'} "
               f"--output-dir {runs} --run-name r")
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=child_env(), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_S)
     assert r.returncode == 2, r.stderr
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "0.54 GB of /dev/shm, 0.07 GB" in line and "--shm-size" in line and "--ipc=host" in line
@@ -179,7 +178,7 @@ def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProc
     from tests.procs import train_command
 
     return subprocess.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.mark.slow
@@ -231,7 +230,7 @@ def test_the_plan_counts_what_an_earlier_run_in_the_process_freed_as_free():
     rss = {}
     for mode in ("keep", "release"):
         r = subprocess.run([sys.executable, "-c", HELD_HEAP, mode], env=child_env(), capture_output=True, text=True,
-                           timeout=120)
+                           timeout=HANG_S)
         assert r.returncode == 0, r.stderr
         rss[mode] = tuple(map(float, r.stdout.split()))
     (held, kept), (_, released) = rss["keep"], rss["release"]

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
 from nanorllm.run.lifecycle import main
-from tests.procs import ROOT, child_env, read_scalars
+from tests.procs import HANG_S, ROOT, child_env, read_scalars
 from tests.runs import SERIAL as BASE
 from tests.runs import copy_run, length_rule
 
@@ -116,7 +116,7 @@ def test_damaged_checkpoints_are_skipped_on_resume(serial_runs, tmp_path, length
 def test_train_script_smoke_run_in_a_subprocess(tmp_path):
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--max-steps", "2",
            "--output-dir", str(tmp_path), "--run-name", "smoke"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 2/2" in proc.stdout and "[done] held-out success" in proc.stdout
     run = tmp_path / "smoke"
@@ -131,7 +131,7 @@ def test_bad_task_file_stops_before_anything_is_written(tmp_path):
                    '"answer": "3"}\nnot json\n')
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--tasks", str(bad),
            "--output-dir", str(tmp_path / "out"), "--run-name", "x"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
     assert proc.returncode == 2
     assert f"{bad}:2: field 'question' is empty" in proc.stderr
     assert f"{bad}:2: field 'task_id' duplicates line 1" in proc.stderr

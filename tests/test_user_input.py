@@ -18,7 +18,7 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.run.lifecycle import main
 from tests.helpers import ScriptedPolicy
-from tests.procs import ROOT, child_env, read_scalars, run_train
+from tests.procs import HANG_S, ROOT, child_env, read_scalars, run_train
 from tests.runs import TINY_ARGS
 
 
@@ -28,7 +28,7 @@ def _env_file(tmp_path, name: str, body: str) -> str:
     return f"{path}:{name.capitalize()}"
 
 
-def _train_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _train_script(args: list[str], timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *args], capture_output=True, text=True,
                           timeout=timeout, env=child_env())
 
