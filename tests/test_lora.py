@@ -59,6 +59,7 @@ def kick_adapters(policy, scale: float = 0.3, seed: int = 0) -> None:
 
 
 # ---- the learner -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_only_adapters_train_and_the_base_stays_bit_identical(dtype):
     policy = lora_policy(dtype)
