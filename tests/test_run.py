@@ -113,13 +113,14 @@ def test_damaged_checkpoints_are_skipped_on_resume(serial_runs, tmp_path, length
 
 
 @pytest.mark.slow
-def test_train_script_smoke_run_in_a_subprocess(tmp_path):
-    cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--max-steps", "2",
-           "--output-dir", str(tmp_path), "--run-name", "smoke"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "step 2/2" in proc.stdout and "[done] held-out success" in proc.stdout
-    run = tmp_path / "smoke"
+def test_train_script_smoke_run_in_a_subprocess(pipeline_run):
+    """launch/train.py as a user starts it: the shared subprocess run (tests/runs.py, 2 workers, 4 steps),
+    which trains once for this test and the pipeline's and metrics-doc's. It checks what the serial smoke
+    run here checked: the exit, the step and done lines, the files and the TensorBoard events."""
+    out = pipeline_run["output"]
+    assert pipeline_run["rc"] == 0, out
+    assert "step 4/4" in out and "[done] held-out success" in out
+    run = Path(pipeline_run["run"])
     assert {"config.json", "eval.json", "rollouts.jsonl", "final_model", "checkpoints"} <= {p.name for p in run.iterdir()}
     assert any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
 
