@@ -92,7 +92,9 @@ def lora_runs(out: Path) -> dict:
 
 def pipeline_run(out: Path) -> dict:
     """launch/train.py in a subprocess with 2 workers, 4 steps: its exit code, what it printed, and what
-    it left once its last process was gone (processes carrying its token, new /dev/shm entries)."""
+    it left once its last process was gone (processes carrying its token, new /dev/shm entries no live
+    process holds)."""
+    from nanorllm.chaos.ledger import new_shm
     from tests.procs import processes_with_token, run_train, shm_entries
 
     shm_before = shm_entries()
@@ -101,4 +103,4 @@ def pipeline_run(out: Path) -> dict:
     while processes_with_token(token) and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"run": str(out / "p2"), "rc": rc, "output": printed, "procs_left": processes_with_token(token),
-            "shm_left": sorted(shm_entries() - shm_before)}
+            "shm_left": sorted(new_shm(shm_before))}
