@@ -5,8 +5,17 @@ import uuid
 from pathlib import Path
 
 from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
-from nanorllm.chaos.process import ROOT, TINY_ARGS, child_env, train_command  # noqa: F401 (for the tests)
+from nanorllm.chaos.process import ROOT, child_env  # noqa: F401 (for the tests)
+from nanorllm.chaos.process import train_command as _train_command
 from nanorllm.chaos.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
+from tests.runs import TINY_ARGS
+
+HANG_S = 900  # the limit on a subprocess a test waits for: a net under a hang, not a guess at how long it takes
+
+
+def train_command(args: list[str], out_dir: Path) -> list[str]:
+    """launch/train.py on the tests' tiny settings (tests/runs.py) and then `args`, its runs under `out_dir`."""
+    return _train_command(args, out_dir, base=TINY_ARGS)
 
 
 def start_train(args: list[str], out_dir: Path, **kw) -> tuple[subprocess.Popen, str]:
@@ -17,7 +26,7 @@ def start_train(args: list[str], out_dir: Path, **kw) -> tuple[subprocess.Popen,
     return proc, token
 
 
-def run_train(args: list[str], out_dir: Path, timeout: float = 240) -> tuple[int, str, str]:
+def run_train(args: list[str], out_dir: Path, timeout: float = HANG_S) -> tuple[int, str, str]:
     proc, token = start_train(args, out_dir)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out, token

@@ -31,7 +31,8 @@ from nanorllm.run.lifecycle import main
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.metrics import rollout_metrics
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
-from tests.procs import ROOT, TINY_ARGS, child_env, read_rollouts, read_scalars, run_train
+from tests.procs import HANG_S, ROOT, child_env, read_rollouts, read_scalars, run_train
+from tests.runs import TINY_ARGS
 
 DOC = ROOT / "docs" / "environments.md"
 TASKS = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
@@ -352,6 +353,6 @@ def test_the_doc_agent_trains_two_steps_serially_and_in_the_pipeline(tmp_path, c
 def test_launch_eval_evaluates_the_doc_agent(calc_agent):
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random",
                            "--agent", f"{calc_agent}:solve", "--tasks", "calc:count=3,seed=2", "--max-new-tokens", "4"],
-                          capture_output=True, text=True, env=child_env(), timeout=240)
+                          capture_output=True, text=True, env=child_env(), timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 3

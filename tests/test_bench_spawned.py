@@ -18,6 +18,7 @@ def die(code, out):
     sys.exit(code)
 
 
+@pytest.mark.slow
 def test_the_first_answer_comes_back_and_every_process_is_gone():
     import psutil
 
@@ -27,6 +28,7 @@ def test_the_first_answer_comes_back_and_every_process_is_gone():
     assert spawned == []  # (the resource tracker multiprocessing starts stays, as it does for every spawn)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [3, 0])
 def test_a_process_that_exits_before_answering_is_an_error(code):
     with pytest.raises(RuntimeError, match=rf"die exited with \[{code}\] before answering"):

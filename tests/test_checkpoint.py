@@ -2,7 +2,7 @@
 damaged newest checkpoint is reported in one line and the previous one used."""
 
 import json
-import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +11,7 @@ from nanorllm.run.lifecycle import main
 from nanorllm.envs.grader import Verdict
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.checkpoint import CheckpointError, load_latest, verify_manifest, write_manifest
-from tests.procs import TINY_ARGS
+from tests.runs import copy_run
 
 
 def test_manifest_lists_every_file_and_catches_any_change(tmp_path):
@@ -36,16 +36,6 @@ def test_manifest_lists_every_file_and_catches_any_change(tmp_path):
         verify_manifest(tmp_path)
 
 
-@pytest.fixture(scope="module")
-def two_checkpoints(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(math_env, "judge", lambda response, gold, **kw: Verdict(sum(map(ord, response)) % 2 == 0, "x"))
-        assert main([*TINY_ARGS, "--serial", "--output-dir", str(out), "--run-name", "r", "--max-steps", "2",
-                     "--save-every", "1", "--eval-limit", "1", "--no-save-model"]) == 0
-    return out / "r"
-
-
 def _cut(path, keep):
     path.write_bytes(path.read_bytes()[:keep])
 
@@ -68,9 +58,9 @@ DAMAGE = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_newest_checkpoint_is_skipped_in_one_line(two_checkpoints, tmp_path, capsys, damage):
-    run = tmp_path / "r"
-    shutil.copytree(two_checkpoints, run)
+def test_a_damaged_newest_checkpoint_is_skipped_in_one_line(serial_runs, tmp_path, capsys, damage):
+    """The shared 2-step run, a checkpoint at each step: its newest damaged in a copy."""
+    run = copy_run(Path(serial_runs["part"]), tmp_path)
     if damage == "chat_template.jinja empty" and not (run / "checkpoints" / "step_2" / "model" / "chat_template.jinja").exists():
         pytest.skip("this tokenizer keeps its template in tokenizer_config.json")
     DAMAGE[damage](run / "checkpoints" / "step_2")
@@ -81,9 +71,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_in_one_line(two_checkpoints, tmp
 
 
 @pytest.mark.slow
-def test_resume_verifies_and_falls_back_end_to_end(two_checkpoints, tmp_path, capsys):
-    run = tmp_path / "r"
-    shutil.copytree(two_checkpoints, run)
+def test_resume_verifies_and_falls_back_end_to_end(serial_runs, tmp_path, capsys):
+    run = copy_run(Path(serial_runs["part"]), tmp_path)
     _overwrite_4k(run / "checkpoints" / "step_2" / "model" / "model.safetensors")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(math_env, "judge", lambda response, gold, **kw: Verdict(False, "x"))

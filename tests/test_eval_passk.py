@@ -16,7 +16,8 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.evaluate import default_ks, evaluate_sampled, pass_at_k
-from tests.procs import ROOT, TINY_ARGS, read_scalars
+from tests.procs import ROOT, read_scalars
+from tests.runs import TINY_ARGS
 
 
 @pytest.fixture

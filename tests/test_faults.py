@@ -32,7 +32,7 @@ def _assert_ok(outcome: chaos.Outcome) -> None:
 def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_path):
     o, = chaos.worker_hang(tmp_path)  # SIGSTOP at step 3, --worker-timeout-s 3
     _assert_ok(o)
-    assert 3 <= o.detected_s < 6
+    assert o.detected_s is not None and o.detected_s >= 3  # the missed heartbeats, never before the limit
     report = next(line for line in o.output.splitlines() if "hung (no progress" in line)
     assert "[pipeline] worker 0 on cpu hung" in report and "re-issuing" in report
     assert ") while " in report  # what it was last doing
@@ -50,7 +50,8 @@ def test_an_agent_worker_killed_mid_request_is_restarted_and_its_episodes_re_run
 def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(tmp_path):
     o, = chaos.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
     _assert_ok(o)
-    assert o.detected_s < 5
+    assert o.detected_s is not None  # the death was seen ("died (killed by SIGKILL)") ...
+    assert "hung (no progress" not in o.output  # ... as a death, not by waiting out the hang limit
 
 
 @pytest.mark.slow
@@ -212,25 +213,29 @@ def test_heartbeat_silence_grows_until_the_next_beat():
 
 @pytest.mark.slow
 def test_a_child_exits_by_itself_when_its_parent_is_killed():
+    """The child says when die_with_parent has returned (its line comes through the parent's pipe, which
+    it shares), and only then is the parent killed; the test then waits for the last process to go.
+    The 60 s bound is a net under a child that never exits, not a guess at how fast it goes."""
     token = f"lifeline-{os.getpid()}-{time.time()}"
     child = ("import os, time; from nanorllm.utils.lifeline import die_with_parent; "
-             "die_with_parent(os.getppid()); time.sleep(60)")
+             "die_with_parent(os.getppid()); print('armed', flush=True); time.sleep(120)")
     parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
-              "print('started', flush=True); time.sleep(60)")
+              "print('started', flush=True); time.sleep(120)")  # then EOF: a child that never arms fails the test
     env = {**os.environ, "NANORLLM_TEST_TOKEN": token, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", parent], env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "started"
-    deadline = time.monotonic() + 20
-    while len(processes_with_token(token)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(processes_with_token(token)) == 2
-    time.sleep(1.0)  # the child is past die_with_parent
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 5
-    while processes_with_token(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with_token(token) == []
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        assert proc.stdout.readline().strip() == "armed"  # the child is past die_with_parent
+        assert len(processes_with_token(token)) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while processes_with_token(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with_token(token) == []
+    finally:
+        for pid in processes_with_token(token):  # a failed test leaves nothing running
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("purge_step, kept", [(None, [1, 2, 3, 4]), (3, [1, 2])])
@@ -247,16 +252,20 @@ def test_resumed_logger_cuts_rollouts_back_to_the_checkpoint(tmp_path, purge_ste
 @pytest.mark.slow
 def test_serial_stop_mid_rollout_then_resume_trains_every_group_once(tmp_path):
     """Serial mode draws a step's tasks just before its rollout: a stop in that rollout must checkpoint
-    the position *before* the draw, or the resumed run skips (or repeats) those groups."""
-    args = ["--serial", "--max-steps", "12", "--rollout-dump-size", "100000", "--run-name", "serial_stop"]
-    run = TrainProcess(args, tmp_path)
+    the position *before* the draw, or the resumed run skips (or repeats) those groups. The run is asked
+    for far more steps than it reaches, so however late the signal lands on a busy machine it stops the
+    run; the resume then trains 8 steps past the checkpoint."""
+    args = ["--serial", "--max-steps", "5000", "--rollout-dump-size", "100000", "--run-name", "serial_stop"]
+    run = TrainProcess(args, tmp_path)  # far more steps than it reaches: the stop, not the end, ends it
     run.wait_for("step 4/")
     run.signal(signal.SIGINT)
     assert run.wait() == 130, run.output()
     saved = checkpoint_steps(tmp_path / "serial_stop")
-    assert saved and 4 <= saved[-1] < 12, saved
-    resumed = TrainProcess(["--resume", str(tmp_path / "serial_stop")], tmp_path, token=run.token)
+    assert saved and saved[-1] >= 4, saved
+    end = saved[-1] + 8
+    resumed = TrainProcess(["--resume", str(tmp_path / "serial_stop"), "--max-steps", str(end)], tmp_path,
+                           token=run.token)
     assert resumed.wait() == 0, resumed.output()
-    assert f"step_{saved[-1]}" in resumed.output() and "step 12/12" in resumed.output()
+    assert f"step_{saved[-1]}" in resumed.output() and f"step {end}/{end}" in resumed.output()
     lost, doubled, steps = groups_of(tmp_path / "serial_stop")
-    assert (lost, doubled, steps) == (0, 0, 12)
+    assert (lost, doubled, steps) == (0, 0, end)

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def smoke(tmp_path: Path, checks: str, *, pythonpath: str = "", timeout: int = 120) -> subprocess.CompletedProcess:
+def smoke(tmp_path: Path, checks: str, *, pythonpath: str = "", timeout: int = HANG_S) -> subprocess.CompletedProcess:
     """The script with only `python3` on PATH (a wrapper of this interpreter), no PYTHON set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -27,6 +29,7 @@ def smoke(tmp_path: Path, checks: str, *, pythonpath: str = "", timeout: int = 1
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_smoke_script_runs_on_python3_and_every_gpu_test_it_names_exists(tmp_path):
     proc = smoke(tmp_path, "tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -35,6 +38,7 @@ def test_the_smoke_script_runs_on_python3_and_every_gpu_test_it_names_exists(tmp
     assert f"{len(named)} tests collected" in proc.stdout and "[gpu_smoke] tests: exit 0" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_smoke_script_names_a_missing_wheel_before_any_check_starts(tmp_path):
     stub = tmp_path / "stub"
     stub.mkdir()

@@ -11,7 +11,8 @@ import pytest
 from nanorllm.datasets.tasks import TaskFileError, load_tasks
 from nanorllm.envs.grader import Verdict
 from nanorllm.run.lifecycle import main
-from tests.procs import ROOT, TINY_ARGS, child_env
+from tests.procs import HANG_S, ROOT, child_env
+from tests.runs import TINY_ARGS
 
 MATH_FIELDS = {"question": "problem", "answer": "solution"}
 
@@ -102,14 +103,23 @@ def test_jsonl_with_mapped_columns_keeps_its_per_line_errors(tmp_path):
 
 
 def test_a_hub_dataset_without_a_reachable_hub_says_so(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # the libraries read these once, when first imported (here, by an earlier test): without their own
+    # copies set too, the load goes to the network and retries for ~25 s before it fails
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(TaskFileError) as info:
         load_tasks("hf:nobody/no-such-set:main@test")
     assert "hf:nobody/no-such-set:main@test: cannot load 'nobody/no-such-set': the Hugging Face hub is not " \
            "reachable from this machine (HF_HUB_OFFLINE is set)" in info.value.problems[0]
 
 
+@pytest.mark.slow
 def test_jsonl_and_arith_load_without_datasets_installed_and_parquet_says_what_is_missing(tmp_path):
     jsonl = tmp_path / "t.jsonl"
     jsonl.write_text(json.dumps({"task_id": "a", "question": "1+1?", "answer": "2"}) + "\n")
@@ -119,7 +129,7 @@ def test_jsonl_and_arith_load_without_datasets_installed_and_parquet_says_what_i
             f"print(len(load_tasks({str(jsonl)!r})), len(load_tasks('arith:count=5')))\n"
             f"try: load_tasks({str(tmp_path / 'm.parquet')!r})\n"
             f"except TaskFileError as e: print(e.problems[0])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()
     assert first == "1 5"

@@ -6,6 +6,7 @@ stops with exit 2."""
 import gc
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,6 @@ from safetensors.torch import load_file
 import nanorllm.envs.math_env as math_env
 from families import FAMILIES, tiny_family_model
 from nanorllm.config import TrainConfig
-from nanorllm.envs.grader import Verdict
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -27,16 +27,16 @@ from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.runlock import LOCK_NAME
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
-from tests.procs import TINY_ARGS
+from tests.runs import SERIAL as BASE
+from tests.runs import copy_run, length_rule
 from tests.test_train_step import build_results
 
 SPEC = LoraSpec(rank=4, alpha=8.0)
-BASE = [*TINY_ARGS, "--serial", "--lr", "1e-3", "--no-drop-zero-std-groups"]
 
 
 @pytest.fixture
 def length_rule_grader(monkeypatch):
-    monkeypatch.setattr(math_env, "judge", lambda response, gold, **kw: Verdict(sum(map(ord, response)) % 2 == 0, "x"))
+    monkeypatch.setattr(math_env, "judge", length_rule)
 
 
 def lora_policy(dtype: str = "float32", *, replica: bool = False, spec: LoraSpec = SPEC) -> HFCausalPolicy:
@@ -60,6 +60,7 @@ def kick_adapters(policy, scale: float = 0.3, seed: int = 0) -> None:
 
 
 # ---- the learner -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_only_adapters_train_and_the_base_stays_bit_identical(dtype):
     policy = lora_policy(dtype)
@@ -214,17 +215,13 @@ def test_targets_that_match_nothing_stop_the_run_with_exit_2_and_nothing_written
     assert not run.exists() or {p.name for p in run.iterdir()} <= {LOCK_NAME}
 
 
-def train(tmp_path, name, *args):
-    assert main([*BASE, "--output-dir", str(tmp_path), "--run-name", name, *args]) == 0
-    return tmp_path / name
-
-
 @pytest.mark.slow
 def test_resume_refuses_to_change_between_full_fine_tuning_and_lora_or_the_adapters_shape(
-        tmp_path, length_rule_grader, capsys):
-    full = train(tmp_path, "full", "--max-steps", "1")
-    lora = train(tmp_path, "lora", "--max-steps", "1", "--lora-rank", "4")
-    capsys.readouterr()
+        serial_runs, lora_runs, tmp_path, capsys):
+    """Copies of the shared 2-step runs: full fine-tuning, and LoRA rank 4."""
+    (tmp_path / "full").mkdir()
+    full = copy_run(Path(serial_runs["part"]), tmp_path / "full")
+    lora = copy_run(Path(lora_runs["part"]), tmp_path)
     cases = [(full, ["--lora-rank", "4"], "lora_rank: 4 given, the checkpoint was trained with 0"),
              (lora, ["--lora-rank", "0"], "lora_rank: 0 given, the checkpoint was trained with 4"),
              (lora, ["--lora-rank", "8"], "lora_rank: 8 given"),
@@ -239,10 +236,12 @@ def test_resume_refuses_to_change_between_full_fine_tuning_and_lora_or_the_adapt
 
 # ---- checkpoints, resume, final model --------------------------------------------------------------------
 @pytest.mark.slow
-def test_lora_checkpoints_hold_adapters_and_optimizer_state_and_resume_exactly(tmp_path, length_rule_grader):
-    lora = ["--lora-rank", "4", "--kl-coef", "0.05"]
-    whole = train(tmp_path, "whole", "--max-steps", "4", *lora)
-    part = train(tmp_path, "part", "--max-steps", "2", *lora)
+def test_lora_checkpoints_hold_adapters_and_optimizer_state_and_resume_exactly(lora_runs, tmp_path,
+                                                                              length_rule_grader):
+    """The shared LoRA runs (rank 4, a KL term, the TIS correction, lr 1e-2): a copy of the 2-step one
+    resumed to step 4 ends with the 4-step one's adapters."""
+    whole = Path(lora_runs["whole"])
+    part = copy_run(Path(lora_runs["part"]), tmp_path)
     assert main(["--resume", str(part), "--max-steps", "4"]) == 0
     ckpt = part / "checkpoints" / "step_4"
     assert {p.name for p in (ckpt / "model").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
@@ -261,19 +260,19 @@ def test_lora_checkpoints_hold_adapters_and_optimizer_state_and_resume_exactly(t
 
 
 @pytest.mark.slow
-def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(tmp_path, length_rule_grader,
-                                                                                   capsys):
+def test_final_model_is_a_peft_adapter_and_a_merged_model_and_eval_takes_either(lora_runs):
+    """The shared 2-step LoRA run (rank 4, lr 1e-2), read only."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from nanorllm.policy.models import load_model_and_tokenizer
     from nanorllm.trainer.eval_model import EvalConfig, evaluate_model
 
-    run = train(tmp_path, "f", "--max-steps", "2", "--lora-rank", "4", "--lr", "1e-2")
+    run = Path(lora_runs["part"])
     # the start-of-run line: what trains of what the model holds
     trained = sum(p.numel() for _, p in trainable_parameters(lora_policy().model))
     total = sum(p.numel() for p in lora_policy().model.parameters())
-    assert f"[model] LlamaForCausalLM: {trained:,} of {total:,} parameters train" in capsys.readouterr().out
+    assert f"[model] LlamaForCausalLM: {trained:,} of {total:,} parameters train" in lora_runs["part_output"]
     final = run / "final_model"
     config = json.loads((final / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "tiny-random" and config["r"] == 4

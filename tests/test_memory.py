@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from nanorllm.policy.models import tiny_model
 from nanorllm.policy.slot_cache import cache_bytes
 from nanorllm.run.assembly import assemble
 from nanorllm.utils.devices import DeviceMap
-from tests.procs import ROOT, child_env
+from tests.procs import HANG_S, ROOT, child_env
 
 TRAIN = [sys.executable, str(ROOT / "launch" / "train.py")]
 CPU = DeviceMap(learners=["cpu"], workers=["cpu"])
@@ -139,21 +138,23 @@ def test_a_small_dev_shm_is_named_with_the_container_setting():
                     shm_free=64 * 2**20).problems() == []  # one process: no shared block
 
 
+@pytest.mark.slow
 def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
     r = subprocess.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     assert "[memory] learner cpu: weights" in r.stdout and "| worker 0 cpu:" in r.stdout and "/dev/shm:" in r.stdout
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(mem_available() > 50 * GB, reason="this host could hold a 1.5B fp32 full fine-tune's plan")
 def test_a_full_fine_tune_of_1_5b_in_fp32_is_refused_in_seconds_before_loading(tmp_path):
-    t0 = time.perf_counter()
+    """Refused from the plan alone: nothing loads (no [models] or [engine] line), which is what keeps it
+    to seconds; no clock is read, as a busy machine's imports alone can take a minute."""
     r = subprocess.run([*TRAIN, "--model", "preset:qwen2.5-1.5b", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr
-    assert time.perf_counter() - t0 < 60
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "adam learner" in line and "--lora-rank" in line and "--grad-checkpointing" in line
     assert "[models]" not in r.stdout and "[engine]" not in r.stdout  # nothing loaded
@@ -166,13 +167,14 @@ def unshare_allowed() -> bool:
     return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not unshare_allowed(), reason="needs root and unshare -m for a private /dev/shm")
 def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written(tmp_path):
     runs = tmp_path / "runs"
     script = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {ROOT / 'launch' / 'train.py'} "
               f"--output-dir {runs} --run-name r")
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=child_env(), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=HANG_S)
     assert r.returncode == 2, r.stderr
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "0.54 GB of /dev/shm, 0.07 GB" in line and "--shm-size" in line and "--ipc=host" in line
@@ -183,9 +185,10 @@ def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProc
     from tests.procs import train_command
 
     return subprocess.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
+@pytest.mark.slow
 def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_the_last_step(tmp_path):
     r = run_with_fault(tmp_path, "learner_oom:2", "--serial", "--max-steps", "3")
     assert r.returncode == 1, r.stderr
@@ -195,6 +198,7 @@ def test_a_learner_out_of_memory_says_so_with_the_step_and_the_plan_and_saves_th
     assert (tmp_path / "r" / "checkpoints" / "step_1").is_dir() and not (tmp_path / "r" / "final_model").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_out_of_memory_is_said_and_the_worker_restarts(tmp_path):
     r = run_with_fault(tmp_path, "worker_oom", "--num-workers", "1", "--max-steps", "2", "--restart-backoff-s", "0.2")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -226,13 +230,14 @@ print(held, rss_mb())
 """
 
 
+@pytest.mark.slow
 def test_the_plan_counts_what_an_earlier_run_in_the_process_freed_as_free():
     # 400 MB freed in this process but kept in glibc's heap (an earlier run's, in a benchmark's table):
     # MemAvailable cannot see them until the plan hands them back
     rss = {}
     for mode in ("keep", "release"):
         r = subprocess.run([sys.executable, "-c", HELD_HEAP, mode], env=child_env(), capture_output=True, text=True,
-                           timeout=120)
+                           timeout=HANG_S)
         assert r.returncode == 0, r.stderr
         rss[mode] = tuple(map(float, r.stdout.split()))
     (held, kept), (_, released) = rss["keep"], rss["release"]

@@ -1,7 +1,7 @@
 """docs/metrics.md lists every scalar the trainer writes, and nothing it no longer writes.
 
-Two sources of names: the scalars real tiny runs write (serial with a KL term and a correction, and the
-pipeline), and every metric-shaped string in the package's code (conditional scalars a short run never
+Two sources of names: the scalars the shared tiny runs write (tests/runs.py: serial, serial LoRA with a KL
+term and a correction, and the pipeline), and every metric-shaped string in the package's code (conditional scalars a short run never
 reaches: FSDP's gather time, the decoupled correction's masks). f-strings count as patterns.
 """
 
@@ -13,7 +13,6 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import nanorllm
-from nanorllm.run.lifecycle import main
 
 PACKAGE = Path(nanorllm.__file__).resolve().parent
 DOC = PACKAGE.parent / "docs" / "metrics.md"
@@ -68,14 +67,10 @@ def code_strings() -> tuple[set[str], list[re.Pattern]]:
     return plain, patterns
 
 
-def written_by_runs(tmp_path: Path) -> set[str]:
-    base = ["--model", "tiny-random", "--max-steps", "2", "--tasks-per-step", "2", "--num-samples-per-task", "2",
-            "--max-new-tokens", "6", "--eval-limit", "4", "--output-dir", str(tmp_path)]
-    assert main([*base, "--serial", "--kl-coef", "0.05", "--off-policy-correction", "tis", "--run-name", "s"]) == 0
-    assert main([*base, "--run-name", "p"]) == 0
+def written_by_runs(*runs: Path) -> set[str]:
     tags = set()
-    for run in ("s", "p"):
-        events = EventAccumulator(str(tmp_path / run), size_guidance={"scalars": 0})
+    for run in runs:
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0})
         events.Reload()
         tags |= set(events.Tags()["scalars"])
     return tags
@@ -99,9 +94,12 @@ def test_every_metric_string_in_the_code_is_documented():
 
 
 @pytest.mark.slow
-def test_every_scalar_a_run_writes_is_documented_and_every_documented_one_exists(tmp_path):
+def test_every_scalar_a_run_writes_is_documented_and_every_documented_one_exists(serial_runs, lora_runs,
+                                                                                   pipeline_run):
+    """The shared runs: serial (full fine-tuning, with every periodic output), serial LoRA with a KL term
+    and the TIS correction, and the 2-worker pipeline."""
     names, patterns = documented()
-    written = written_by_runs(tmp_path)
+    written = written_by_runs(Path(serial_runs["full"]), Path(lora_runs["part"]), Path(pipeline_run["run"]))
     assert {"train/samples", "train/tokens", "train/padded_tokens", "train/episodes", "loss/kl"} <= written
     missing = sorted(t for t in written if not in_doc(t, names, patterns))
     assert not missing, f"scalars a run wrote that docs/metrics.md does not list: {missing}"

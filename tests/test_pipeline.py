@@ -1,23 +1,15 @@
 """The actor/learner pipeline as users run it: real processes. Faults and signals: test_faults.py."""
 
 import pickle
-import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from nanorllm.core.types import RolloutResult, Trajectory
 from nanorllm.pipeline.learner import PipelineSource, split_stale
 from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes, Ready
-from tests.procs import processes_with_token, read_rollouts, read_scalars, run_train, shm_entries
-
-
-def _assert_clean_exit(token: str, shm_before: set[str]) -> None:
-    deadline = time.time() + 15
-    while processes_with_token(token) and time.time() < deadline:
-        time.sleep(0.2)
-    assert processes_with_token(token) == [], "child processes outlived the launcher"
-    assert shm_entries() - shm_before == set(), "shared-memory segments left in /dev/shm"
+from tests.procs import read_rollouts, read_scalars, run_train
 
 
 def _trained_groups(run_dir) -> Counter:
@@ -25,11 +17,11 @@ def _trained_groups(run_dir) -> Counter:
 
 
 @pytest.mark.slow
-def test_two_worker_run_finishes_and_cleans_up(tmp_path):
-    shm_before = shm_entries()
-    rc, out, token = run_train(["--num-workers", "2", "--max-steps", "4", "--run-name", "p2"], tmp_path)
-    assert rc == 0, out
-    run = tmp_path / "p2"
+def test_two_worker_run_finishes_and_cleans_up(pipeline_run):
+    """The shared 2-worker run (tests/runs.py), which also waited for its last process to be gone."""
+    out = pipeline_run["output"]
+    assert pipeline_run["rc"] == 0, out
+    run = Path(pipeline_run["run"])
     assert "step 4/4" in out and "[done]" in out
     groups = _trained_groups(run)
     assert len(groups) == 4 * 4 and set(groups.values()) == {2}  # every group once, whole
@@ -43,7 +35,8 @@ def test_two_worker_run_finishes_and_cleans_up(tmp_path):
         assert tag in scalars, tag
     assert max(v for _, v in scalars["pipeline/policy_lag_max"]) <= 1
     assert all(v == 1.0 for _, v in scalars["perf/decode_useful_frac"])  # finished rows leave the batch
-    _assert_clean_exit(token, shm_before)
+    assert pipeline_run["procs_left"] == [], "child processes outlived the launcher"
+    assert pipeline_run["shm_left"] == [], "shared-memory segments left in /dev/shm"
 
 
 def _serial_and_pipeline_agree(tmp_path, *extra: str, steps: int = 2) -> tuple[dict, dict]:

@@ -10,7 +10,8 @@ import pytest
 from nanorllm.bench.learner_ranks import steps_on_ranks
 from nanorllm.chaos import suite as chaos
 from nanorllm.chaos.ledger import groups_of, leftovers, read_rollouts
-from nanorllm.chaos.process import TINY_ARGS, TRAIN_SCRIPT, child_env
+from nanorllm.chaos.process import TRAIN_SCRIPT, child_env
+from tests.runs import TINY_ARGS
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.ranks.group import free_port
 from tests.procs import run_train

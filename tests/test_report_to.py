@@ -3,11 +3,13 @@
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from nanorllm.run.lifecycle import main
-from tests.procs import TINY_ARGS, read_scalars
+from tests.procs import read_scalars
+from tests.runs import TINY_ARGS, copy_run
 
 BASE = [*TINY_ARGS, "--serial", "--eval-limit", "2"]
 
@@ -17,10 +19,10 @@ def jsonl_rows(run) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_jsonl_holds_one_object_per_step_with_tensorboards_names_and_values_and_a_resume_cuts_it_back(tmp_path):
-    args = [*BASE, "--report-to", "tensorboard,jsonl", "--output-dir", str(tmp_path), "--run-name", "j"]
-    assert main([*args, "--max-steps", "2", "--save-every", "1"]) == 0
-    run = tmp_path / "j"
+def test_jsonl_holds_one_object_per_step_with_tensorboards_names_and_values_and_a_resume_cuts_it_back(
+        serial_runs, tmp_path):
+    """The shared 2-step run reports to TensorBoard and metrics.jsonl; a copy of it is resumed."""
+    run = copy_run(Path(serial_runs["part"]), tmp_path)
     rows = jsonl_rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2]
     scalars = read_scalars(run)
@@ -33,6 +35,7 @@ def test_jsonl_holds_one_object_per_step_with_tensorboards_names_and_values_and_
     assert [r["step"] for r in jsonl_rows(run)] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_jsonl_alone_writes_no_tensorboard_events(tmp_path):
     assert main([*BASE, "--report-to", "jsonl", "--max-steps", "1", "--eval-tasks", "", "--output-dir", str(tmp_path),
                  "--run-name", "only"]) == 0
@@ -41,6 +44,7 @@ def test_jsonl_alone_writes_no_tensorboard_events(tmp_path):
     assert [r["step"] for r in jsonl_rows(run)] == [1] and "reward/mean" in jsonl_rows(run)[0]
 
 
+@pytest.mark.slow
 def test_wandb_gets_the_same_scalar_names_and_the_runs_config(tmp_path, monkeypatch):
     calls = {"init": [], "log": [], "finish": 0}
 

@@ -15,7 +15,8 @@ from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.reward_fns import RewardBundle, RewardFunctionError, load_reward_functions
 from nanorllm.run.lifecycle import main
 from nanorllm.chaos.process import PIPELINE
-from tests.procs import TINY_ARGS, read_scalars
+from tests.procs import read_scalars
+from tests.runs import TINY_ARGS
 
 REWARDS = textwrap.dedent('''
     seen = []

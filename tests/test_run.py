@@ -1,13 +1,14 @@
 """launch/train.py end to end in serial mode: files, metrics, checkpoints, resume, bad input.
 
-The tiny random model never writes a \\boxed{} answer, so these tests swap the grader for a rule it
-can meet (an even sum of character codes: about half the responses): rewards then differ inside groups, advantages are
-non-zero and every update really moves the weights.
+The runs grade with tests/runs.py's length rule, which the tiny random model meets about half the time:
+rewards then differ inside groups, advantages are non-zero and every update really moves the weights.
+The shared runs (`serial_runs`) train once a session; a test that resumes or damages one copies it first.
 """
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,16 +16,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
-from nanorllm.envs.grader import Verdict
 from nanorllm.run.lifecycle import main
-from tests.procs import ROOT, TINY_ARGS, child_env, read_scalars
-
-BASE = [*TINY_ARGS, "--serial", "--lr", "1e-3", "--no-drop-zero-std-groups"]
+from tests.procs import HANG_S, ROOT, child_env, read_scalars
+from tests.runs import SERIAL as BASE
+from tests.runs import copy_run, length_rule
 
 
 @pytest.fixture
 def length_rule_grader(monkeypatch):
-    monkeypatch.setattr(math_env, "judge", lambda response, gold, **kw: Verdict(sum(map(ord, response)) % 2 == 0, "x"))
+    monkeypatch.setattr(math_env, "judge", length_rule)
 
 
 def train(tmp_path, name, *args):
@@ -38,9 +38,9 @@ def weights(model_dir):
 
 
 @pytest.mark.slow
-def test_run_writes_metrics_eval_dump_checkpoints_and_model(tmp_path, length_rule_grader):
-    run = train(tmp_path, "r", "--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "2",
-                "--rollout-dump-size", "5", "--sample-every", "2", "--eval-every", "2")
+def test_run_writes_metrics_eval_dump_checkpoints_and_model(serial_runs):
+    """The shared 4-step run (checkpoints every step, 2 kept, a 5-record dump, samples and eval every 2)."""
+    run = Path(serial_runs["full"])
     scalars = read_scalars(run)
     for tag in ["reward/mean", "reward/std", "success_rate", "success_rate/first_turn", "episode/num_turns",
                 "episode/termination/correct", "episode/termination/truncated", "frac_reward_zero_std",
@@ -73,27 +73,29 @@ def test_run_writes_metrics_eval_dump_checkpoints_and_model(tmp_path, length_rul
 
 
 @pytest.mark.slow
-def test_resume_continues_like_an_uninterrupted_run(tmp_path, length_rule_grader):
-    full = train(tmp_path, "full", "--max-steps", "6")
-    part = train(tmp_path, "part", "--max-steps", "2")
-    assert main(["--resume", str(part), "--max-steps", "6"]) == 0
+def test_resume_continues_like_an_uninterrupted_run(serial_runs, tmp_path, length_rule_grader):
+    """The shared 2-step run resumed to step 4 ends with the shared 4-step run's weights (that one also
+    evaluates, dumps and samples on the way: none of it moves the training stream)."""
+    full = Path(serial_runs["full"])
+    part = copy_run(Path(serial_runs["part"]), tmp_path)
+    assert main(["--resume", str(part), "--max-steps", "4"]) == 0
     a, b = weights(full / "final_model"), weights(part / "final_model")
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
-    initial = weights(part / "checkpoints" / "step_2" / "model") if (part / "checkpoints" / "step_2").exists() else None
-    assert initial is None or any(not torch.equal(initial[k], b[k]) for k in b)
+    initial = weights(part / "checkpoints" / "step_2" / "model")
+    assert any(not torch.equal(initial[k], b[k]) for k in b)  # the resumed steps trained
     steps = [s for s, _ in read_scalars(part)["reward/mean"]]
-    assert steps == [1, 2, 3, 4, 5, 6]  # appended to the same run, no step twice
-    state = json.loads((part / "checkpoints" / "step_6" / "trainer_state.json").read_text())
-    assert state["step"] == 6 and state["stream_position"] == 6 * 4
-    opt = torch.load(part / "checkpoints" / "step_6" / "optimizer.pt", weights_only=True)
-    assert all(s["step"] == 6 for s in opt["state"].values())  # Adam moments carried over, not restarted
+    assert steps == [1, 2, 3, 4]  # appended to the same run, no step twice
+    state = json.loads((part / "checkpoints" / "step_4" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and state["stream_position"] == 4 * 4
+    opt = torch.load(part / "checkpoints" / "step_4" / "optimizer.pt", weights_only=True)
+    assert all(s["step"] == 4 for s in opt["state"].values())  # Adam moments carried over, not restarted
 
 
 @pytest.mark.slow
-def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader, capsys):
-    run = train(tmp_path, "d", "--max-steps", "2", "--save-every", "1")
+def test_damaged_checkpoints_are_skipped_on_resume(serial_runs, tmp_path, length_rule_grader, capsys):
+    run = copy_run(Path(serial_runs["part"]), tmp_path)
     (run / "checkpoints" / ".tmp-step_3-999").mkdir()  # a crash mid-write
     st = run / "checkpoints" / "step_2" / "model" / "model.safetensors"
     st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])  # truncated
@@ -111,13 +113,14 @@ def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, length_rule_grader,
 
 
 @pytest.mark.slow
-def test_train_script_smoke_run_in_a_subprocess(tmp_path):
-    cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--max-steps", "2",
-           "--output-dir", str(tmp_path), "--run-name", "smoke"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "step 2/2" in proc.stdout and "[done] held-out success" in proc.stdout
-    run = tmp_path / "smoke"
+def test_train_script_smoke_run_in_a_subprocess(pipeline_run):
+    """launch/train.py as a user starts it: the shared subprocess run (tests/runs.py, 2 workers, 4 steps),
+    which trains once for this test and the pipeline's and metrics-doc's. It checks what the serial smoke
+    run here checked: the exit, the step and done lines, the files and the TensorBoard events."""
+    out = pipeline_run["output"]
+    assert pipeline_run["rc"] == 0, out
+    assert "step 4/4" in out and "[done] held-out success" in out
+    run = Path(pipeline_run["run"])
     assert {"config.json", "eval.json", "rollouts.jsonl", "final_model", "checkpoints"} <= {p.name for p in run.iterdir()}
     assert any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
 
@@ -129,7 +132,7 @@ def test_bad_task_file_stops_before_anything_is_written(tmp_path):
                    '"answer": "3"}\nnot json\n')
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--tasks", str(bad),
            "--output-dir", str(tmp_path / "out"), "--run-name", "x"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
     assert proc.returncode == 2
     assert f"{bad}:2: field 'question' is empty" in proc.stderr
     assert f"{bad}:2: field 'task_id' duplicates line 1" in proc.stderr
@@ -158,6 +161,7 @@ def test_inf_is_no_limit_only_where_documented():
     assert _timedelta(cfg.learner_timeout_s).days == 365  # timedelta(seconds=inf) raises OverflowError
 
 
+@pytest.mark.slow
 def test_an_update_that_leaves_non_finite_weights_stops_the_run_and_keeps_the_last_finite_checkpoint(
         tmp_path, length_rule_grader, capsys, monkeypatch):
     monkeypatch.setenv("NANORLLM_FAULT", "nan_weights:2")
@@ -170,6 +174,7 @@ def test_an_update_that_leaves_non_finite_weights_stops_the_run_and_keeps_the_la
     assert all(torch.isfinite(t).all() for t in weights(run / "checkpoints" / "step_1" / "model").values())
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_periodic_save_is_reported_and_retried_while_the_run_goes_on(
         tmp_path, length_rule_grader, capsys, monkeypatch):
     monkeypatch.setenv("NANORLLM_FAULT", "disk_full:2")
@@ -186,6 +191,7 @@ def _task_file(path, n):
     return path
 
 
+@pytest.mark.slow
 def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_path, length_rule_grader, capsys):
     tasks = _task_file(tmp_path / "tasks.jsonl", 10)
     run = train(tmp_path, "order", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1")
@@ -207,6 +213,7 @@ def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_pat
     assert json.loads((run / "checkpoints" / "step_1" / "trainer_state.json").read_text())["step"] == 1
 
 
+@pytest.mark.slow
 def test_resume_new_data_starts_the_new_order_at_a_new_epoch(tmp_path, length_rule_grader, capsys):
     tasks = _task_file(tmp_path / "tasks.jsonl", 6)
     run = train(tmp_path, "grow", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1",

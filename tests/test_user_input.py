@@ -18,7 +18,8 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.run.lifecycle import main
 from tests.helpers import ScriptedPolicy
-from tests.procs import ROOT, TINY_ARGS, child_env, read_scalars, run_train
+from tests.procs import HANG_S, ROOT, child_env, read_scalars, run_train
+from tests.runs import TINY_ARGS
 
 
 def _env_file(tmp_path, name: str, body: str) -> str:
@@ -27,13 +28,14 @@ def _env_file(tmp_path, name: str, body: str) -> str:
     return f"{path}:{name.capitalize()}"
 
 
-def _train_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _train_script(args: list[str], timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *args], capture_output=True, text=True,
                           timeout=timeout, env=child_env())
 
 
 # ---- 1: config files are typed like flags ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_yaml_file_with_wrong_types_is_refused_naming_field_file_and_line_all_at_once(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("lr: 1e-5\ntasks_per_step: 2.5\nserial: maybe\nmax_stepz: 3\nmax_turns: 0\nrun_name: 2024\n"

@@ -213,6 +213,7 @@ def test_merging_updates_adds_sums_and_averages_the_loss():
 
 # ---- several updates per batch, on the tiny model ------------------------------------------------
 
+@pytest.mark.slow
 def test_two_mini_batches_equal_two_steps_on_their_groups(tiny_policy_factory):
     """updates_per_batch 2 on groups g0, g1 = a step on g0, then a step on g1 (grpo advantages are per group,
     and each mini-batch is normalised by its own tokens)."""

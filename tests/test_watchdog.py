@@ -43,7 +43,7 @@ def test_a_hung_grader_in_eval_is_reported_with_its_task(monkeypatch):
     t0 = time.perf_counter()
     with pytest.raises(Hung, match=r"while grading \(task plain\)"):
         _eval(ScriptedPolicy(lambda *_: "\\boxed{1}"), [PLAIN], hang_timeout_s=1)
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 30  # the report, not the judge's return: that takes 30 s
 
 
 def test_a_watchdog_that_sees_beats_stays_quiet():

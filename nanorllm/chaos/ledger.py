@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
-from nanorllm.chaos.procs import processes_with_token, shm_entries
+from nanorllm.chaos.procs import processes_with_token, shm_entries, shm_held
 
 
 def read_rollouts(run_dir: Path) -> list[dict]:
@@ -46,12 +46,19 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def leftovers(token: str, shm_before: set[str], wait_s: float = 10.0) -> tuple[int, int, float]:
     """(processes left, /dev/shm entries left, when the last process was gone: time.monotonic()).
 
-    /dev/shm entries carry no owner, so an entry counts only if it is still there after `wait_s`:
-    another program's short-lived semaphore is not this run's leftover."""
+    /dev/shm entries carry no owner, so an entry counts only if it is still there after `wait_s` and no
+    live process holds it: another program's short-lived semaphore, or the segments of a run going on
+    beside this one (a parallel test), are not this run's leftovers; this run's own processes are gone
+    by then, or counted as left."""
     t0 = time.monotonic()
     while processes_with_token(token) and time.monotonic() - t0 < wait_s:
         time.sleep(0.05)
     gone = time.monotonic()
-    while shm_entries() - shm_before and time.monotonic() - t0 < wait_s:
+    while new_shm(shm_before) and time.monotonic() - t0 < wait_s:
         time.sleep(0.1)
-    return len(processes_with_token(token)), len(shm_entries() - shm_before), gone
+    return len(processes_with_token(token)), len(new_shm(shm_before)), gone
+
+
+def new_shm(shm_before: set[str]) -> set[str]:
+    """/dev/shm entries that were not there before and that no live process holds."""
+    return shm_entries() - shm_before - shm_held()

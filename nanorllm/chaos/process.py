@@ -19,8 +19,8 @@ from nanorllm.chaos.procs import worker_pids
 ROOT = Path(nanorllm.__file__).resolve().parent.parent  # the checkout: launch/ lies beside the package
 TRAIN_SCRIPT = ROOT / "launch" / "train.py"
 TASKS_PER_STEP, SAMPLES = 4, 2
-TINY_ARGS = ["--model", "tiny-random", "--max-new-tokens", "8", "--tasks-per-step", str(TASKS_PER_STEP),
-             "--num-samples-per-task", str(SAMPLES), "--eval-limit", "4", "--threads", "1"]
+SUITE_ARGS = ["--model", "tiny-random", "--max-new-tokens", "8", "--tasks-per-step", str(TASKS_PER_STEP),
+              "--num-samples-per-task", str(SAMPLES), "--eval-limit", "4", "--threads", "1"]
 PIPELINE = ["--num-workers", "2", "--rollout-dump-size", "100000"]
 
 
@@ -34,9 +34,9 @@ def child_env(token: str | None = None, fault: str | None = None) -> dict[str, s
     return env
 
 
-def train_command(args: list[str], out_dir: Path) -> list[str]:
-    """launch/train.py on the tiny model with `args`, its runs under `out_dir`."""
-    return [sys.executable, str(TRAIN_SCRIPT), *TINY_ARGS, "--output-dir", str(out_dir), *args]
+def train_command(args: list[str], out_dir: Path, *, base: list[str] = SUITE_ARGS) -> list[str]:
+    """launch/train.py with `base` (the suite's tiny run) and then `args`, its runs under `out_dir`."""
+    return [sys.executable, str(TRAIN_SCRIPT), *base, "--output-dir", str(out_dir), *args]
 
 
 class TrainProcess:
@@ -58,7 +58,9 @@ class TrainProcess:
         """When a line containing `needle` appeared (at or after `after`), or None."""
         return next((t for t, line in list(self.lines) if t >= after and needle in line), None)
 
-    def wait_for(self, needle: str, timeout: float = 120, after: float = 0.0) -> float:
+    def wait_for(self, needle: str, timeout: float = 600, after: float = 0.0) -> float:
+        """When the line containing `needle` appeared: waits for it or for the run's end, whichever comes
+        first; `timeout` is only the net under a run that hangs (a busy machine is slow, not hung)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             t = self.seen(needle, after)
@@ -86,7 +88,8 @@ class TrainProcess:
         self.proc.send_signal(sig)
         return time.monotonic()
 
-    def wait(self, timeout: float = 240) -> int:
+    def wait(self, timeout: float = 900) -> int:
+        """The exit code; past `timeout` (the net under a hang, not a guess at a run's length) it is killed."""
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

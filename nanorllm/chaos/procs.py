@@ -68,3 +68,23 @@ def age_s(pid: int) -> float | None:
 
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def shm_held() -> set[str]:
+    """Names in /dev/shm that a live process has open or mapped (/proc/*/fd and /proc/*/maps)."""
+    held = set()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        targets = []
+        try:
+            for fd in (p / "fd").iterdir():
+                try:
+                    targets.append(os.readlink(fd))
+                except OSError:  # closed since the listing
+                    continue
+            targets += [line.split(None, 5)[-1] for line in (p / "maps").read_text().splitlines()]
+        except OSError:  # gone, or not ours to read
+            pass
+        held |= {t[len("/dev/shm/"):] for t in targets if t.startswith("/dev/shm/")}
+    return held
