@@ -2,7 +2,7 @@
 
 Pure: nothing here imports a user's file, probes a service or looks at a folder (those checks need the world
 and belong to the run's assembly, nanorllm/run/world.py). A choice list is read off its field's `Literal`
-type (`choices`), so each name is written once, in fields.py.
+type (`literal_fields`), so each name is written once, in fields.py.
 """
 
 import math
@@ -14,14 +14,6 @@ from typing import Literal, get_args, get_origin, get_type_hints
 DEFAULT_ENV_NAME = "math"  # Sources.env's default (envs/registry.py DEFAULT_ENV)
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
-
-
-def choices(cls: type, name: str) -> tuple:
-    """The values field `name` of dataclass `cls` may take: its `Literal`'s."""
-    hint = get_type_hints(cls)[name]
-    if get_origin(hint) is not Literal:
-        raise TypeError(f"{cls.__name__}.{name} is not a Literal field")
-    return get_args(hint)
 
 
 def literal_fields(cls: type) -> dict[str, tuple]:
