@@ -1,4 +1,5 @@
-"""Finding the bundle `--env` names: a built-in name, `module.path:Name`, or `path/to/file.py:Name`.
+"""Finding the bundle `--env` names: a built-in name, `module.path:Name`, `path/to/file.py:Name`, or
+`ECOSYSTEM:TARGET` for an environment of a library users already have (`ADAPTERS`).
 
 The spec string, never the class, is what travels: a spawned worker imports the same module again
 from it. `--env-arg key=value` values are typed by the bundle's defaults (int, finite float, bool, str; JSON or
@@ -7,6 +8,8 @@ Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason an
 raised at start before any model loads.
 """
 
+import importlib
+import importlib.util
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,8 +24,49 @@ BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
 DEFAULT_ENV = "math"
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """An ecosystem's environments as bundles: `module` (a file under nanorllm/envs/) has
+    `bundle_class(target: str) -> type[EnvBundle]` for the TARGET of `--env PREFIX:TARGET`; `package` is the
+    ecosystem's import name, installed by the optional extra `extra`. Only a named adapter is imported."""
+
+    module: str
+    package: str
+    extra: str
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "reasoning-gym": Adapter("nanorllm.envs.reasoning_gym", "reasoning_gym", "reasoning-gym"),
+    "textarena": Adapter("nanorllm.envs.textarena", "textarena", "textarena"),
+    "openenv": Adapter("nanorllm.envs.openenv", "openenv", "openenv"),
+    "verifiers": Adapter("nanorllm.envs.verifiers_env", "verifiers", "verifiers"),
+}
+
+
+def adapter_class(spec: str) -> type[EnvBundle] | None:
+    """The bundle class of an `ECOSYSTEM:TARGET` spec (None: the spec names no adapter)."""
+    prefix, sep, target = spec.partition(":")
+    adapter = ADAPTERS.get(prefix)
+    if adapter is None or not sep:
+        return None
+    if not target:
+        raise EnvSpecError(f"{spec!r}: expected {prefix}:TARGET")
+    if importlib.util.find_spec(adapter.package) is None:
+        raise EnvSpecError(f"{spec!r}: {adapter.package} is not installed "
+                           f"(pip install -e '.[{adapter.extra}]', or '.[envs]' for every ecosystem)")
+    try:
+        return importlib.import_module(adapter.module).bundle_class(target)
+    except EnvSpecError:
+        raise
+    except Exception as e:  # the ecosystem raised while it looked the target up
+        raise EnvSpecError(f"{spec!r}: {type(e).__name__}: {e}") from e
+
+
 def bundle_class(spec: str) -> type[EnvBundle]:
     """The bundle class a spec names, checked for the methods the engine calls."""
+    cls = adapter_class(spec)
+    if cls is not None:
+        return _checked(spec, cls, cls.__name__)
     target = BUILTIN_ENVS.get(spec, spec)
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
@@ -37,6 +81,10 @@ def bundle_class(spec: str) -> type[EnvBundle]:
     cls = getattr(module, name, None)
     if cls is None:
         raise EnvSpecError(f"{spec!r}: {where!r} has no {name!r}")
+    return _checked(spec, cls, name)
+
+
+def _checked(spec: str, cls, name: str) -> type[EnvBundle]:
     if not (isinstance(cls, type) and issubclass(cls, EnvBundle)):
         raise EnvSpecError(f"{spec!r}: {name} is not an EnvBundle subclass (nanorllm.envs.base.EnvBundle)")
     missing = []
