@@ -107,6 +107,7 @@ def stuck(task, client):
 
 async def blocks(task, client):
     await client.chat.completions.create(model="m", messages=HI, max_tokens=2)
+    await asyncio.sleep(0.5)  # the loop turns: beats before the block, however fast the request came back
     time.sleep(3.0)  # a sync call in an async agent: the endpoint's loop stands still, no timeout can fire
     await asyncio.sleep(1.0)  # the loop turns again
     return 0.0
@@ -357,7 +358,7 @@ def test_the_hang_detection_hears_the_endpoint_loop_turn_not_the_engine_polling_
     finally:
         engine.close()
     gaps = [b - a for a, b in zip(beats, beats[1:])]
-    assert len(beats) > 5  # the loop's turns while the agent awaits
+    assert len(beats) > 5  # the loop's turns while the agent awaits (0.5 s before the block, 1 s after)
     assert max(gaps) >= 2.9  # none while the agent held the loop for 3 s (the engine polls every 50 ms)
 
 
