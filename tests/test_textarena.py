@@ -99,6 +99,16 @@ def test_the_engine_plays_whole_games_and_the_turn_limit_closes_an_unfinished_on
     assert m["textarena/turns_per_episode"] == sum(r.trajectory.num_turns for r in (a, b, c)) / 3
 
 
+def test_starting_a_game_leaves_the_trainers_random_stream_as_it_was():
+    import random
+
+    random.seed(5)
+    expected = [random.random() for _ in range(3)]
+    random.seed(5)
+    load_env(GAME).make_env().reset({"task_id": "t", "seed": 0})  # textarena seeds the global stream
+    assert [random.random() for _ in range(3)] == expected
+
+
 def test_an_unknown_game_names_the_closest_registered_ids():
     with pytest.raises(EnvSpecError) as err:
         load_env("textarena:GuessTheNumbr-v0")

@@ -188,6 +188,5 @@ def bundle_class(target: str) -> type[EnvBundle]:
     except Exception as e:
         first = next((line.strip() for line in str(e).splitlines() if line.strip().strip("*")), "")
         raise EnvSpecError(f"{spec!r}: {target} cannot start: {type(e).__name__}: {first}") from None
-    name = target
     return type(f"TextArena_{''.join(c if c.isalnum() else '_' for c in target)}", (TextArenaGame,),
-                {"name": f"textarena:{name}", "game_id": target, "opening": opening, "__module__": __name__})
+                {"name": f"textarena:{target}", "game_id": target, "opening": opening, "__module__": __name__})
