@@ -1,0 +1,192 @@
+"""Single-player TextArena games as multi-turn episodes (`--env textarena:GAME-ID`, e.g. GuessTheNumber-v0).
+
+One episode is one game: `reset(task)` makes the game (`textarena.make(GAME-ID)`) and starts it with the
+task's seed; the game's messages since the model's last move are the user turn, the model's reply is the move
+(through the game's own action wrappers), and the game's final reward for player 0 is the episode's reward,
+given on the step that ends it. The game judges its moves: an invalid move is the game's feedback or its
+penalty reward, never a crash. An exception the game raises ends that episode as an env error (the engine's
+rule for any env). The episode ends when the game is done ("game_over", or "invalid_move" when an invalid move
+ended it) or at --max-turns ("max_turns", reward 0 unless the game had already set one); the game is closed
+either way, and when it raises.
+
+Tasks are seeds: `ta:count=N,seed=S` is the seeds S .. S+N-1. Training and held-out seeds come from disjoint
+ranges (`default_tasks` / `default_eval_tasks`). A game that needs more than one player is refused: it needs an
+opponent, which this adapter does not provide.
+"""
+
+import difflib
+import random
+from typing import ClassVar
+
+from nanorllm.core.types import RolloutResult
+from nanorllm.envs.base import EnvBundle
+from nanorllm.envs.modules import EnvSpecError
+
+TRAIN_SEEDS, EVAL_SEEDS = (0, 2000), (1_000_000, 200)  # (first seed, count): the ranges never meet
+SYSTEM_PROMPT = ("You are playing a text game. Read the game's rules and messages, then reply with your move "
+                 "in the format the game asks for.")
+NO_MESSAGE = "(The game sent no message. Make your next move.)"
+
+
+def registry() -> dict:
+    import textarena
+
+    return textarena.envs.registration.ENV_REGISTRY
+
+
+def innermost(game):
+    """The game under its wrappers: its observations are read there, one turn's new messages at a time."""
+    import textarena
+
+    while isinstance(game, textarena.Wrapper):
+        game = game.env
+    return game
+
+
+def messages_text(observation) -> str:
+    """The game's new messages as one text, leaving out player 0's own moves (already the assistant turn)."""
+    import textarena
+
+    if isinstance(observation, str):
+        return observation.strip()
+    lines = [str(message).strip() for sender, message, kind in observation
+             if not (sender == 0 and kind == textarena.ObservationType.PLAYER_ACTION)]
+    return "\n\n".join(line for line in lines if line)
+
+
+def start_game(game_id: str, seed: int):
+    """A game made and started with `seed`, its first observation's text. The trainer's own `random` stream is
+    left as it was: textarena seeds the global one."""
+    import textarena
+
+    saved = random.getstate()
+    try:
+        game = textarena.make(game_id)
+        game.reset(num_players=1, seed=seed)
+        return game, messages_text(innermost(game).get_observation()[1])
+    finally:
+        random.setstate(saved)
+
+
+class TextArenaEnv:
+    """One game of `game_id` per episode (see the module docstring)."""
+
+    def __init__(self, *, game_id: str, max_turns: int = 10):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.game_id, self.max_turns = game_id, max_turns
+        self.game = None
+        self.turn = 0
+        self.closed = True
+        self.rewards: dict | None = None
+        self.game_info: dict | None = None
+
+    def reset(self, task: dict) -> str:
+        self.close()
+        self.game, observation = start_game(self.game_id, int(task["seed"]))
+        self.turn, self.closed = 0, False
+        return observation or NO_MESSAGE
+
+    def close(self) -> tuple[dict | None, dict | None]:
+        """The game's (rewards, game_info), closing it the first time only."""
+        if self.game is not None and not self.closed:
+            self.closed = True
+            self.rewards, self.game_info = self.game.close()
+        return self.rewards, self.game_info
+
+    def step(self, response: str) -> tuple[str | None, float, bool, dict]:
+        assert self.game is not None and not self.closed, "call reset(task) first"
+        self.turn += 1
+        state = innermost(self.game).state
+        errors_before = getattr(state, "error_count", 0)
+        try:
+            done, _ = self.game.step(response)
+        except BaseException:
+            self.close()
+            raise
+        invalid = getattr(state, "error_count", 0) > errors_before
+        info = {"turn": self.turn, "invalid_move": invalid}
+        if not done and self.turn < self.max_turns:
+            return messages_text(innermost(self.game).get_observation()[1]) or NO_MESSAGE, 0.0, False, info
+        rewards, game_info = self.close()
+        player = (game_info or {}).get(0, {})
+        reward = float((rewards or {}).get(0, 0.0))
+        if done:
+            info["invalid_move"] = invalid or bool(player.get("invalid_move"))
+            reason = "invalid_move" if player.get("invalid_move") else "game_over"
+        else:
+            reason = "max_turns"
+        return None, reward, True, {**info, "game_done": bool(done), "game_reason": str(player.get("reason", "")),
+                                    "reason": reason}
+
+
+def parse_seed_spec(spec: str) -> tuple[int, int]:
+    """(first seed, count) of `ta:count=N,seed=S`."""
+    _, _, body = spec.partition(":")
+    params = {"count": TRAIN_SEEDS[1], "seed": TRAIN_SEEDS[0]}
+    for item in filter(None, (p.strip() for p in body.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in params:
+            raise ValueError(f"ta spec {spec!r}: {item!r} is not count=N or seed=S")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            raise ValueError(f"ta spec {spec!r}: {key} must be an integer, got {value!r}") from None
+    if params["count"] < 1 or params["seed"] < 0:
+        raise ValueError(f"ta spec {spec!r}: count must be >= 1 and seed >= 0")
+    return params["seed"], params["count"]
+
+
+class TextArenaGame(EnvBundle):
+    """A single-player TextArena game; `bundle_class` sets `game_id`."""
+
+    game_id: ClassVar[str] = ""
+    opening: ClassVar[str] = ""  # the game's first observation on seed 0: what the prompt-size checks measure
+    system_prompt = SYSTEM_PROMPT
+    default_tasks = f"ta:count={TRAIN_SEEDS[1]},seed={TRAIN_SEEDS[0]}"
+    default_eval_tasks = f"ta:count={EVAL_SEEDS[1]},seed={EVAL_SEEDS[0]}"
+
+    def make_env(self) -> TextArenaEnv:
+        return TextArenaEnv(game_id=self.game_id, max_turns=self.settings.max_turns)
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        if spec != "ta" and not spec.startswith("ta:"):
+            raise ValueError(f"{spec!r}: textarena tasks are seeds, ta:count=N,seed=S")
+        first, count = parse_seed_spec(spec)
+        count = count if limit is None else min(count, limit)
+        return [{"task_id": f"{self.game_id}-seed{s}", "seed": s, "game": self.game_id,
+                 "question": f"{self.opening}\n\n[{self.game_id} seed {s}]"} for s in range(first, first + count)]
+
+    def metrics(self, results: list[RolloutResult]) -> dict:
+        """Turns and invalid moves per episode; episodes the game itself ended, and those an invalid move ended."""
+        n = max(len(results), 1)
+        last = [r.trajectory.steps[-1].info if r.trajectory.steps else {} for r in results]
+        return {"textarena/turns_per_episode": sum(r.trajectory.num_turns for r in results) / n,
+                "textarena/invalid_moves_per_episode": sum(bool(s.info.get("invalid_move")) for r in results
+                                                           for s in r.trajectory.steps) / n,
+                "textarena/games_finished": sum(bool(i.get("game_done")) for i in last) / n,
+                "textarena/ended_by_invalid_move": sum(i.get("reason") == "invalid_move" for i in last) / n}
+
+
+def bundle_class(target: str) -> type[EnvBundle]:
+    """The bundle of `--env textarena:GAME-ID`, refused at start when the id is unknown, the game needs more
+    than one player, or it cannot start."""
+    spec = f"textarena:{target}"
+    ids = registry()
+    if target not in ids:
+        close = difflib.get_close_matches(target, list(ids), n=5, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else "see textarena.envs.registration.ENV_REGISTRY"
+        raise EnvSpecError(f"{spec!r}: no TextArena game {target!r} ({hint})")
+    try:
+        game, opening = start_game(target, 0)
+        game.close()
+    except AssertionError as e:
+        if "number of players" in str(e).lower():
+            raise EnvSpecError(f"{spec!r}: {target} is a game for more than one player ({e}); it needs an opponent, "
+                               "which this adapter does not provide") from None
+        raise EnvSpecError(f"{spec!r}: {target} cannot start: AssertionError: {e}") from None
+    except Exception as e:
+        first = next((line.strip() for line in str(e).splitlines() if line.strip().strip("*")), "")
+        raise EnvSpecError(f"{spec!r}: {target} cannot start: {type(e).__name__}: {first}") from None
+    return type(f"TextArena_{''.join(c if c.isalnum() else '_' for c in target)}", (TextArenaGame,),
+                {"name": f"textarena:{target}", "game_id": target, "opening": opening, "__module__": __name__})
