@@ -63,6 +63,7 @@ def test_a_composite_spec_mixes_datasets_by_weight():
     ("rg:basic_arithmetic+chain_sum,size=2,seed=1,max_terms=3", "max_terms: with several datasets write NAME."),
     ("rg:basic_arithmetic+chain_sum,size=2,seed=1,leg_counting.x=3", "'leg_counting' is not one of the datasets"),
     ("rg:basic_aritmetic,size=2,seed=1", "did you mean basic_arithmetic"),
+    ("rg:composite,size=2,seed=1", "write a mix of datasets as NAME1=WEIGHT+NAME2=WEIGHT"),
     ("rg:basic_arithmetic,size=2,seed=1,min_terms=0", "the dataset refused its config: AssertionError: min_terms")])
 def test_a_bad_spec_is_one_line_naming_the_field(spec, reason):
     with pytest.raises(TaskFileError) as err:

@@ -42,15 +42,17 @@ NO_ANSWER_FEEDBACK = {"tags": "I could not find a final answer. Solve it again a
 def dataset_names() -> list[str]:
     from reasoning_gym.factory import DATASETS
 
-    return sorted(DATASETS)
+    return sorted(set(DATASETS) - {"composite"})
 
 
 def _config_class(name: str, where: str, error=EnvSpecError):
     """The config dataclass of dataset `name`; an unknown name is refused with the closest known ones."""
     from reasoning_gym.factory import DATASETS
 
+    if name == "composite":  # registered by reasoning-gym, but built from the other datasets: a mix is written here
+        raise error(f"{where}: write a mix of datasets as NAME1=WEIGHT+NAME2=WEIGHT, not 'composite'")
     if name not in DATASETS:
-        close = difflib.get_close_matches(name, DATASETS, n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, dataset_names(), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(dataset_names())}"
         raise error(f"{where}: unknown reasoning-gym dataset {name!r} ({hint})")
     return DATASETS[name][1]
