@@ -177,6 +177,7 @@ def test_hang_reports_name_the_reward_function_that_is_running(rewards_file):
     (["--reward", "nope.py:fn"], "not found"),
     (["--reward", "{f}:trl_plain", "--reward-weights", "1", "2"], "reward_weights: 2 weight(s) for 1 --reward"),
     (["--reward", "{f}:trl_plain", "--reward-mode", "mul"], "reward_mode: must be 'add' or 'replace', got 'mul'"),
+    (["--reward", "{f}:trl_plain", "--reward-timeout-s", "0"], "reward_timeout_s: must be > 0, got 0.0"),
 ])
 def test_bad_reward_flags_are_refused_at_start(rewards_file, tmp_path, capsys, flags, expected):
     flags = [f.replace("{f}", rewards_file) for f in flags]
