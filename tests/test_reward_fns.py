@@ -3,7 +3,9 @@ what happens when they fail, and real runs (serial and with a worker) scored by 
 
 import json
 import math
+import re
 import textwrap
+import time
 
 import pytest
 
@@ -14,6 +16,7 @@ from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.reward_fns import RewardBundle, RewardFunctionError, load_reward_functions
 from nanorllm.run.lifecycle import main
+from nanorllm.trainer.watchdog import Hung
 from nanorllm.chaos.process import PIPELINE
 from tests.procs import read_scalars
 from tests.runs import TINY_ARGS
@@ -49,6 +52,20 @@ REWARDS = textwrap.dedent('''
 
     def wrong(text, gold):
         return [0.0]
+
+    import time
+
+    def sleepy(completions, **kw):
+        time.sleep(3)
+        return [1.0] * len(completions)
+
+    hangs = [0]
+
+    def hang_once(completions, **kw):  # the first call never returns; later ones score
+        hangs[0] += 1
+        if hangs[0] == 1:
+            time.sleep(3600)
+        return [float(len(c) % 2) for c in completions]
 ''')
 
 
@@ -113,12 +130,54 @@ def test_a_function_that_raises_ends_the_batch_as_env_errors(rewards_file, capsy
     assert "the judge is down" in capsys.readouterr().err
 
 
+def test_a_function_past_its_timeout_ends_the_batch_as_env_errors_naming_it(rewards_file, capsys):
+    fns = load_reward_functions((f"{rewards_file}:sleepy", f"{rewards_file}:trl_all"), timeout_s=0.2)
+    b = RewardBundle(MathSelfRefine(EpisodeSettings()), fns)
+    heard = []
+    batch = [episode("a", "1"), episode("b", "2")]
+    t0 = time.monotonic()
+    b.score_batch(batch, watch=heard.append)
+    assert time.monotonic() - t0 < 2  # abandoned at the limit, not waited for
+    assert [r.trajectory.termination_reason for r in batch] == ["error", "error"]
+    assert heard == [f"reward function {rewards_file}:sleepy"]  # the next function never ran
+    err = capsys.readouterr().err
+    assert f"reward function {rewards_file}:sleepy did not return within --reward-timeout-s 0.2 s" in err
+    assert "counted in rollout/env_errors" in err
+    fast = [episode("a", "1")]
+    RewardBundle(MathSelfRefine(EpisodeSettings()), load_reward_functions((f"{rewards_file}:trl_all",),
+                                                                          timeout_s=0.2)).score_batch(fast)
+    assert fast[0].reward == 0.5  # a call within the limit scores as before
+
+
+def test_hang_reports_name_the_reward_function_that_is_running(rewards_file):
+    from nanorllm.pipeline.heartbeat import Heartbeat
+    from nanorllm.trainer.watchdog import Watchdog
+
+    spec = f"{rewards_file}:sleepy"
+    hb = Heartbeat(1, env_name="math", reward_names=(spec,))
+    hb.doing(0, f"reward function {spec}", "3.0")
+    assert hb.describe(0, {"3.0": ["t0", "t1"]}) == f"reward function {spec} (job 3.0)"
+    hb.doing(0, "grading", "3.0", 1)
+    assert hb.describe(0, {"3.0": ["t0", "t1"]}) == "grading (job 3.0, task t1) in the env math"
+
+    class Engine:
+        on_step = watch = None
+
+    b = RewardBundle(MathSelfRefine(EpisodeSettings()), load_reward_functions((spec,), timeout_s=5))
+    with pytest.raises(Hung, match=rf"serial rollout hung: .* while reward function {re.escape(spec)}$"):
+        with Watchdog("serial rollout", 0.5, grace_s=10, poll_s=0.05, env_name="math") as dog:
+            engine = Engine()
+            dog.follow(engine, [{"task_id": "t0"}])
+            b.score_batch([episode("a", "1")], watch=lambda activity: engine.watch(activity, -1))
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--reward", "{f}:wrong"], "reward: '{f}:wrong': wrong(text, gold) has neither TRL's signature"),
     (["--reward", "{f}:missing"], "reward: '{f}:missing': '{f}' has no function 'missing'"),
     (["--reward", "nope.py:fn"], "not found"),
     (["--reward", "{f}:trl_plain", "--reward-weights", "1", "2"], "reward_weights: 2 weight(s) for 1 --reward"),
     (["--reward", "{f}:trl_plain", "--reward-mode", "mul"], "reward_mode: must be 'add' or 'replace', got 'mul'"),
+    (["--reward", "{f}:trl_plain", "--reward-timeout-s", "0"], "reward_timeout_s: must be > 0, got 0.0"),
 ])
 def test_bad_reward_flags_are_refused_at_start(rewards_file, tmp_path, capsys, flags, expected):
     flags = [f.replace("{f}", rewards_file) for f in flags]
@@ -155,3 +214,22 @@ def test_a_worker_imports_the_reward_file_and_its_scores_reach_the_learner(rewar
     assert scalars["reward/trl_all"] == [(1, 0.5), (2, 0.5)]
     assert [v for _, v in scalars["reward/mean"]] == [0.5, 0.5]  # replace: the math env's 0/1 is gone
     assert not math.isnan(scalars["loss/policy"][0][1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]], ids=["serial", "worker"])
+def test_a_run_whose_function_hangs_once_drops_that_batch_at_the_timeout_and_trains_on(rewards_file, tmp_path, mode):
+    from tests.procs import processes_with_token, run_train
+
+    rc, out, token = run_train([*mode, "--reward", f"{rewards_file}:hang_once", "--reward-timeout-s", "1",
+                                "--max-steps", "2", "--eval-tasks", "", "--no-drop-zero-std-groups",
+                                "--run-name", "h"], tmp_path)
+    assert rc == 0, out[-3000:]
+    assert f"reward function {rewards_file}:hang_once did not return within --reward-timeout-s 1 s" in out
+    scalars = read_scalars(tmp_path / "h")
+    assert sum(v for _, v in scalars["rollout/env_errors"]) == 8  # the first batch: 4 tasks x 2 samples
+    assert [s for s, _ in scalars["reward/hang_once"]] == [2]  # the second batch is scored
+    deadline = time.monotonic() + 60
+    while processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with_token(token)  # the abandoned call held up no exit

@@ -137,6 +137,8 @@ def config_problems(cfg) -> list[str]:
     p += agent_env_problems(cfg)
     if cfg.agent_timeout_s <= 0:
         p.append(f"agent_timeout_s: must be > 0, got {cfg.agent_timeout_s}")
+    if not cfg.reward_timeout_s > 0:
+        p.append(f"reward_timeout_s: must be > 0, got {cfg.reward_timeout_s}")
     p += _reward_problems(cfg)
     from nanorllm.utils.sinks import parse_report_to
 

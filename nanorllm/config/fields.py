@@ -39,6 +39,9 @@ class Sources:
     """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
     reward_mode: Literal["add", "replace"] = "add"
     """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
+    reward_timeout_s: float = 30.0
+    """Wall-clock limit (seconds) of one call of a --reward function; past it the batch it scores is dropped as env
+    errors (rollout/env_errors), naming the function, and the call is abandoned."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json

@@ -42,7 +42,8 @@ def env_spec(cfg) -> EnvSpec:
     """What names the run's episodes: its --agent, or its --env with its options and --reward functions."""
     return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
                    rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
-                   reward_mode=getattr(cfg, "reward_mode", "add"), settings=episode_settings(cfg))
+                   reward_mode=getattr(cfg, "reward_mode", "add"),
+                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), settings=episode_settings(cfg))
 
 
 def task_specs(cfg, env=None) -> tuple[str | None, str]:

@@ -201,6 +201,7 @@ class EnvSpec:
     rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
+    reward_timeout_s: float = 30.0  # one call of a reward function past this drops its batch as env errors
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 
 
@@ -214,7 +215,8 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
         return bundle
     from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
 
-    return RewardBundle(bundle, load_reward_functions(spec.rewards, spec.reward_weights), spec.reward_mode)
+    return RewardBundle(bundle, load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s),
+                        spec.reward_mode)
 
 
 def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:

@@ -22,14 +22,18 @@ reward (`add`) or takes its place (`replace`); with no `--env` the run uses `sin
 reward is the functions'. The engine calls `score_batch` once per rollout call, in a worker or in the
 trainer alike (the spec strings travel; each process imports the files again, as it does `--env` files).
 A function that raises ends the batch's episodes as env errors (counted in rollout/env_errors, left out of
-training); one that returns the wrong number of values, or a value that is not a finite number, is a
-`RewardFunctionError` naming it, which stops the run.
+training), and so does one that does not return within `--reward-timeout-s` (one line names it and the
+limit; the call is left running in a daemon thread, which cannot hold up the process's exit); one that
+returns the wrong number of values, or a value that is not a finite number, is a `RewardFunctionError`
+naming it, which stops the run. While a function runs, the engine's `watch` hears "reward function
+<spec>", so a hang report names it.
 """
 
 import inspect
 import math
 import numbers
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -43,11 +47,16 @@ from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.modules import EnvSpecError, import_spec
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
+DEFAULT_TIMEOUT_S = 30.0
 _reported: set[tuple] = set()
 
 
 class RewardFunctionError(ValueError):
     """A reward function returned something that cannot be a batch of rewards."""
+
+
+class RewardTimeout(Exception):
+    """A reward function did not return within its time limit: the batch it scored is env errors."""
 
 
 class SingleTurnEnv:
@@ -108,6 +117,7 @@ class RewardFunction:
     var_kw: bool
     weight: float = 1.0
     required: tuple[str, ...] = ()  # the names it takes without a default
+    timeout_s: float = DEFAULT_TIMEOUT_S  # wall-clock limit of one call (--reward-timeout-s)
 
     def __call__(self, results: list[RolloutResult], env_name: str) -> list[float | None]:
         tasks = [r.trajectory.task for r in results]
@@ -116,8 +126,8 @@ class RewardFunction:
             completions = [[{"role": "assistant", "content": c}] if isinstance(t.get("question"), list) else c
                            for t, c in zip(tasks, completions)]
         if self.kind == "verl":
-            out = [self.fn(data_source=t.get("data_source", env_name), solution_str=c, ground_truth=t.get("answer"),
-                           extra_info=t) for t, c in zip(tasks, completions)]
+            out = [self.call(data_source=t.get("data_source", env_name), solution_str=c, ground_truth=t.get("answer"),
+                             extra_info=t) for t, c in zip(tasks, completions)]
             out = [v.get("score") if isinstance(v, dict) else v for v in out]
         else:
             kwargs = {}
@@ -128,8 +138,29 @@ class RewardFunction:
             for column in dict.fromkeys(k for t in tasks for k in t):
                 if (self.var_kw or column in self.params) and column not in ("completions", *kwargs):
                     kwargs[column] = [t.get(column) for t in tasks]
-            out = self.fn(completions, **kwargs)
+            out = self.call(completions, **kwargs)
         return self.check(out, len(results))
+
+    def call(self, *args, **kwargs):
+        """self.fn(*args, **kwargs) in a daemon thread, waited on for `timeout_s`: its value, or what it raised;
+        RewardTimeout past the limit (the call is abandoned: a daemon thread does not hold up the exit)."""
+        box: dict = {}
+
+        def target():
+            try:
+                box["value"] = self.fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001  (handed to the caller, which decides)
+                box["error"] = e
+
+        thread = threading.Thread(target=target, name=f"reward:{self.name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            raise RewardTimeout(f"reward function {self.spec} did not return within --reward-timeout-s "
+                                f"{self.timeout_s:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def check(self, out: object, n: int) -> list[float | None]:
         """One finite number per completion, or None where the function does not apply (TRL's convention:
@@ -178,9 +209,12 @@ def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
                           required=required)
 
 
-def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = ()) -> list[RewardFunction]:
+def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = (),
+                          timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RewardFunction]:
     weights = weights or (1.0,) * len(specs)
     fns = [load_reward_function(s, w) for s, w in zip(specs, weights)]
+    for f in fns:
+        f.timeout_s = timeout_s
     names = [f.name for f in fns]
     for f in fns:  # two functions of one name log apart: reward/<name>, reward/<name>_2 ...
         if names.count(f.name) > 1:
@@ -225,15 +259,26 @@ class RewardBundle(EnvBundle):
                 out[f"reward/{f.name}"] = sum(values) / len(values)
         return out
 
-    def score_batch(self, results: list[RolloutResult]) -> None:
-        """Each function once over the call's episodes (env errors left out); rewards set in place."""
+    def score_batch(self, results: list[RolloutResult],
+                    watch: Callable[[str], None] = lambda activity: None) -> None:
+        """Each function once over the call's episodes (env errors left out); rewards set in place. `watch` hears
+        "reward function <spec>" before each function runs (the engine's hang detection)."""
         live = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
         if not live:
             return
+        scores = {}
         try:
-            scores = {f.name: f(live, self.name) for f in self.functions}
+            for f in self.functions:
+                watch(f"reward function {f.spec}")
+                scores[f.name] = f(live, self.name)
         except RewardFunctionError:
             raise
+        except RewardTimeout as e:
+            _report_once(("timeout", str(e)), f"[reward] {e}: the {len(live)} episodes of this batch are dropped "
+                         "(counted in rollout/env_errors; the call is left running, abandoned; printed once)")
+            for r in live:
+                r.trajectory.termination_reason = "error"
+            return
         except Exception as e:  # the batch's episodes say nothing about the policy: env errors
             _report_once((type(e).__name__, str(e)[:80]),
                          f"[reward] a reward function raised; the {len(live)} episodes of this batch are dropped "

@@ -17,7 +17,8 @@ self-refine bundle by default. An episode's reward is the sum of its steps' rewa
 `check_step`: a reward that is not a finite number, a `done` that is not a bool, ...), ends only that
 episode (reason "error", printed once per distinct error); the trainer leaves such episodes out of
 their groups. `watch` hears "grading" around
-each env call (reset and step) and "generating" after it: a worker's heartbeat.
+each env call (reset and step), "reward function <spec>" while a --reward function scores the call's
+episodes, and "generating" after either: a worker's heartbeat.
 
 With `--agent` (an AgentBundle) the episodes are the user's functions talking to an OpenAI-compatible
 endpoint, and their requests join the running decode batch (rollout/agent_runner.py).
@@ -108,8 +109,8 @@ class RolloutEngine:
         self.max_batch_episodes = max_batch_episodes
         self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
         # watch(activity, task_index): told when the env's reset or step ("grading") starts and ends (and
-        # beaten while a check runs), so a hang detector can say whether generation or the env stands still,
-        # and on which task.
+        # beaten while a check runs), and when a reward function runs ("reward function <spec>", task -1), so a
+        # hang detector can say whether generation, the env or a reward function stands still, and on which task.
         self.watch: Callable[[str, int], None] = lambda activity, task_index: None
 
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
@@ -140,8 +141,9 @@ class RolloutEngine:
         else:
             n_generated, gen_s, stats = self._run_turn_by_turn(live, params)
         score_batch = getattr(self.env, "score_batch", None)  # --reward functions: the call's episodes at once
-        if score_batch is not None:
-            score_batch([ep.result for ep in episodes])
+        if score_batch is not None:  # each function heard as "reward function <spec>" while it runs
+            score_batch([ep.result for ep in episodes], watch=lambda activity: self.watch(activity, -1))
+            self.watch("generating", -1)
         elapsed = time.perf_counter() - t0
         version = getattr(self.policy, "version", 0)
         for ep in episodes:
