@@ -21,7 +21,7 @@ from nanorllm.envs.agent_fn import check_agent_result
 from nanorllm.envs.base import EnvProtocolError, EpisodeSettings
 from nanorllm.envs.registry import load_agent
 from nanorllm.policy.base import Generation, SamplingParams
-from nanorllm.rollout.agent_runner import cut_response
+from nanorllm.rollout.agent_runner import cut_response, episode_limits
 from nanorllm.rollout.endpoint import Limits, RequestError, parse_request, ChatRequest
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.metrics import rollout_metrics
@@ -476,3 +476,14 @@ def test_a_run_whose_agent_returns_a_set_as_its_action_finishes_and_writes_its_d
     assert len(read_rollouts(run)) == 16 and not list(run.glob("*.tmp"))
     assert [v for _, v in read_scalars(run)["rollout/env_errors"]] == [2, 2]
     assert all(e["returned"] == {"action": "ok"} for e in read_rollouts(run) if e["termination_reason"] != "error")
+
+
+def test_the_row_limit_the_plan_sizes_is_the_one_the_endpoint_enforces(tiny_policy, agents):
+    """EpisodeSettings.max_row_tokens (from --max-prompt-tokens) caps an agent's rows below the context: a
+    request past it is a 400 the agent sees (this one raises on it: an env error, counted), as past the context."""
+    assert episode_limits(tiny_policy, 2).tokens == tiny_policy.model.config.max_position_embeddings
+    assert episode_limits(tiny_policy, 2, 40).tokens == 40
+    results = _run(tiny_policy, f"{agents}:ask", tasks=TASKS[:1], settings=EpisodeSettings(max_turns=2, max_row_tokens=8))
+    [r] = results
+    assert r.trajectory.termination_reason == "error" and "limit of 8 tokens" in r.trajectory.steps[-1].info["error"]
+    assert rollout_metrics(results)["rollout/env_errors"] == 1

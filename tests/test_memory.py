@@ -243,3 +243,29 @@ def test_the_plan_counts_what_an_earlier_run_in_the_process_freed_as_free():
     (held, kept), (_, released) = rss["keep"], rss["release"]
     assert held > 450 and kept > held - 20, rss  # without handing back, the plan's process still holds them
     assert kept - released > 350, rss
+
+
+def test_an_agent_runs_rows_are_planned_at_the_endpoints_bound_not_at_the_tasks_prompts(tmp_path):
+    """An --agent writes its own prompts: the plan sizes its KV slots and micro-batches at the row limit the
+    endpoint enforces (--max-prompt-tokens plus the turns' room; else the model's context), not at the
+    prompts the tasks render."""
+    from nanorllm.config.specs import agent_row_tokens
+
+    (tmp_path / "agent.py").write_text("def agent(task, client):\n    return 0.0\n")
+    common = dict(model="tiny-random", tasks="calc:count=8,seed=1", eval_tasks="", max_turns=2, max_new_tokens=32)
+
+    def kv(cfg):
+        plan = plan_run(on(cfg), free={"cpu": 10**12}, shm_free=10**12)
+        return next(part for part in plan.processes[0].parts if part.name == "kv")
+
+    bounded = TrainConfig(agent=f"{tmp_path / 'agent.py'}:agent", max_prompt_tokens=1200, **common)
+    assert agent_row_tokens(bounded) == 1200 + 2 * 32 + 128
+    env_run, agent_run = kv(TrainConfig(env="calc", max_prompt_tokens=1200, **common)), kv(bounded)
+    config = model_config("tiny-random")
+    slots = 1  # no held-out set, no --serial: the learner's one eval slot
+    assert agent_run.nbytes == kv_bytes(config, slots=slots, width=1408, dtype_bytes=4)  # 1392 -> 1408 columns
+    assert "agent rows of up to 1408 tokens" in agent_run.note
+    assert env_run.nbytes < agent_run.nbytes  # the calc prompts are far shorter than the bound
+    unbounded = kv(TrainConfig(agent=f"{tmp_path / 'agent.py'}:agent", **common))
+    context = config.max_position_embeddings
+    assert unbounded.nbytes == kv_bytes(config, slots=slots, width=-(-context // 64) * 64, dtype_bytes=4)

@@ -35,7 +35,17 @@ def episode_settings(cfg) -> EpisodeSettings:
         task_fields = None  # config_problems names the field
     return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=getattr(cfg, "system_prompt", None),
                            worked_example=cfg.worked_example, grader_timeout_s=getattr(cfg, "grader_timeout_s", 5.0),
-                           task_fields=task_fields)
+                           task_fields=task_fields, max_row_tokens=agent_row_tokens(cfg))
+
+
+def agent_row_tokens(cfg) -> int | None:
+    """The most tokens an --agent episode's row may hold: --max-prompt-tokens plus the room its turns need
+    (their responses and feedback, as an env episode is sized); None without --max-prompt-tokens (the model's
+    context bounds it)."""
+    from nanorllm.rollout.engine import longest_episode
+
+    limit = getattr(cfg, "max_prompt_tokens", None)
+    return None if not limit else longest_episode(limit, sampling_params(cfg), cfg.max_turns)
 
 
 def env_spec(cfg) -> EnvSpec:

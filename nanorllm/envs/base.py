@@ -106,6 +106,9 @@ class EpisodeSettings:
     worked_example: bool = True
     grader_timeout_s: float = 5.0
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
+    # an --agent episode's row, prompt and completions, holds at most this many tokens (its requests past it get a
+    # 400); None: the model's context. What the memory plan sizes an agent episode at.
+    max_row_tokens: int | None = None
 
 
 class EnvBundle:

@@ -266,8 +266,14 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         tasks = TaskShape(first=(cfg.max_prompt_tokens or FIRST_PROMPT_TOKENS) + 64, shared=0)
     first = min(tasks.first, limit or tasks.first)
     episode = first + room
+    shared = tasks.shared
+    if cfg.agent:  # an agent writes its own prompts: a row holds what the endpoint lets it (EpisodeSettings.max_row_tokens)
+        from nanorllm.config.specs import agent_row_tokens
+
+        bounds = [n for n in (agent_row_tokens(cfg), context) if n]
+        episode, shared = (min(bounds) if bounds else episode), 0
     width = -(-episode // 64) * 64  # the KV cache's slot width
-    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=tasks.shared)
+    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=shared)
     acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
                             checkpointing=getattr(cfg, "grad_checkpointing", False))
     rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
@@ -277,7 +283,8 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     learner = Process("learner", learner_dev, [
         Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
         Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
-        Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute)),
+        Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute),
+             f"agent rows of up to {width} tokens (--max-prompt-tokens bounds them)" if cfg.agent else ""),
         *process_overheads(learner_dev)])
     if cfg.kl_coef > 0 and lora is None:
         learner.parts.insert(3, Part("reference", total * compute))

@@ -81,9 +81,11 @@ class EpisodeLimits:
         return MESSAGES_BASE + MESSAGES_PER_TURN * self.turns
 
 
-def episode_limits(policy, max_turns: int) -> EpisodeLimits:
+def episode_limits(policy, max_turns: int, max_row_tokens: int | None = None) -> EpisodeLimits:
+    """`max_turns` completions; a row of at most `max_row_tokens` (EpisodeSettings) and never past the context."""
     config = getattr(getattr(policy, "model", None), "config", None)
-    return EpisodeLimits(turns=max_turns, tokens=getattr(config, "max_position_embeddings", None))
+    bounds = [n for n in (max_row_tokens, getattr(config, "max_position_embeddings", None)) if n]
+    return EpisodeLimits(turns=max_turns, tokens=min(bounds) if bounds else None)
 
 
 @dataclass
@@ -299,7 +301,7 @@ class AgentRunner:
         self.prefix = None
         self.http = _HttpClients()
         self.endpoint = ChatEndpoint()
-        self.limits = episode_limits(self.policy, engine.max_turns)
+        self.limits = episode_limits(self.policy, engine.max_turns, bundle.settings.max_row_tokens)
         self.requests_served = 0
         self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
@@ -453,7 +455,7 @@ class AgentRunner:
         if lim.tokens is not None and len(ids) + want > lim.tokens:
             return "messages", (f"messages: the prompt holds {len(ids)} tokens; with max_tokens {want} it passes the "
                                 f"episode's limit of {lim.tokens} tokens (the model's context, "
-                                "max_position_embeddings)")
+                                "max_position_embeddings, or --max-prompt-tokens plus the turns' room if less)")
         return None
 
     def _answer(self, ep: _AgentEpisode, req: ChatRequest, prompt: list[int], gen: Generation, state,
