@@ -199,3 +199,29 @@ def test_to_openai_writes_the_openai_tool_calls_shape_in_order():
     assert len({c["id"] for c in out}) == 2
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in out] == [WEATHER, TIME]
     assert to_openai([]) == []
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+def test_the_agent_endpoint_reads_calls_in_the_format_of_its_policys_template(family):
+    from types import SimpleNamespace
+
+    from nanorllm.rollout.agent_runner import AgentRunner, tool_call_errors
+
+    policy = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=TEMPLATES[family]))
+    runner = AgentRunner(SimpleNamespace(policy=policy, max_turns=2), None, shared_prefix=None, min_shared=0)
+    assert runner.tool_parser == family
+    text, content, expected = FIXTURES[family][1]
+    got_content, calls, errors = tool_call_errors(text, runner.tool_parser, TOOLS)
+    assert got_content == content and errors == []
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == expected
+
+
+def test_the_endpoint_records_why_a_call_cannot_run():
+    from nanorllm.rollout.agent_runner import tool_call_errors
+
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"unit": "celsius"}}</tool_call>'
+            '<tool_call>{"name": "get_news", "arguments": {}}</tool_call><tool_call>{oops}</tool_call>')
+    _, calls, errors = tool_call_errors(text, "hermes", TOOLS)
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_news"]
+    assert len(errors) == 3 and "not valid JSON" in errors[0]
+    assert "city" in errors[1] and "get_news" in errors[2]
