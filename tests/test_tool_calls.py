@@ -225,3 +225,33 @@ def test_the_endpoint_records_why_a_call_cannot_run():
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_news"]
     assert len(errors) == 3 and "not valid JSON" in errors[0]
     assert "city" in errors[1] and "get_news" in errors[2]
+
+
+def test_tool_parser_flag_offers_auto_and_every_parser_and_refuses_another_listing_them():
+    from typing import get_args, get_type_hints
+
+    from nanorllm.config import ConfigError, parse_config
+    from nanorllm.config.fields import Sources
+    from nanorllm.config.specs import env_spec
+
+    assert get_args(get_type_hints(Sources)["tool_parser"]) == ("auto", *PARSERS)
+    assert parse_config([]).tool_parser == "auto"
+    assert env_spec(parse_config(["--tool-parser", "llama3"])).tool_parser == "llama3"
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--tool-parser", "gpt4"])
+    assert "tool_parser" in str(e.value) and all(name in str(e.value) for name in PARSERS)
+
+
+def test_a_named_tool_parser_overrides_the_templates(tmp_path):
+    from types import SimpleNamespace
+
+    from nanorllm.envs.registry import EnvSpec, load_bundle
+    from nanorllm.rollout.agent_runner import AgentRunner
+
+    path = tmp_path / "agent.py"
+    path.write_text("def solve(task, client):\n    return 0.0\n")
+    policy = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=TEMPLATES["hermes"]))
+    engine = SimpleNamespace(policy=policy, max_turns=2)
+    for name, want in [("auto", "hermes"), ("mistral", "mistral")]:
+        bundle = load_bundle(EnvSpec(agent=f"{path}:solve", tool_parser=name))
+        assert AgentRunner(engine, bundle, shared_prefix=None, min_shared=0).tool_parser == want

@@ -51,7 +51,7 @@ from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_body
-from nanorllm.rollout.tool_calls import DEFAULT_PARSER, check_call, parse, parser_for_template, to_openai
+from nanorllm.rollout.tool_calls import DEFAULT_PARSER, check_call, parse, resolve_parser, to_openai
 
 _SENTINEL = "\x00NANORLLM_AGENT_SENTINEL\x00"
 IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
@@ -296,8 +296,9 @@ class AgentRunner:
         self.http = _HttpClients()
         self.endpoint = ChatEndpoint()
         self.limits = episode_limits(self.policy, engine.max_turns)
-        # the tool-call format the policy's chat template writes (rollout/tool_calls.py)
-        self.tool_parser = parser_for_template(getattr(self.policy.tokenizer, "chat_template", None))
+        # the tool-call format --tool-parser names, else the one the policy's chat template writes (rollout/tool_calls.py)
+        self.tool_parser = resolve_parser(getattr(bundle, "tool_parser", "auto"),
+                                          getattr(self.policy.tokenizer, "chat_template", None))
         self.requests_served = 0
         self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
