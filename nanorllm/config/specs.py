@@ -51,6 +51,7 @@ def agent_row_tokens(cfg) -> int | None:
 def env_spec(cfg) -> EnvSpec:
     """What names the run's episodes: its --agent, or its --env with its options and --reward functions."""
     return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
+                   tool_parser=getattr(cfg, "tool_parser", "auto"),
                    rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
                    reward_mode=getattr(cfg, "reward_mode", "add"),
                    reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), settings=episode_settings(cfg))

@@ -25,11 +25,13 @@ from nanorllm.envs.base import EnvBundle, EnvProtocolError, EpisodeSettings, che
 class AgentBundle(EnvBundle):
     name: ClassVar[str] = "agent"
 
-    def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0):
+    def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
+                 tool_parser: str = "auto"):
         super().__init__(settings)
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.timeout_s = timeout_s  # an agent still running this long after it started is ended, and counted
+        self.tool_parser = tool_parser  # the endpoint's tool-call format (rollout/tool_calls.py), auto: the template's
 
     def metrics(self, results: list[RolloutResult]) -> dict:
         """Requests the endpoint refused (a 4xx: a bad field, a prompt past the episode's limits, a body too large)."""

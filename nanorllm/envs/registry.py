@@ -174,7 +174,8 @@ def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
     return bundle
 
 
-def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0) -> AgentBundle:
+def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
+               tool_parser: str = "auto") -> AgentBundle:
     """The AgentBundle of an --agent spec (module.path:fn or path/to/file.py:fn), refused like an --env
     spec when it does not import, names nothing or names a function of the wrong signature."""
     module, where, name = import_spec(spec, "module.path:function or path/to/file.py:function")
@@ -184,7 +185,7 @@ def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s:
     why = check_agent_function(fn)
     if why:
         raise EnvSpecError(f"{spec!r}: {name} cannot be an agent: {why}")
-    bundle = AgentBundle(fn, settings, timeout_s=timeout_s)
+    bundle = AgentBundle(fn, settings, timeout_s=timeout_s, tool_parser=tool_parser)
     bundle.spec = spec
     return bundle
 
@@ -198,6 +199,7 @@ class EnvSpec:
     env_args: tuple[str, ...] = ()  # the bundle's own options, key=value
     agent: str | None = None  # an --agent function instead of an env
     agent_timeout_s: float = 300.0
+    tool_parser: str = "auto"  # rollout/tool_calls.py: a parser's name, or auto (the chat template's)
     rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
@@ -209,7 +211,8 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
     """The run's episodes: its agent when the spec names one, else its env; with reward functions, wrapped so
     that they score its episodes (envs/reward_fns.py)."""
     if spec.agent:
-        return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s)
+        return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
+                          tool_parser=spec.tool_parser)
     bundle = load_env(spec.env, spec.settings, spec.env_args)
     if not rewards or not spec.rewards:
         return bundle

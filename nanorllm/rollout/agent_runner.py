@@ -35,7 +35,6 @@ agents at their timeout), never this loop's own polling: an endpoint loop that a
 import asyncio
 import json
 import queue
-import re
 import secrets
 import sys
 import threading
@@ -52,9 +51,9 @@ from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_body
+from nanorllm.rollout.tool_calls import DEFAULT_PARSER, check_call, parse, resolve_parser, to_openai
 
 _SENTINEL = "\x00NANORLLM_AGENT_SENTINEL\x00"
-TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)  # the Hermes / Qwen tool-call format
 IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
 MESSAGES_BASE, MESSAGES_PER_TURN = 16, 4  # a request's messages: a system prompt and examples, then each turn's
 _reported: set[tuple[str, str]] = set()  # (spec, last line of the error): printed once per process
@@ -170,20 +169,17 @@ def cut_response(policy, gen: Generation, req: ChatRequest) -> tuple[list[int], 
     return ids, lps, text, reason
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
-    """(content, tool_calls) of a response in the Hermes format: <tool_call>{"name", "arguments"}</tool_call>."""
-    calls = []
-    for m in TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            args = call.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                          "function": {"name": call["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    return (TOOL_CALL.sub("", text).strip() if calls else text), calls
+def parse_tool_calls(text: str, parser: str = DEFAULT_PARSER) -> tuple[str, list[dict]]:
+    """(content, OpenAI tool_calls) of a response in the format of `parser` (rollout/tool_calls.py)."""
+    content, calls, _ = parse(text, parser)
+    return content, to_openai(calls)
+
+
+def tool_call_errors(text: str, parser: str, tools: list) -> tuple[str, list[dict], list[str]]:
+    """(content, OpenAI tool_calls, why each call that does not parse or fits no tool of `tools` cannot run)."""
+    content, calls, failures = parse(text, parser)
+    errors = [f.why for f in failures] + [e for e in (check_call(c, tools) for c in calls) if e]
+    return content, to_openai(calls), errors
 
 
 def completion_body(model: str, text: str, calls: list[dict], reason: str, n_prompt: int, ids: list[int],
@@ -302,6 +298,9 @@ class AgentRunner:
         self.http = _HttpClients()
         self.endpoint = ChatEndpoint()
         self.limits = episode_limits(self.policy, engine.max_turns, bundle.settings.max_row_tokens)
+        # the tool-call format --tool-parser names, else the one the policy's chat template writes (rollout/tool_calls.py)
+        self.tool_parser = resolve_parser(getattr(bundle, "tool_parser", "auto"),
+                                          getattr(self.policy.tokenizer, "chat_template", None))
         self.requests_served = 0
         self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
@@ -467,7 +466,7 @@ class AgentRunner:
             return
         ep.state = state
         ids, lps, text, reason = cut_response(self.policy, gen, req)
-        content, calls = parse_tool_calls(text) if req.tools else (text, [])
+        content, calls, errors = tool_call_errors(text, self.tool_parser, req.tools) if req.tools else (text, [], [])
         body = completion_body(req.model or self.endpoint.model_name, content, calls, reason, len(prompt), ids, lps,
                                self.policy, req.logprobs)
         ep.samples.append(StepSample(
@@ -477,7 +476,8 @@ class AgentRunner:
         last_user = next((m["content"] for m in reversed(req.messages) if m["role"] != "assistant"), "")
         ep.steps.append(Step(observation=last_user, model_response=text,
                              info={"finish_reason": body["choices"][0]["finish_reason"],
-                                   **({"tool_calls": [c["function"] for c in calls]} if calls else {})}))
+                                   **({"tool_calls": [c["function"] for c in calls]} if calls else {}),
+                                   **({"tool_call_errors": errors} if errors else {})}))
         ep.last = (req.messages, _reply_message(body), prompt, ids)
         self.requests_served += 1
         req.answer(200, body)
