@@ -297,7 +297,8 @@ class AgentRunner:
         self.prefix = None
         self.http = _HttpClients()
         self.endpoint = ChatEndpoint()
-        self.limits = episode_limits(self.policy, engine.max_turns, bundle.settings.max_row_tokens)
+        settings = getattr(bundle, "settings", None)
+        self.limits = episode_limits(self.policy, engine.max_turns, getattr(settings, "max_row_tokens", None))
         # the tool-call format --tool-parser names, else the one the policy's chat template writes (rollout/tool_calls.py)
         self.tool_parser = resolve_parser(getattr(bundle, "tool_parser", "auto"),
                                           getattr(self.policy.tokenizer, "chat_template", None))
