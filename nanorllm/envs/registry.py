@@ -38,8 +38,6 @@ class Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "reasoning-gym": Adapter("nanorllm.envs.reasoning_gym", "reasoning_gym", "reasoning-gym"),
     "textarena": Adapter("nanorllm.envs.textarena", "textarena", "textarena"),
-    "openenv": Adapter("nanorllm.envs.openenv", "openenv", "openenv"),
-    "verifiers": Adapter("nanorllm.envs.verifiers_env", "verifiers", "verifiers"),
 }
 
 
