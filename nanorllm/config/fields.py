@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import tyro
 
 from nanorllm.algos.advantages import ESTIMATORS
+from nanorllm.rollout.tool_calls import PARSERS
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Sources:
     it an OpenAI-compatible endpoint on 127.0.0.1; give --tasks. Not with --env."""
     agent_timeout_s: float = 300.0
     """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
-    tool_parser: Literal["auto", "hermes", "qwen3-coder", "llama3", "mistral", "deepseek-v3"] = "auto"
+    tool_parser: Literal[("auto", *PARSERS)] = "auto"
     """The tool-call format the --agent endpoint reads out of the model's replies (docs/tools.md); auto: the one
     the policy's chat template writes."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
