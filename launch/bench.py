@@ -7,6 +7,7 @@
     python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
     python launch/bench.py lora [--quick]              # full fine-tune vs LoRA: memory, publish, update, decode
     python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
+    python launch/bench.py adapters [--model tiny-random] # a reasoning-gym dataset via its adapter vs as a JSONL file
     python launch/bench.py MODE --help                 # that mode's flags
 
 `--learning`, `--learner-ranks`, `--gpu` and `--lora` name the same modes. The figures and their targets:
@@ -20,6 +21,7 @@ from typing import Annotated
 
 import tyro
 
+from nanorllm.bench.adapters import AdapterBenchConfig, run_adapter_bench
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
 from nanorllm.bench.config import BenchConfig
 from nanorllm.bench.gpu import GpuBenchConfig, run_gpu_bench
@@ -35,6 +37,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
     "lora": (LoraBenchConfig, run_lora_bench, "full fine-tune vs LoRA: learner memory, publish, update, decode"),
     "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
+    "adapters": (AdapterBenchConfig, run_adapter_bench, "a reasoning-gym dataset via its adapter vs as a JSONL file"),
 }
 
 

@@ -115,3 +115,26 @@ def test_launch_eval_refuses_bad_eval_flags_before_the_model_loads(capsys, monke
     assert "eval_k: each k must be in 1..2 (--eval-samples), got [4]" in capsys.readouterr().err
     assert launch_eval.main(["--model", "no-such-model", "--tasks", str(path), "--task-fields", "question=nope"]) == 2
     assert "column 'nope' (--task-fields question=nope) not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_launch_eval_gives_pass_at_k_on_an_adapters_envs(monkeypatch, capsys):
+    """launch/eval.py --env reasoning-gym:... and --env textarena:...: greedy and sampled rows on their own task
+    specs (the rg score replaced by a length rule, so that some samples pass and some fail)."""
+    import nanorllm.envs.reasoning_gym as rg_env
+
+    monkeypatch.setattr(rg_env, "extract", lambda response, answer_format: response)
+    monkeypatch.setattr(rg_env, "score", lambda task, answer: float(len(answer) % 2))
+    monkeypatch.syspath_prepend(str(ROOT / "launch"))
+    import eval as launch_eval
+
+    for env, tasks, turns in [("reasoning-gym:basic_arithmetic", "rg:basic_arithmetic,size=6,seed=3", "1"),
+                              ("textarena:GuessTheNumber-v0", "ta:count=3,seed=5", "3")]:
+        rc = launch_eval.main(["--model", "tiny-random", "--env", env, "--tasks", tasks, "--eval-samples", "4",
+                               "--max-turns", turns, "--max-new-tokens", "6"])
+        assert rc == 0, env
+        (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        assert row["n"] == int(tasks.split("size=" if "size=" in tasks else "count=")[1].split(",")[0]), env
+        assert 0 <= row["pass@1"] <= row["pass@2"] <= row["pass@4"] <= 1 and row["mean@4"] == pytest.approx(row["pass@1"])
+        if env.startswith("reasoning-gym"):
+            assert 0 < row["pass@1"] < 1 and row["pass@4"] > row["pass@1"]  # the length rule passes some samples

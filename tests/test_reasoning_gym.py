@@ -180,3 +180,18 @@ def test_a_reasoning_gym_dataset_trains_two_steps(tmp_path, mode):
     saved = json.loads((run / "config.json").read_text())
     assert (saved["tasks"], saved["eval_tasks"]) == ("rg:basic_arithmetic,size=2000,seed=1",
                                                      "rg:basic_arithmetic,size=200,seed=2")
+
+
+@pytest.mark.slow
+def test_the_adapter_bench_plays_the_same_tokens_through_the_adapter_and_a_jsonl_file(tmp_path):
+    """launch/bench.py adapters at a tiny size: the same questions, prompts and sampled tokens both ways, so the
+    episodes/s ratio measures only the scoring and rows."""
+    from nanorllm.bench.adapters import AdapterBenchConfig, run_adapter_bench
+
+    out = tmp_path / "adapters.json"
+    assert run_adapter_bench(AdapterBenchConfig(model="tiny-random", episodes=8, max_new_tokens=6, repeats=1,
+                                                json=str(out))) == 0
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["same_tokens"] and figures["adapter"]["gen_tokens"] == figures["jsonl"]["gen_tokens"] > 8
+    assert figures["adapter"]["env_errors"] == figures["jsonl"]["env_errors"] == 0
+    assert figures["ratio"] == pytest.approx(figures["adapter"]["episodes_per_s"] / figures["jsonl"]["episodes_per_s"])
