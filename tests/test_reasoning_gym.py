@@ -195,3 +195,20 @@ def test_the_adapter_bench_plays_the_same_tokens_through_the_adapter_and_a_jsonl
     assert figures["same_tokens"] and figures["adapter"]["gen_tokens"] == figures["jsonl"]["gen_tokens"] > 8
     assert figures["adapter"]["env_errors"] == figures["jsonl"]["env_errors"] == 0
     assert figures["ratio"] == pytest.approx(figures["adapter"]["episodes_per_s"] / figures["jsonl"]["episodes_per_s"])
+
+
+def test_a_worked_exchange_in_the_answer_format_comes_before_the_question_unless_turned_off():
+    from nanorllm.envs.reasoning_gym import worked_example
+
+    item = build_dataset("rg:basic_arithmetic,size=1,seed=0")[0]
+    for fmt, answer in [("tags", f"<answer>{item['answer']}</answer>"), ("boxed", f"\\boxed{{{item['answer']}}}")]:
+        assert worked_example("basic_arithmetic", fmt) == (item["question"], answer)
+        agent = load_env(ENV, EpisodeSettings(max_turns=1), [f"answer_format={fmt}"]).make_agent()
+        task = load_rg_tasks(SMALL)[0]
+        agent.reset(task, task["question"])
+        assert [m["role"] for m in agent.messages] == ["system", "user", "assistant", "user"]
+        assert (agent.messages[1]["content"], agent.messages[2]["content"]) == (item["question"], answer)
+    agent = load_env(ENV, EpisodeSettings(max_turns=1, worked_example=False)).make_agent()
+    agent.reset(task, task["question"])
+    assert [m["role"] for m in agent.messages] == ["system", "user"]
+    assert worked_example("basic_arithmetic=2+chain_sum=1", "tags")[0] == item["question"]  # a mix: its first dataset

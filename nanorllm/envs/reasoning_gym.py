@@ -4,7 +4,10 @@ One question per episode, the dataset item's own; the reward is the dataset's ow
 The answer is read from `<answer>...</answer>` tags (reasoning-gym's `extract_answer`, `answer_format=tags`, the
 default: its answers are often lists, words or grids, which braces in a box would garble) or from the last
 `\\boxed{}` (`answer_format=boxed`). A wrong answer with turns left gets a user turn asking for another try; the
-episode's reward is its last answer's score (partial scores count), 1.0 ends it.
+episode's reward is its last answer's score (partial scores count), 1.0 ends it. As in the math env, one worked
+exchange comes before the question (`--no-worked-example` drops it): the first item of the target's first dataset
+drawn with seed 0 (the default sets use seeds 1 and 2), answered in the answer format, which is what teaches a small
+model to write the tags or the box at all.
 
 Tasks are specs `rg:NAME,size=N,seed=S[,key=value...]`: `size` items of dataset NAME drawn with `seed`, every other
 key going to the dataset's config (typed: true/false, int, float, else text). Several datasets mix by weight,
@@ -242,10 +245,21 @@ class ReasoningGym(EnvBundle):
 
         own = SYSTEM_PROMPTS["default"] if self.options["answer_format"] == "tags" else BOXED_PROMPT
         s = self.settings
-        return ChatAgent(system_prompt=own if s.system_prompt is None else s.system_prompt)
+        return ChatAgent(system_prompt=own if s.system_prompt is None else s.system_prompt,
+                         example=worked_example(self.target, self.options["answer_format"]) if s.worked_example else None)
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         return load_rg_tasks(spec, limit=limit)
+
+
+@functools.lru_cache(maxsize=16)
+def worked_example(target: str, answer_format: str) -> tuple[str, str]:
+    """(question, answer) of the worked exchange: item 0 of `target`'s first dataset with seed 0 and its default
+    config, its gold answer written the way the env reads answers."""
+    name = _weighted_names(target, f"reasoning-gym:{target}", EnvSpecError)[0][0]
+    entry = build_dataset(f"{PREFIX}{name},size=1,seed=0")[0]
+    answer = str(entry["answer"])
+    return entry["question"], f"<answer>{answer}</answer>" if answer_format == "tags" else f"\\boxed{{{answer}}}"
 
 
 def bundle_class(target: str) -> type[ReasoningGym]:
