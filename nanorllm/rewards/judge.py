@@ -88,8 +88,8 @@ class OpenAIChat:
             if e.status_code >= 500:
                 raise _Retryable(f"HTTP {e.status_code}: {e}") from None
             raise JudgeUnavailable(f"HTTP {e.status_code}: {e}") from None
-        except o.APIError as e:  # a body that is not a chat completion
-            raise ScoreError(f"{type(e).__name__}: {e}") from None
+        except (o.APIError, ValueError) as e:  # a body that is not a chat completion (or not JSON)
+            raise ScoreError(f"the reply is not a chat completion ({type(e).__name__}: {e})") from None
         if not getattr(reply, "choices", None):
             raise ScoreError(f"a reply with no choices: {reply!r:.120}")
         return reply.choices[0].message.content or ""
