@@ -1,12 +1,14 @@
 """The LLM judge as a reward source: the rubric and score formats, a stub OpenAI-compatible judge that answers
 well, slowly, with garbage or with 500s (requests counted, the concurrency bound checked), the flags' checks,
-and real runs (serial, with workers, and with the judge going away mid-run) scored by it."""
+real runs (serial, with workers, and with the judge going away mid-run) scored by it, and a frozen model
+served as the judge (rollout/serve.py)."""
 
 import json
 import math
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -289,3 +291,36 @@ def test_a_judge_that_goes_away_mid_run_gives_nan_scores_never_zeros_and_the_run
     assert [v for _, v in scalars["train/skipped_nan"]] == [0.0, 1.0, 1.0]
     assert "[failed] 2 of 3 updates trained nothing" in out.err
     assert rc == 1
+
+
+# ---- a frozen model served as the judge ---------------------------------------------------------------
+@pytest.fixture
+def frozen():
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.rollout.serve import FrozenServer
+
+    server = FrozenServer(HFCausalPolicy.from_name("tiny-random", replica=True), model_name="frozen", max_new_tokens=6)
+    yield server
+    server.close()
+
+
+def test_a_served_frozen_model_answers_the_openai_client_greedily_and_refuses_what_it_cannot_serve(frozen):
+    import openai
+
+    client = openai.OpenAI(base_url=frozen.url, api_key="none", max_retries=0)
+    ask = dict(model="frozen", messages=[{"role": "system", "content": "Grade."}, {"role": "user", "content": "hi"}],
+               temperature=0, max_tokens=4)
+    first, again = (client.chat.completions.create(**ask) for _ in range(2))
+    assert first.choices[0].message.content == again.choices[0].message.content  # greedy
+    assert first.usage.completion_tokens <= 4 and first.usage.prompt_tokens > 0
+    assert client.models.list().data[0].id == "frozen"
+    with pytest.raises(openai.BadRequestError, match="n: one completion per request"):
+        client.chat.completions.create(**ask, n=2)
+    with ThreadPoolExecutor(4) as pool:  # requests that arrive together are decoded together, each answered
+        replies = list(pool.map(lambda _: client.chat.completions.create(**ask).choices[0].message.content, range(4)))
+    assert replies == [first.choices[0].message.content] * 4
+    assert frozen.served == 6
+
+
+def test_a_judge_of_a_served_model_that_writes_no_score_gives_nan_not_zero(frozen):
+    assert math.isnan(judge(frozen.url, max_tokens=4)([episode("ab")], "single")[0])
