@@ -8,6 +8,7 @@ import math
 import re
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -324,3 +325,40 @@ def test_a_served_frozen_model_answers_the_openai_client_greedily_and_refuses_wh
 
 def test_a_judge_of_a_served_model_that_writes_no_score_gives_nan_not_zero(frozen):
     assert math.isnan(judge(frozen.url, max_tokens=4)([episode("ab")], "single")[0])
+
+
+def test_launch_eval_takes_the_judge_flags_and_refuses_bad_ones():
+    from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, with_run_settings
+
+    cfg, _ = with_run_settings(EvalConfig(judge="http://127.0.0.1:9/v1", judge_mode="group"), set())
+    assert cfg.env == "single" and env_spec(cfg).judge.mode == "group"
+    with pytest.raises(ValueError, match="judge_concurrency: must be >= 1"):
+        evaluate_model(EvalConfig(judge="http://127.0.0.1:9/v1", judge_concurrency=0))
+
+
+@pytest.mark.slow
+def test_launch_serve_answers_the_openai_client_and_exits_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    from tests.procs import ROOT, child_env, processes_with_token
+
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "serve.py"), "--model", "tiny-random", "--port", "0",
+                             "--threads", "1", "--max-new-tokens", "4"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=child_env(token))
+    try:
+        line = proc.stdout.readline()  # the process says it listens only once it does
+        url = re.search(r"on (http://\S+/v1)", line).group(1)
+        reply = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=8)
+        assert reply.usage.completion_tokens <= 4  # capped by --max-new-tokens
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped after 1 replies" in proc.stdout.read()
+        assert not processes_with_token(token)
+    finally:
+        proc.kill()
