@@ -214,6 +214,22 @@ def test_group_mode_asks_once_per_group_and_a_bad_reply_fails_only_that_group(st
     assert server.requests == 2
 
 
+
+def test_a_gemini_judge_reads_the_same_score_and_its_5xx_are_retried_then_nan(stub, monkeypatch):
+    def answer(body):
+        assert body["generationConfig"]["temperature"] == 0.0 and "SCORE" in body["systemInstruction"]["parts"][0]["text"]
+        return 200, {"candidates": [{"content": {"parts": [{"text": "Good.\nSCORE: 5"}]}, "finishReason": "STOP"}]}
+
+    server = stub(answer)
+    monkeypatch.setenv("GEMINI_API_KEY", "k")
+    monkeypatch.setenv("GEMINI_BASE_URL", server.url.removesuffix("/v1"))
+    assert judge("gemini:gemini-test")([episode("ab")], "single") == [0.5]
+    down = stub(lambda body: (503, {"error": {"message": "busy"}}))
+    monkeypatch.setenv("GEMINI_BASE_URL", down.url.removesuffix("/v1"))
+    assert math.isnan(judge("gemini:gemini-test", retries=1)([episode("ab")], "single")[0])
+    assert down.requests == 2
+
+
 # ---- the flags ----------------------------------------------------------------------------------------
 def test_judge_flags_travel_in_the_env_spec_and_make_a_single_turn_run_without_an_env(tmp_path):
     rubric = tmp_path / "r.md"
