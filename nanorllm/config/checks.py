@@ -139,7 +139,7 @@ def config_problems(cfg) -> list[str]:
         p.append(f"agent_timeout_s: must be > 0, got {cfg.agent_timeout_s}")
     if not cfg.reward_timeout_s > 0:
         p.append(f"reward_timeout_s: must be > 0, got {cfg.reward_timeout_s}")
-    p += _reward_problems(cfg)
+    p += _reward_problems(cfg) + judge_problems(cfg)
     from nanorllm.utils.sinks import parse_report_to
 
     try:
@@ -233,6 +233,29 @@ def _reward_problems(cfg) -> list[str]:
         p.append(f"reward_weights: {len(cfg.reward_weights)} weight(s) for {len(cfg.reward)} --reward function(s)")
     if cfg.reward and cfg.agent:
         p.append("reward: --reward functions score an --env's episodes; an --agent function returns its own reward")
+    return p
+
+
+
+def judge_problems(cfg) -> list[str]:
+    """The judge fields (fields.JudgeSettings) of a TrainConfig or an EvalConfig; that the rubric file reads is the
+    assembly's check (run/world.py judge_world_problems)."""
+    if not cfg.judge:
+        return []
+    p = []
+    if not (re.match(r"https?://[^/\s]+", cfg.judge) or re.fullmatch(r"gemini:\S+", cfg.judge)):
+        p.append(f"judge: expected an OpenAI-compatible base URL (http://host:port/v1) or gemini:<model>, "
+                 f"got {cfg.judge!r}")
+    if cfg.judge_concurrency < 1:
+        p.append(f"judge_concurrency: must be >= 1, got {cfg.judge_concurrency}")
+    if cfg.judge_retries < 0:
+        p.append(f"judge_retries: must be >= 0, got {cfg.judge_retries}")
+    if not cfg.judge_timeout_s > 0:
+        p.append(f"judge_timeout_s: must be > 0, got {cfg.judge_timeout_s}")
+    if cfg.judge_max_tokens < 1:
+        p.append(f"judge_max_tokens: must be >= 1, got {cfg.judge_max_tokens}")
+    if getattr(cfg, "agent", None):
+        p.append("judge: the judge scores an --env's episodes; an --agent function returns its own reward")
     return p
 
 

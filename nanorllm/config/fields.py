@@ -63,6 +63,38 @@ class Sources:
 
 
 @dataclass
+class JudgeSettings:
+    """An LLM judge as one more reward source (docs/rewards.md, nanorllm/rewards/judge.py); `launch/eval.py` takes
+    the same fields."""
+
+    judge: str | None = None
+    """The judge: an OpenAI-compatible base URL (http://host:port/v1; launch/serve.py serves a frozen model as one)
+    or gemini:<model> (needs GEMINI_API_KEY). It scores each episode's last response in [0, 1], weighted by
+    --judge-weight, like a --reward function; without --env the run is single-turn (--env single)."""
+    judge_model: str = "default"
+    """The model name an OpenAI-compatible judge is asked for."""
+    judge_api_key_env: str | None = None
+    """The environment variable holding the judge's API key (None: no key)."""
+    judge_rubric: str | None = None
+    """A text/markdown rubric file: free text, its first line (or a --- front matter) 'score: LOW-HIGH' (default
+    0-10). None: a short built-in rubric (correct, complete, concise)."""
+    judge_mode: Literal["single", "group"] = "single"
+    """'single': one request per episode, the reply's last 'SCORE: <number>' line; 'group': one request per group,
+    a {"scores": [...]} reply in [0, 1], all or none (OpenPipe's RULER)."""
+    judge_weight: float = 1.0
+    """The judge's weight in the reward sources' weighted sum."""
+    judge_concurrency: int = 8
+    """Judge requests in flight at once (per process)."""
+    judge_retries: int = 2
+    """Retries of a request that timed out, could not connect or got a 5xx/429, with exponential backoff; after
+    them its score is failed (NaN), never 0."""
+    judge_timeout_s: float = 60.0
+    """Time limit (seconds) of one judge request."""
+    judge_max_tokens: int = 512
+    """Longest judge reply (it runs at temperature 0)."""
+
+
+@dataclass
 class EvalSettings:
     """How held-out sets are evaluated beyond greedy success; `launch/eval.py` takes the same fields."""
 
@@ -330,7 +362,8 @@ class Faults:
 
 
 @dataclass
-class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, Sources):
+class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, JudgeSettings,
+                  Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
     Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.

@@ -10,6 +10,7 @@ from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.lora import LoraSpec, effective_alpha
+from nanorllm.rewards.judge import JudgeSpec
 
 
 def lora_spec(cfg) -> LoraSpec | None:
@@ -49,12 +50,22 @@ def agent_row_tokens(cfg) -> int | None:
 
 
 def env_spec(cfg) -> EnvSpec:
-    """What names the run's episodes: its --agent, or its --env with its options and --reward functions."""
+    """What names the run's episodes: its --agent, or its --env with its options, --reward functions and --judge."""
     return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
                    tool_parser=getattr(cfg, "tool_parser", "auto"),
                    rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
                    reward_mode=getattr(cfg, "reward_mode", "add"),
-                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), settings=episode_settings(cfg))
+                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), judge=judge_spec(cfg),
+                   settings=episode_settings(cfg))
+
+
+def judge_spec(cfg) -> JudgeSpec | None:
+    """The run's LLM judge (the judge_* fields); None without --judge."""
+    if not getattr(cfg, "judge", None):
+        return None
+    return JudgeSpec(target=cfg.judge, rubric=cfg.judge_rubric, model=cfg.judge_model, api_key_env=cfg.judge_api_key_env,
+                     mode=cfg.judge_mode, concurrency=cfg.judge_concurrency, retries=cfg.judge_retries,
+                     timeout_s=cfg.judge_timeout_s, max_tokens=cfg.judge_max_tokens, weight=cfg.judge_weight)
 
 
 def task_specs(cfg, env=None) -> tuple[str | None, str]:

@@ -13,10 +13,14 @@ import importlib.util
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
+
+if TYPE_CHECKING:
+    from nanorllm.rewards.judge import JudgeSpec
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
                 "calc": "nanorllm.envs.calc_env:CalculatorTool",
@@ -202,6 +206,7 @@ class EnvSpec:
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
     reward_timeout_s: float = 30.0  # one call of a reward function past this drops its batch as env errors
+    judge: "JudgeSpec | None" = None  # an LLM judge that scores the episodes too (rewards/judge.py)
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 
 
@@ -212,12 +217,16 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
     bundle = load_env(spec.env, spec.settings, spec.env_args)
-    if not rewards or not spec.rewards:
+    if not rewards or not (spec.rewards or spec.judge):
         return bundle
     from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
 
-    return RewardBundle(bundle, load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s),
-                        spec.reward_mode)
+    sources = load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s)
+    if spec.judge:
+        from nanorllm.rewards.judge import Judge
+
+        sources.append(Judge(spec.judge))
+    return RewardBundle(bundle, sources, spec.reward_mode)
 
 
 def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:

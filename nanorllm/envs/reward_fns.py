@@ -254,7 +254,7 @@ class RewardBundle(EnvBundle):
         out = dict(self.inner.metrics(results))
         for f in self.functions:
             values = [r.trajectory.steps[-1].info.get(f"reward/{f.name}") for r in scored]
-            values = [v for v in values if v is not None]
+            values = [v for v in values if v is not None and math.isfinite(v)]  # NaN: a failed score
             if values:
                 out[f"reward/{f.name}"] = sum(values) / len(values)
         return out

@@ -1,5 +1,5 @@
 """The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
-output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms; these run
+--judge rubric reads and its key is set, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms; these run
 when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
 reported at once, naming the field) and nothing is written before them."""
 
@@ -40,6 +40,7 @@ def world_problems(cfg: TrainConfig) -> list[str]:
             load_reward_function(spec)  # imports the file: a bad spec or signature stops here
         except EnvSpecError as e:
             p.append(f"reward: {e}")
+    p += judge_world_problems(cfg)
     try:
         if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
             p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
@@ -54,4 +55,27 @@ def world_problems(cfg: TrainConfig) -> list[str]:
             p.append("tasks: an --agent run has no default tasks; give --tasks (e.g. calc:count=2000,seed=1)")
         elif cfg.tasks is None and not env.default_tasks:
             p.append(f"tasks: the env {cfg.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
+    return p
+
+
+def judge_world_problems(cfg) -> list[str]:
+    """The --judge's rubric file reads and parses, its client is installed and the API key it names is set."""
+    from nanorllm.rewards.judge import GEMINI_PREFIX
+    from nanorllm.rewards.rubric import RubricError, load_rubric
+
+    if not cfg.judge:
+        return []
+    p = []
+    if cfg.judge_rubric is not None:
+        try:
+            load_rubric(cfg.judge_rubric)
+        except RubricError as e:
+            p.append(f"judge_rubric: {e}")
+    if cfg.judge.startswith(GEMINI_PREFIX):
+        if not os.environ.get("GEMINI_API_KEY"):
+            p.append("judge: a gemini: judge needs the GEMINI_API_KEY environment variable")
+    elif importlib.util.find_spec("openai") is None:
+        p.append("judge: an OpenAI-compatible judge needs the openai client (pip install -e .[agents])")
+    if cfg.judge_api_key_env and not os.environ.get(cfg.judge_api_key_env):
+        p.append(f"judge_api_key_env: the environment variable {cfg.judge_api_key_env} is not set")
     return p

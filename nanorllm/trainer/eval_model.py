@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 import tyro
 
 from nanorllm.config import EvalSettings, eval_problems
+from nanorllm.config.checks import judge_problems
+from nanorllm.config.fields import JudgeSettings
 from nanorllm.config.checks import agent_env_problems
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
@@ -27,9 +29,10 @@ from nanorllm.utils.devices import configure_threads
 
 
 @dataclass
-class EvalConfig(EvalSettings):
+class EvalConfig(JudgeSettings, EvalSettings):
     """launch/eval.py's flags: the evaluation fields of training (EvalSettings: --eval-set, --eval-samples,
-    --eval-temperature, --eval-k) and what the model, the env and the tasks are."""
+    --eval-temperature, --eval-k), its judge (JudgeSettings: --judge ...) and what the model, the env and the
+    tasks are."""
 
     tasks: str | None = None
     """Tasks in the env's format (math: a JSONL file, seed schema or GSM8K format, or an arith:... spec).
@@ -112,7 +115,7 @@ def with_run_settings(cfg: EvalConfig, given: set[str]) -> tuple[EvalConfig, str
     --reward without --env is single-turn (--env single)."""
     config = run_config_of(cfg.model)
     if config is None:
-        single = cfg.reward and "env" not in given and not cfg.agent
+        single = (cfg.reward or cfg.judge) and "env" not in given and not cfg.agent
         return (replace(cfg, env="single") if single else cfg), None
     saved = json.loads(config.read_text())
     taken = {}
@@ -150,7 +153,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         parse_task_fields(cfg.task_fields)
     except TaskFieldsError as e:
         problems.append(f"task_fields: {e}")
-    problems += agent_env_problems(cfg)
+    problems += agent_env_problems(cfg) + judge_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     env = load_bundle(env_spec(cfg))

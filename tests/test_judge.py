@@ -1,0 +1,380 @@
+"""The LLM judge as a reward source: the rubric and score formats, a stub OpenAI-compatible judge that answers
+well, slowly, with garbage or with 500s (requests counted, the concurrency bound checked), the flags' checks,
+real runs (serial, with workers, and with the judge going away mid-run) scored by it, and a frozen model
+served as the judge (rollout/serve.py)."""
+
+import json
+import math
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from nanorllm.config import ConfigError, parse_config
+from nanorllm.config.specs import env_spec
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+from nanorllm.envs.registry import load_bundle
+from nanorllm.rewards.judge import Judge, JudgeSpec
+from nanorllm.rewards.rubric import (RubricError, ScoreError, parse_group_scores, parse_rubric, parse_score,
+                                     single_messages)
+from nanorllm.run.lifecycle import main
+from nanorllm.run.world import world_problems
+from tests.procs import read_rollouts, read_scalars
+from tests.runs import TINY_ARGS
+
+
+def reply_body(text: str) -> dict:
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "judge",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def length_score(body: dict) -> tuple[int, object]:
+    """A judge that likes even-length responses: SCORE 8 for them, 2 for the others (a group: 0.8 / 0.2)."""
+    user = body["messages"][-1]["content"]
+    responses = re.split(r"\n## Response \d+\n", user)[1:] or [user.split("## Response\n", 1)[1]]
+    if "## Response 1" in user:
+        return 200, reply_body(json.dumps({"scores": [0.8 if len(r.strip()) % 2 == 0 else 0.2 for r in responses]}))
+    return 200, reply_body(f"Fine.\nSCORE: {8 if len(responses[0]) % 2 == 0 else 2}")
+
+
+class StubJudge:
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1 that answers by `answer(body) -> (status, body)`
+    (a str body is sent as is), after `delay_s`; it counts requests and the most in flight at once, and with
+    `die_after` it goes away (socket closed: connections refused) once it answered that many."""
+
+    def __init__(self, answer=length_score, *, delay_s: float = 0.0, die_after: int | None = None):
+        self.answer, self.delay_s, self.die_after = answer, delay_s, die_after
+        self.requests = self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                with stub.lock:
+                    stub.requests += 1
+                    stub.in_flight += 1
+                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    time.sleep(stub.delay_s)
+                    status, out = stub.answer(body)
+                    data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (its timeout)
+                finally:
+                    with stub.lock:
+                        stub.in_flight -= 1
+                        answered = stub.requests
+                    if stub.die_after is not None and answered >= stub.die_after:
+                        threading.Thread(target=stub.close, daemon=True).start()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+        self.closed = False
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture
+def stub():
+    made = []
+
+    def make(*args, **kw):
+        made.append(StubJudge(*args, **kw))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def episode(response: str, task_id: str = "t0", group: str = "g0") -> RolloutResult:
+    task = {"task_id": task_id, "question": f"question of {task_id}", "answer": "1"}
+    traj = Trajectory(task_id=task_id, steps=[Step(observation="q", model_response=response)], task=task)
+    return RolloutResult(trajectory=traj, step_samples=[StepSample(task_id=task_id, episode_id="e", turn=0,
+                                                                   prompt_ids=[1], response_ids=[2],
+                                                                   rollout_logprobs=[0.0])], group_id=group)
+
+
+def judge(url: str, **kw) -> Judge:
+    return Judge(JudgeSpec(target=url, **{"backoff_s": 0.01, **kw}))
+
+
+# ---- the rubric and the reply formats ------------------------------------------------------------------
+def test_a_rubric_gives_its_range_on_a_first_line_or_in_front_matter_and_defaults_to_0_10():
+    assert parse_rubric("score: 1-5\nBe kind.") == parse_rubric("---\ntitle: x\nscore: 1 - 5\n---\nBe kind.")
+    r = parse_rubric("score: 1-5\nBe kind.")
+    assert (r.low, r.high, r.text) == (1.0, 5.0, "Be kind.")
+    assert (parse_rubric("# Helpfulness\nBe kind.").low, parse_rubric("Be kind.").high) == (0.0, 10.0)
+    assert "SCORE: <number>" in single_messages(r, "p", "a")[0]["content"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("score: 5-1\nx", "the score range 5-1 is empty"),
+    ("score: lots\nx", "'score: lots' is not 'score: LOW-HIGH'"),
+    ("---\nscore: 0-1\nx", "never closed"),
+    ("score: 0-1\n", "no rubric text"),
+])
+def test_a_rubric_with_a_bad_range_or_no_text_is_refused_naming_the_file(text, expected):
+    with pytest.raises(RubricError, match=re.escape(expected)) as e:
+        parse_rubric(text, "my_rubric.md")
+    assert str(e.value).startswith("my_rubric.md: ")
+
+
+def test_the_last_score_line_counts_normalised_by_the_range_and_one_outside_it_fails():
+    r = parse_rubric("score: 0-10\nx")
+    assert parse_score("SCORE: 3\nno wait\n**SCORE:** 7.5", r) == 0.75
+    assert parse_score("Score = 10", parse_rubric("score: 5-10\nx")) == 1.0
+    for bad in ("SCORE: 11", "SCORE: -1", "I like it", ""):
+        with pytest.raises(ScoreError):
+            parse_score(bad, r)
+
+
+def test_group_scores_are_all_or_none():
+    assert parse_group_scores('thinking...\n```json\n{"scores": [0, 0.5, 1]}\n```', 3) == [0.0, 0.5, 1.0]
+    for bad in ('{"scores": [0.1, 0.2]}', '{"scores": [0.1, 0.2, 0.3, 0.4]}', '{"scores": [0.1, 1.2, 0.3]}',
+                '{"scores": [0.1, "high", 0.3]}', '{"scores": [0.1, NaN, 0.3]}', "0.1 0.2 0.3", '{"scores": 3}'):
+        with pytest.raises(ScoreError):
+            parse_group_scores(bad, 3)
+
+
+# ---- against a stub judge --------------------------------------------------------------------------------
+def test_a_judge_scores_each_episode_with_at_most_n_requests_in_flight(stub):
+    server = stub(delay_s=0.05)
+    results = [episode("ab" * (i % 2 + 1) + "c" * (i % 2), f"t{i}") for i in range(12)]
+    scores = judge(server.url, concurrency=3)(results, "single")
+    assert scores == [0.8 if len(r.trajectory.steps[-1].model_response) % 2 == 0 else 0.2 for r in results]
+    assert server.requests == 12
+    assert server.max_in_flight == 3  # bounded, and really concurrent
+
+
+def test_500s_are_retried_then_the_score_is_nan_and_a_500_that_clears_is_scored(stub, capsys):
+    down = stub(lambda body: (500, {"error": {"message": "overloaded"}}))
+    assert math.isnan(judge(down.url, retries=2)([episode("ab")], "single")[0])
+    assert down.requests == 3  # one try and two retries
+    assert "no reply after 3 attempts" in capsys.readouterr().err
+    calls = []
+    flaky = stub(lambda body: calls.append(1) or ((503, "{}") if len(calls) == 1 else length_score(body)))
+    assert judge(flaky.url, retries=2)([episode("ab")], "single") == [0.8]
+    assert flaky.requests == 2
+
+
+def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
+    slow = stub(delay_s=3.0)
+    t0 = time.monotonic()
+    assert math.isnan(judge(slow.url, retries=1, timeout_s=0.2)([episode("ab")], "single")[0])
+    assert slow.requests == 2
+    assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.parametrize("answer", [
+    lambda body: (200, "this is not json"),
+    lambda body: (200, reply_body("I would rather not say.")),
+    lambda body: (200, reply_body("SCORE: 42")),
+    lambda body: (200, {"choices": []}),
+    lambda body: (404, {"error": {"message": "no such model"}}),
+], ids=["not-json", "no-score", "out-of-range", "no-choices", "404"])
+def test_garbage_a_missing_or_out_of_range_score_or_a_4xx_is_nan_at_once_without_a_retry(stub, answer):
+    server = stub(answer)
+    assert math.isnan(judge(server.url, retries=2)([episode("ab")], "single")[0])
+    assert server.requests == 1
+
+
+def test_group_mode_asks_once_per_group_and_a_bad_reply_fails_only_that_group(stub):
+    def answer(body):
+        if "question of t1" in body["messages"][-1]["content"]:
+            return 200, reply_body('{"scores": [0.5]}')  # one score for two responses
+        return length_score(body)
+
+    server = stub(answer)
+    results = [episode("ab", "t0", "g0"), episode("abc", "t1", "g1"), episode("abc", "t0", "g0"),
+               episode("ab", "t1", "g1")]
+    scores = judge(server.url, mode="group")(results, "single")
+    assert scores[0::2] == [0.8, 0.2] and all(math.isnan(s) for s in scores[1::2])
+    assert server.requests == 2
+
+
+
+def test_a_gemini_judge_reads_the_same_score_and_its_5xx_are_retried_then_nan(stub, monkeypatch):
+    def answer(body):
+        assert body["generationConfig"]["temperature"] == 0.0 and "SCORE" in body["systemInstruction"]["parts"][0]["text"]
+        return 200, {"candidates": [{"content": {"parts": [{"text": "Good.\nSCORE: 5"}]}, "finishReason": "STOP"}]}
+
+    server = stub(answer)
+    monkeypatch.setenv("GEMINI_API_KEY", "k")
+    monkeypatch.setenv("GEMINI_BASE_URL", server.url.removesuffix("/v1"))
+    assert judge("gemini:gemini-test")([episode("ab")], "single") == [0.5]
+    down = stub(lambda body: (503, {"error": {"message": "busy"}}))
+    monkeypatch.setenv("GEMINI_BASE_URL", down.url.removesuffix("/v1"))
+    assert math.isnan(judge("gemini:gemini-test", retries=1)([episode("ab")], "single")[0])
+    assert down.requests == 2
+
+
+# ---- the flags ----------------------------------------------------------------------------------------
+def test_judge_flags_travel_in_the_env_spec_and_make_a_single_turn_run_without_an_env(tmp_path):
+    rubric = tmp_path / "r.md"
+    rubric.write_text("score: 1-5\nBe right.")
+    cfg = parse_config(["--judge", "http://127.0.0.1:9/v1", "--judge-rubric", str(rubric), "--judge-mode", "group",
+                        "--judge-concurrency", "2", "--judge-weight", "0.5"])
+    assert cfg.env == "single"
+    spec = env_spec(cfg).judge
+    assert (spec.target, spec.rubric, spec.mode, spec.concurrency, spec.weight) == (
+        "http://127.0.0.1:9/v1", str(rubric), "group", 2, 0.5)
+    bundle = load_bundle(env_spec(cfg))
+    assert [f.name for f in bundle.functions] == ["judge"] and bundle.functions[0].rubric.high == 5.0
+    assert parse_config(["--judge", "gemini:gemini-2.5-flash", "--env", "math"]).env == "math"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--judge", "localhost:8000"], "judge: expected an OpenAI-compatible base URL"),
+    (["--judge", "http://h/v1", "--judge-concurrency", "0"], "judge_concurrency: must be >= 1, got 0"),
+    (["--judge", "http://h/v1", "--judge-timeout-s", "0"], "judge_timeout_s: must be > 0, got 0.0"),
+    (["--judge", "http://h/v1", "--judge-retries", "-1"], "judge_retries: must be >= 0, got -1"),
+    (["--judge", "http://h/v1", "--judge-mode", "pairs"], "judge_mode: must be 'single' or 'group', got 'pairs'"),
+    (["--judge", "http://h/v1", "--judge-rubric", "{d}/missing.md"], "judge_rubric: {d}/missing.md: cannot be read"),
+    (["--judge", "http://h/v1", "--judge-rubric", "{d}/bad.md"], "judge_rubric: {d}/bad.md: the score range 3-3 is empty"),
+    (["--judge", "http://h/v1", "--judge-api-key-env", "NANORLLM_NO_SUCH_KEY"],
+     "judge_api_key_env: the environment variable NANORLLM_NO_SUCH_KEY is not set"),
+])
+def test_bad_judge_flags_are_refused_at_start_naming_the_field(tmp_path, capsys, flags, expected):
+    (tmp_path / "bad.md").write_text("score: 3-3\nx")
+    flags = [f.replace("{d}", str(tmp_path)) for f in flags]
+    assert main([*TINY_ARGS, "--serial", *flags, "--output-dir", str(tmp_path / "out")]) == 2
+    assert expected.replace("{d}", str(tmp_path)) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rubric_that_reads_passes_the_world_checks(tmp_path):
+    (tmp_path / "r.md").write_text("score: 0-10\nx")
+    cfg = parse_config(["--judge", "http://h/v1", "--judge-rubric", str(tmp_path / "r.md")], world=world_problems)
+    assert cfg.judge_rubric == str(tmp_path / "r.md")
+    with pytest.raises(ConfigError):
+        parse_config(["--judge", "http://h/v1", "--judge-rubric", str(tmp_path / "none.md")], world=world_problems)
+
+
+# ---- real runs ----------------------------------------------------------------------------------------
+RUN = [*TINY_ARGS, "--max-steps", "2", "--eval-tasks", "", "--no-drop-zero-std-groups", "--lr", "1e-3",
+       "--judge-retries", "1", "--judge-timeout-s", "5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]], ids=["serial", "pipeline"])
+def test_a_run_scored_by_the_judge_trains_on_its_scores(stub, tmp_path, mode):
+    server = stub()
+    assert main([*RUN, *mode, "--judge", server.url, "--output-dir", str(tmp_path), "--run-name", "j"]) == 0
+    scalars = read_scalars(tmp_path / "j")
+    assert [s for s, _ in scalars["reward/judge"]] == [1, 2]
+    assert all(0.2 <= v <= 0.8 for _, v in scalars["reward/judge"])
+    assert not math.isnan(scalars["loss/policy"][0][1])
+    assert server.requests == 2 * 4 * 2  # 2 steps x 4 tasks x 2 samples, one request each
+    assert json.loads((tmp_path / "j" / "config.json").read_text())["env"] == "single"
+
+
+@pytest.mark.slow
+def test_a_judge_that_goes_away_mid_run_gives_nan_scores_never_zeros_and_the_run_stops_as_failed(stub, tmp_path, capsys):
+    server = stub(die_after=8)  # answers the first step's 4 tasks x 2 samples, then refuses every connection
+    rc = main([*RUN, "--serial", "--max-steps", "3", "--rollout-dump-size", "100", "--judge", server.url,
+               "--output-dir", str(tmp_path), "--run-name", "k"])
+    out = capsys.readouterr()
+    assert server.closed and server.requests == 8
+    assert "no reply after 2 attempts" in out.err
+    rewards = [r["final_reward"] for r in read_rollouts(tmp_path / "k")]
+    assert len(rewards) == 24
+    assert all(v in (0.2, 0.8) for v in rewards[:8]) and all(math.isnan(v) for v in rewards[8:])  # never a 0
+    scalars = read_scalars(tmp_path / "k")
+    assert scalars["reward/judge"] == [(1, pytest.approx(0.65))]  # over the scored episodes only
+    # The NaN episodes reach the update, which skips each such step as non-finite (counted): 2 of 3 steps
+    # trained nothing, past --max-skipped-frac 0.5, so the run ends as failed (exit 1), its checkpoint written.
+    assert [v for _, v in scalars["train/skipped_nan"]] == [0.0, 1.0, 1.0]
+    assert "[failed] 2 of 3 updates trained nothing" in out.err
+    assert rc == 1
+
+
+# ---- a frozen model served as the judge ---------------------------------------------------------------
+@pytest.fixture
+def frozen():
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.rollout.serve import FrozenServer
+
+    server = FrozenServer(HFCausalPolicy.from_name("tiny-random", replica=True), model_name="frozen", max_new_tokens=6)
+    yield server
+    server.close()
+
+
+def test_a_served_frozen_model_answers_the_openai_client_greedily_and_refuses_what_it_cannot_serve(frozen):
+    import openai
+
+    client = openai.OpenAI(base_url=frozen.url, api_key="none", max_retries=0)
+    ask = dict(model="frozen", messages=[{"role": "system", "content": "Grade."}, {"role": "user", "content": "hi"}],
+               temperature=0, max_tokens=4)
+    first, again = (client.chat.completions.create(**ask) for _ in range(2))
+    assert first.choices[0].message.content == again.choices[0].message.content  # greedy
+    assert first.usage.completion_tokens <= 4 and first.usage.prompt_tokens > 0
+    assert client.models.list().data[0].id == "frozen"
+    with pytest.raises(openai.BadRequestError, match="n: one completion per request"):
+        client.chat.completions.create(**ask, n=2)
+    with ThreadPoolExecutor(4) as pool:  # requests that arrive together are decoded together, each answered
+        replies = list(pool.map(lambda _: client.chat.completions.create(**ask).choices[0].message.content, range(4)))
+    assert replies == [first.choices[0].message.content] * 4
+    assert frozen.served == 6
+
+
+def test_a_judge_of_a_served_model_that_writes_no_score_gives_nan_not_zero(frozen):
+    assert math.isnan(judge(frozen.url, max_tokens=4)([episode("ab")], "single")[0])
+
+
+def test_launch_eval_takes_the_judge_flags_and_refuses_bad_ones():
+    from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, with_run_settings
+
+    cfg, _ = with_run_settings(EvalConfig(judge="http://127.0.0.1:9/v1", judge_mode="group"), set())
+    assert cfg.env == "single" and env_spec(cfg).judge.mode == "group"
+    with pytest.raises(ValueError, match="judge_concurrency: must be >= 1"):
+        evaluate_model(EvalConfig(judge="http://127.0.0.1:9/v1", judge_concurrency=0))
+
+
+@pytest.mark.slow
+def test_launch_serve_answers_the_openai_client_and_exits_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    from tests.procs import ROOT, child_env, processes_with_token
+
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "serve.py"), "--model", "tiny-random", "--port", "0",
+                             "--threads", "1", "--max-new-tokens", "4"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=child_env(token))
+    try:
+        line = proc.stdout.readline()  # the process says it listens only once it does
+        url = re.search(r"on (http://\S+/v1)", line).group(1)
+        reply = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=8)
+        assert reply.usage.completion_tokens <= 4  # capped by --max-new-tokens
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped after 1 replies" in proc.stdout.read()
+        assert not processes_with_token(token)
+    finally:
+        proc.kill()
