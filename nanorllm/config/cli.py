@@ -36,8 +36,8 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
-    if cfg.reward and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
-        cfg = replace(cfg, env="single")  # reward functions and no --env: one turn, scored by them alone
+    if (cfg.reward or cfg.reward_model) and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
+        cfg = replace(cfg, env="single")  # reward sources and no --env: one turn, scored by them alone
     problems = cfg.validate()
     if cfg.env == DEFAULT_ENV_NAME:  # validate() sees only an env other than the default
         problems += agent_env_problems(cfg, env_given=env_flag)
