@@ -150,15 +150,18 @@ def test_a_reward_model_that_fails_marks_the_batch_or_the_episode(tmp_path):
 @pytest.mark.slow
 def test_a_run_whose_function_fails_half_its_calls_finishes_and_counts_every_failure(sources, tmp_path):
     assert main([*TINY_ARGS, "--serial", "--reward", f"{sources}:half_fail", "--max-steps", "3", "--eval-tasks", "",
+                 "--num-samples-per-task", "4",
                  "--lr", "1e-3", "--no-drop-zero-std-groups", "--output-dir", str(tmp_path), "--run-name", "h"]) == 0
     scalars = read_scalars(tmp_path / "h")
-    assert [v for _, v in scalars["reward/failed/half_fail"]] == [4, 8, 0]  # 4 tasks x 2 samples a step
-    assert [v for _, v in scalars["rollout/groups_dropped"]] == [4, 4, 0]  # a group of 2 with one failed: dropped
+    assert [v for _, v in scalars["reward/failed/half_fail"]] == [8, 16, 0]  # 4 tasks x 4 samples a step
+    assert [v for _, v in scalars["rollout/groups_short"]] == [4, 0, 0]  # each trained on its 2 scored episodes
+    assert [v for _, v in scalars["rollout/groups_dropped"]] == [0, 4, 0]
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0, 0]
-    assert [v for _, v in scalars["train/env_error_steps_total"]] == [1, 2, 2]
+    assert [v for _, v in scalars["train/env_error_steps_total"]] == [0, 1, 1]
+    assert [v for _, v in scalars["train/samples"]][0] == 8
     dumped = [json.loads(x) for x in (tmp_path / "h" / "rollouts.jsonl").read_text().splitlines()]
     marked = [d for d in dumped if d.get("reward_failed")]
-    assert len(marked) == 12 and all(d["termination_reason"] == "reward_failed" for d in marked)
+    assert len(marked) == 24 and all(d["termination_reason"] == "reward_failed" for d in marked)
 
 
 @pytest.mark.slow
