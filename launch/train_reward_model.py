@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"error: {p}" for p in bad), file=sys.stderr)
         return 2
     if cfg.sample_from is not None:
-        from nanorllm.rewards.labels import sample_rows
+        from nanorllm.run.reward_labels import sample_rows
 
         sample_rows(cfg)
     else:
