@@ -32,12 +32,15 @@ class FitConfig:
     model: str = "smollm2-135m-instruct"
     """The causal LM the reward model starts from: a built-in name (smollm2-135m-instruct, tiny-random) or a folder."""
     epochs: int = 1
+    """Passes over the rows to fit."""
     lr: float = 1e-5
+    """AdamW learning rate (gradients clipped to norm 1)."""
     batch_size: int = 8
     """Rows per optimizer step (a pair counts once)."""
     max_tokens: int = 512
     """Longest rendered (prompt, response); a longer one loses its first tokens (as when it scores)."""
     seed: int = 0
+    """Seeds the held-out split, the row order, the new head and --sample-from's sampling."""
     eval_frac: float = 0.1
     """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is printed."""
     sample_from: str | None = None
