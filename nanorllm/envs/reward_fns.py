@@ -299,9 +299,10 @@ class RewardBundle(EnvBundle):
                 if v is None:
                     continue
                 if math.isnan(v):
-                    said or _report_once(("nan", f.spec), f"[reward] {f.spec} gave no finite score for episode "
-                                 f"{r.trajectory.task_id}: a failed score, left out of its group (counted in "
-                                 f"reward/failed/{f.name}; printed once)")
+                    if not said:  # a source that raised is said already, with its error
+                        _report_once(("nan", f.spec), f"[reward] {f.spec} gave no finite score for episode "
+                                     f"{r.trajectory.task_id}: a failed score, left out of its group (counted in "
+                                     f"reward/failed/{f.name}; printed once)")
                     last = r.trajectory.steps[-1]
                     last.info["reward_failed"] = [*last.info.get("reward_failed", ()), f.name]
                     r.trajectory.termination_reason = "reward_failed"
