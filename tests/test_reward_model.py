@@ -61,10 +61,11 @@ def test_pairs_are_rendered_with_the_reward_models_own_template_and_cut_from_the
 @pytest.mark.parametrize("num_labels", [1, 2])
 def test_the_model_scores_a_batch_as_it_scores_each_pair_alone_and_logs_its_raw_scores(tmp_path, num_labels):
     path = tiny_reward_model(tmp_path / "rm", num_labels=num_labels)
-    batch = episodes([("1+1?", "2"), ("2+2?", "it is four"), ("3+3?", "6, surely")])
+    pairs = [("1+1?", "2"), ("2+2?", "it is four"), ("3+3?", "6, surely")]
+    batch = episodes(pairs)
     rm = RewardModel(path=path, batch_size=2)
-    scores = rm(batch, "math")
-    alone = [RewardModel(path=path, batch_size=1)([r], "math")[0] for r in episodes([("1+1?", "2"), ("2+2?", "it is four"), ("3+3?", "6, surely")])]
+    scores = rm(batch, "math")  # padded batches of 2 and 1
+    alone = [RewardModel(path=path, batch_size=1)([r], "math")[0] for r in episodes(pairs)]
     assert scores == pytest.approx(alone, abs=1e-5) and len(set(scores)) == 3
     model, _, _ = rm.loaded
     assert not model.training and not any(p.requires_grad for p in model.parameters())

@@ -220,7 +220,8 @@ def checked_values(source, out: object, n: int) -> list[float | None]:
         got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
         raise RewardFunctionError(f"reward {source.spec}: returned {got} for a batch of {n} completions "
                                   "(expected one number each, or None where it does not apply)")
-    bad = [(i, v) for i, v in enumerate(out) if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real))]
+    bad = [(i, v) for i, v in enumerate(out)
+           if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real))]
     if bad:
         i, v = bad[0]
         raise RewardFunctionError(f"reward {source.spec}: value {i} is {v!r}, not a number or None "

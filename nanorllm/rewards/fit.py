@@ -30,7 +30,8 @@ class FitConfig:
     data: str | None = None
     """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
     model: str = "smollm2-135m-instruct"
-    """The causal LM the reward model starts from: a built-in name (smollm2-135m-instruct, tiny-random) or a folder."""
+    """The causal LM the reward model starts from: a built-in name (smollm2-135m-instruct, tiny-random) or a
+    folder."""
     epochs: int = 1
     """Passes over the rows to fit."""
     lr: float = 1e-5
@@ -42,9 +43,11 @@ class FitConfig:
     seed: int = 0
     """Seeds the held-out split, the row order, the new head and --sample-from's sampling."""
     eval_frac: float = 0.1
-    """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is printed."""
+    """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is
+    printed."""
     sample_from: str | None = None
-    """Make labelled rows instead: responses of this policy model on --tasks, graded by the math env (1 correct, 0 not)."""
+    """Make labelled rows instead: responses of this policy model on --tasks, graded by the math env (1 correct,
+    0 not)."""
     tasks: str | None = None
     """--sample-from: the task spec; None: the math env's default training tasks (not its held-out set)."""
     limit: int = 64
