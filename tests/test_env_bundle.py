@@ -10,7 +10,7 @@ from helpers import ScriptedPolicy, doc_example
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.run.lifecycle import main
 from nanorllm.algos.advantages import turn_returns
-from nanorllm.algos.groups import drop_env_errors
+from nanorllm.algos.groups import drop_failed
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
 from nanorllm.envs.math_env import DEFAULT_EVAL_TASKS, DEFAULT_TASKS
@@ -142,7 +142,7 @@ def test_an_env_error_ends_only_its_episode_is_printed_once_and_leaves_its_group
     assert reasons == ["error", "correct", "correct", "error", "error", "correct"]
     assert "the env divided by zero" in results[0].trajectory.steps[-1].info["error"]
     assert capsys.readouterr().err.count("ZeroDivisionError: the env divided by zero") == 1
-    kept, short, dropped = drop_env_errors(results)
+    kept, short, dropped = drop_failed(results)
     assert (len(kept), short, dropped) == (2, 1, 1)  # group a trains on its 2 others; b has 1 left: dropped
     assert {r.trajectory.task_id for r in kept} == {"a"}
 

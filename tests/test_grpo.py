@@ -3,7 +3,7 @@ import math
 import pytest
 
 from nanorllm.algos.advantages import carries_signal, compute_advantage, turn_returns
-from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id
+from nanorllm.algos.groups import drop_failed, flatten_step_samples, group_by_task_id
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 
 
@@ -200,7 +200,7 @@ def test_env_error_episodes_leave_their_group_which_trains_short_or_is_dropped()
     whole = [ep("a", 1.0, "correct"), ep("a", 0.0, "max_turns")]
     short = [ep("b", 1.0, "correct"), ep("b", 0.0, "error"), ep("b", 0.0, "max_turns"), ep("b", 1.0, "correct")]
     lost = [ep("c", 0.0, "error"), ep("c", 1.0, "correct")]
-    kept, n_short, n_dropped = drop_env_errors(whole + short + lost)
+    kept, n_short, n_dropped = drop_failed(whole + short + lost)
     assert (n_short, n_dropped) == (1, 1)
     assert kept == whole + [short[0], short[2], short[3]]
 

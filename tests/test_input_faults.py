@@ -231,7 +231,7 @@ def test_a_reward_of_none_leaves_that_function_out_of_that_sample_as_trl_sums_wi
     assert [r.trajectory.termination_reason for r in batch] == ["max_turns"] * 3
     assert "reward/some" not in batch[1].trajectory.steps[-1].info
     b = scored(rewards, ["some"], env="math")
-    assert b.metrics(batch) == {"reward/some": 0.5}  # over the samples it scored
+    assert b.metrics(batch) == {"reward/some": 0.5, "reward/failed/some": 0}  # over the samples it scored
 
 
 @pytest.mark.parametrize("env, mode", [("single", "add"), ("math", "replace")])

@@ -42,6 +42,9 @@ REWARDS = textwrap.dedent('''
     def nan(completions, **kw):
         return [float("nan")] * len(completions)
 
+    def text(completions, **kw):
+        return ["one"] * len(completions)
+
     calls = [0]
 
     def flaky(completions, **kw):
@@ -113,24 +116,31 @@ def test_add_puts_the_weighted_sum_on_the_env_reward_and_replace_takes_its_place
     b = bundle(rewards_file, ["trl_plain"], "replace")
     b.score_batch(replaced)
     assert [r.reward for r in replaced] == [1.0, 0.0]
-    assert b.metrics(replaced) == {"reward/trl_plain": 0.5}
+    assert b.metrics(replaced) == {"reward/trl_plain": 0.5, "reward/failed/trl_plain": 0}
 
 
-def test_a_wrong_length_or_a_non_finite_value_is_an_error_naming_the_function(rewards_file):
+def test_a_wrong_length_or_a_value_that_is_no_number_is_an_error_naming_the_function(rewards_file):
     with pytest.raises(RewardFunctionError, match=r"my_rewards.py:short: returned 1 values for a batch of 2"):
         bundle(rewards_file, ["short"]).score_batch([episode("a", "1"), episode("b", "2")])
-    with pytest.raises(RewardFunctionError, match=r"my_rewards.py:nan: value 0 is nan, not a finite number"):
-        bundle(rewards_file, ["nan"]).score_batch([episode("a", "1")])
+    with pytest.raises(RewardFunctionError, match=r"my_rewards.py:text: value 0 is 'one', not a number or None"):
+        bundle(rewards_file, ["text"]).score_batch([episode("a", "1")])
 
 
-def test_a_function_that_raises_ends_the_batch_as_env_errors(rewards_file, capsys):
+def test_a_non_finite_value_is_a_failed_score_for_that_episode_not_an_error(rewards_file):
+    batch = [episode("a", "1")]
+    bundle(rewards_file, ["nan"]).score_batch(batch)
+    assert batch[0].trajectory.termination_reason == "reward_failed"
+    assert batch[0].trajectory.steps[-1].info["reward_failed"] == ["nan"]
+
+
+def test_a_function_that_raises_fails_the_scores_of_the_batch(rewards_file, capsys):
     batch = [episode("a", "1"), episode("b", "2")]
     bundle(rewards_file, ["flaky"]).score_batch(batch)
-    assert [r.trajectory.termination_reason for r in batch] == ["error", "error"]
+    assert [r.trajectory.termination_reason for r in batch] == ["reward_failed", "reward_failed"]
     assert "the judge is down" in capsys.readouterr().err
 
 
-def test_a_function_past_its_timeout_ends_the_batch_as_env_errors_naming_it(rewards_file, capsys):
+def test_a_function_past_its_timeout_fails_the_scores_of_the_batch_naming_it(rewards_file, capsys):
     fns = load_reward_functions((f"{rewards_file}:sleepy", f"{rewards_file}:trl_all"), timeout_s=0.2)
     b = RewardBundle(MathSelfRefine(EpisodeSettings()), fns)
     heard = []
@@ -138,11 +148,11 @@ def test_a_function_past_its_timeout_ends_the_batch_as_env_errors_naming_it(rewa
     t0 = time.monotonic()
     b.score_batch(batch, watch=heard.append)
     assert time.monotonic() - t0 < 2  # abandoned at the limit, not waited for
-    assert [r.trajectory.termination_reason for r in batch] == ["error", "error"]
-    assert heard == [f"reward function {rewards_file}:sleepy"]  # the next function never ran
+    assert [r.trajectory.termination_reason for r in batch] == ["reward_failed", "reward_failed"]
+    assert heard == [f"reward function {rewards_file}:sleepy"]  # nothing left for the next function to score
     err = capsys.readouterr().err
     assert f"reward function {rewards_file}:sleepy did not return within --reward-timeout-s 0.2 s" in err
-    assert "counted in rollout/env_errors" in err
+    assert "counted in reward/failed/sleepy" in err
     fast = [episode("a", "1")]
     RewardBundle(MathSelfRefine(EpisodeSettings()), load_reward_functions((f"{rewards_file}:trl_all",),
                                                                           timeout_s=0.2)).score_batch(fast)
@@ -199,7 +209,7 @@ def test_a_serial_run_scored_by_a_function_that_fails_once_drops_that_step_and_t
     assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards_file}:flaky", "--max-steps", "3", "--eval-tasks", "",
                  "--lr", "1e-3", "--no-drop-zero-std-groups", "--output-dir", str(tmp_path), "--run-name", "f"]) == 0
     scalars = read_scalars(tmp_path / "f")
-    assert scalars["rollout/env_errors"][0] == (1, 8.0)  # 4 tasks x 2 samples of the first batch
+    assert scalars["reward/failed/flaky"][0] == (1, 8.0)  # 4 tasks x 2 samples of the first batch
     assert [s for s, _ in scalars["reward/flaky"]] == [2, 3]
     assert all(0 <= v <= 1 for _, v in scalars["reward/flaky"])
     assert json.loads((tmp_path / "f" / "config.json").read_text())["env"] == "single"
@@ -227,7 +237,7 @@ def test_a_run_whose_function_hangs_once_drops_that_batch_at_the_timeout_and_tra
     assert rc == 0, out[-3000:]
     assert f"reward function {rewards_file}:hang_once did not return within --reward-timeout-s 1 s" in out
     scalars = read_scalars(tmp_path / "h")
-    assert sum(v for _, v in scalars["rollout/env_errors"]) == 8  # the first batch: 4 tasks x 2 samples
+    assert sum(v for _, v in scalars["reward/failed/hang_once"]) == 8  # the first batch: 4 tasks x 2 samples
     assert [s for s, _ in scalars["reward/hang_once"]] == [2]  # the second batch is scored
     deadline = time.monotonic() + 60
     while processes_with_token(token) and time.monotonic() < deadline:

@@ -122,7 +122,7 @@ def test_a_run_on_nan_rewards_fails_instead_of_reporting_done(tmp_path, mode):
     rc, out, _ = run_train([*mode, "--env", env, "--max-steps", "4", "--run-name", "n"], tmp_path / "runs")
     assert rc == 1, out
     assert "[failed] 3 of 3 updates trained nothing (0 skipped for a non-finite loss or gradient, 3 with every " \
-           "episode an env error" in out  # stopped once more than half of the 4 could no longer train
+           "group dropped for env errors or failed reward scores" in out  # stopped once more than half of the 4 could no longer train
     # printed once per process: the serial run's, or the learner's (held-out eval) and the worker's
     assert out.count("reward: expected a finite number, got nan (float)") == (1 if mode == ["--serial"] else 2)
     assert "[done]" not in out and not (tmp_path / "runs" / "n" / "final_model").exists()

@@ -1,8 +1,9 @@
 """Groups: every episode sampled for one task in one round, the unit an advantage compares within.
 
 A group is keyed by RolloutResult.group_id (which defaults to the task_id). Here: grouping, taking out
-the episodes the env raised in, and the flat list of samples the update trains on. Whether a group
-carries a signal at all is the advantages' test (algos/advantages.py carries_signal).
+the failed episodes (RolloutResult.failed: the env raised in them, or a reward source could not score them),
+and the flat list of samples the update trains on. Whether a group carries a signal at all is the
+advantages' test (algos/advantages.py carries_signal).
 """
 
 from collections import defaultdict
@@ -19,16 +20,17 @@ def group_by_task_id(results: list[RolloutResult]) -> dict[str, list[RolloutResu
     return dict(groups)
 
 
-def drop_env_errors(results: list[RolloutResult]) -> tuple[list[RolloutResult], int, int]:
-    """(episodes to train on, groups trained short, groups dropped): an episode the env raised in
-    (reason "error") says nothing about the policy, so it leaves its group; a group left with fewer
-    than 2 episodes has nothing to compare and is dropped whole."""
+def drop_failed(results: list[RolloutResult], min_group_size: int = 2) -> tuple[list[RolloutResult], int, int]:
+    """(episodes to train on, groups trained short, groups dropped): a failed episode (an env error, or a
+    reward score that could not be computed: never a 0) says nothing about the policy, so it leaves its
+    group, whose advantage is then computed over the rest; a group left with fewer than `min_group_size`
+    episodes (--min-group-size) has too little to compare and is dropped whole."""
     kept, short, dropped = [], 0, 0
     for group in group_by_task_id(results).values():
-        clean = [r for r in group if r.trajectory.termination_reason != "error"]
+        clean = [r for r in group if not r.failed]
         if len(clean) == len(group):
             kept += group
-        elif len(clean) >= 2:
+        elif len(clean) >= min_group_size:
             kept += clean
             short += 1
         else:

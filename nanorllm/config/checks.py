@@ -184,6 +184,11 @@ def _algorithm_problems(cfg) -> list[str]:
     for name in ("updates_per_batch", "epochs"):
         if getattr(cfg, name) < 1:
             p.append(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+    if cfg.min_group_size < 2:
+        p.append(f"min_group_size: must be >= 2 (one episode has nothing to compare with), got {cfg.min_group_size}")
+    elif cfg.min_group_size > cfg.num_samples_per_task >= 2:  # a group too small is named on its own
+        p.append(f"min_group_size: {cfg.min_group_size} is more than num_samples_per_task "
+                 f"({cfg.num_samples_per_task}): every group with a failed episode would be dropped")
     for name in ("warmup_steps", "overlong_buffer", "entropy_coef", "overlong_penalty"):
         if getattr(cfg, name) < 0:
             p.append(f"{name}: must be >= 0, got {getattr(cfg, name)}")
@@ -233,6 +238,16 @@ def _reward_problems(cfg) -> list[str]:
         p.append(f"reward_weights: {len(cfg.reward_weights)} weight(s) for {len(cfg.reward)} --reward function(s)")
     if cfg.reward and cfg.agent:
         p.append("reward: --reward functions score an --env's episodes; an --agent function returns its own reward")
+    if cfg.reward_model is not None:
+        if cfg.agent:
+            p.append("reward_model: a reward model scores an --env's episodes; an --agent function returns its own "
+                     "reward")
+        for name in ("reward_model_batch_size", "reward_model_max_tokens"):
+            if getattr(cfg, name) < 1:
+                p.append(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+        device = cfg.reward_model_device
+        if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            p.append(f"reward_model_device: must be cpu, cuda or cuda:N, got {device!r}")
     return p
 
 

@@ -36,7 +36,7 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
-    if (cfg.reward or cfg.judge) and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
+    if (cfg.reward or cfg.reward_model or cfg.judge) and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
         cfg = replace(cfg, env="single")  # reward sources and no --env: one turn, scored by them alone
     problems = cfg.validate()
     if cfg.env == DEFAULT_ENV_NAME:  # validate() sees only an env other than the default

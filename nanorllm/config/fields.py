@@ -44,8 +44,26 @@ class Sources:
     reward_mode: Literal["add", "replace"] = "add"
     """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
     reward_timeout_s: float = 30.0
-    """Wall-clock limit (seconds) of one call of a --reward function; past it the batch it scores is dropped as env
-    errors (rollout/env_errors), naming the function, and the call is abandoned."""
+    """Wall-clock limit (seconds) of one call of a --reward function; past it the scores of the batch it was given
+    failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
+    reward_model: str | None = None
+    """A local HF sequence-classifier folder (num_labels 1: the score; 2: logit[1] - logit[0]) that scores each
+    episode's (prompt, last response) as a reward source beside the --reward functions (docs/rewards.md); fit one
+    with launch/train_reward_model.py. Loaded once in each process that scores (every rollout worker), frozen."""
+    reward_model_weight: float = 1.0
+    """The --reward-model score's weight in the reward (added to, or with --reward-mode replace instead of, the env's)."""
+    reward_model_norm: Literal["none", "group", "running"] = "none"
+    """none: the raw score; group: z-scored within the episode's group; running: z-scored by a running mean/std of
+    every score so far in the scoring process (per process, not checkpointed)."""
+    reward_model_batch_size: int = 8
+    """(prompt, response) pairs per --reward-model forward."""
+    reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The --reward-model's weights and compute dtype."""
+    reward_model_device: str | None = None
+    """Where the --reward-model runs (cpu, cuda, cuda:N). None: the device of the process that scores (a rollout
+    worker's, or --serial's learner's)."""
+    reward_model_max_tokens: int = 1024
+    """Longest rendered (prompt, response) the --reward-model reads; a longer one loses its first tokens."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
@@ -145,6 +163,9 @@ class GRPO:
     """Groups (distinct tasks) per update."""
     num_samples_per_task: int = 4
     """Episodes per task: the GRPO group size."""
+    min_group_size: int = 2
+    """A group left with fewer episodes than this after its failed ones (env errors, reward scores that could not be
+    computed) leave it is dropped whole (rollout/groups_dropped); with at least this many it trains on them."""
     lr: float = 6e-6
     """AdamW learning rate."""
     weight_decay: float = 0.0

@@ -7,7 +7,7 @@ config's field names, which nothing would.
 """
 
 from nanorllm.envs.base import EpisodeSettings
-from nanorllm.envs.registry import EnvSpec
+from nanorllm.envs.registry import EnvSpec, RewardModelSpec
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.lora import LoraSpec, effective_alpha
 from nanorllm.rewards.judge import JudgeSpec
@@ -50,13 +50,23 @@ def agent_row_tokens(cfg) -> int | None:
 
 
 def env_spec(cfg) -> EnvSpec:
-    """What names the run's episodes: its --agent, or its --env with its options, --reward functions and --judge."""
+    """What names the run's episodes: its --agent, or its --env with its options, --reward functions, --reward-model
+    and --judge."""
     return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
                    tool_parser=getattr(cfg, "tool_parser", "auto"),
                    rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
                    reward_mode=getattr(cfg, "reward_mode", "add"),
-                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), judge=judge_spec(cfg),
-                   settings=episode_settings(cfg))
+                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), reward_model=reward_model_spec(cfg),
+                   judge=judge_spec(cfg), settings=episode_settings(cfg))
+
+
+def reward_model_spec(cfg) -> RewardModelSpec | None:
+    """The run's --reward-model and its settings; None without one."""
+    if getattr(cfg, "reward_model", None) is None:
+        return None
+    return RewardModelSpec(path=cfg.reward_model, weight=cfg.reward_model_weight, norm=cfg.reward_model_norm,
+                           batch_size=cfg.reward_model_batch_size, dtype=cfg.reward_model_dtype,
+                           device=cfg.reward_model_device, max_tokens=cfg.reward_model_max_tokens)
 
 
 def judge_spec(cfg) -> JudgeSpec | None:

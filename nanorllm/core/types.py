@@ -13,6 +13,10 @@ a multiprocessing queue; only the learner turns samples into tensors.
 
 from dataclasses import dataclass, field
 
+# an episode that says nothing about the policy: the env raised ("error"), or a reward source could not compute
+# its score ("reward_failed": it raised, timed out, or gave nan/inf); left out of its group, never trained as a 0
+FAILED_REASONS = ("error", "reward_failed")
+
 
 @dataclass
 class Step:
@@ -35,7 +39,7 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     final_reward: float = 0.0
     terminated: bool = False  # the env said done (solved, or failed on the last allowed turn)
-    termination_reason: str = ""  # "correct" | "max_turns" | "truncated" | "error"
+    termination_reason: str = ""  # "correct" | "max_turns" | "truncated" | "error" | "reward_failed"
     task: dict = field(default_factory=dict)  # the task record (task_id, question, answer)
 
     @property
@@ -81,6 +85,10 @@ class RolloutResult:
     @property
     def reward(self) -> float:
         return self.trajectory.final_reward
+
+    @property
+    def failed(self) -> bool:
+        return self.trajectory.termination_reason in FAILED_REASONS
 
 
 @dataclass

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
@@ -193,6 +193,19 @@ def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s:
 
 
 @dataclass(frozen=True)
+class RewardModelSpec:
+    """A --reward-model and how it scores (nanorllm/rewards/model.py RewardModel takes these fields)."""
+
+    path: str
+    weight: float = 1.0
+    norm: str = "none"
+    batch_size: int = 8
+    dtype: str = "float32"
+    device: str | None = None  # None: the scoring process's policy device
+    max_tokens: int = 1024
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """What names a run's episodes, as data: it travels to a spawned worker, which builds the same bundle
     from it (the spec strings are imported again there)."""
@@ -205,23 +218,28 @@ class EnvSpec:
     rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
-    reward_timeout_s: float = 30.0  # one call of a reward function past this drops its batch as env errors
+    reward_timeout_s: float = 30.0  # one call of a reward function past this fails its batch's scores
+    reward_model: RewardModelSpec | None = None  # a learned reward model beside the functions
     judge: "JudgeSpec | None" = None  # an LLM judge that scores the episodes too (rewards/judge.py)
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 
 
 def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
-    """The run's episodes: its agent when the spec names one, else its env; with reward functions, wrapped so
-    that they score its episodes (envs/reward_fns.py)."""
+    """The run's episodes: its agent when the spec names one, else its env; with reward functions or a reward
+    model, wrapped so that they score its episodes (envs/reward_fns.py)."""
     if spec.agent:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
     bundle = load_env(spec.env, spec.settings, spec.env_args)
-    if not rewards or not (spec.rewards or spec.judge):
+    if not rewards or not (spec.rewards or spec.reward_model or spec.judge):
         return bundle
     from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
 
     sources = load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s)
+    if spec.reward_model is not None:
+        from nanorllm.rewards.model import RewardModel
+
+        sources.append(RewardModel(**asdict(spec.reward_model)))
     if spec.judge:
         from nanorllm.rewards.judge import Judge
 

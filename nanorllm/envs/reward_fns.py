@@ -17,16 +17,21 @@ Two signatures are recognised, by their parameter names:
   "score"), one call per episode: data_source is the task's "data_source" column or the env's name,
   ground_truth its answer, extra_info the whole task.
 
-`RewardBundle` wraps the run's env bundle: with an env the functions' weighted sum is added to the env's
+`RewardBundle` wraps the run's env bundle and holds its reward *sources* (`functions`): these functions, and a
+--reward-model (nanorllm/rewards/model.py), anything with a `name`, a `spec`, a `weight` and
+`__call__(results, env_name) -> list[float | None]`. With an env the sources' weighted sum is added to the env's
 reward (`add`) or takes its place (`replace`); with no `--env` the run uses `single`, one turn whose only
-reward is the functions'. The engine calls `score_batch` once per rollout call, in a worker or in the
+reward is the sources'. The engine calls `score_batch` once per rollout call, in a worker or in the
 trainer alike (the spec strings travel; each process imports the files again, as it does `--env` files).
-A function that raises ends the batch's episodes as env errors (counted in rollout/env_errors, left out of
-training), and so does one that does not return within `--reward-timeout-s` (one line names it and the
-limit; the call is left running in a daemon thread, which cannot hold up the process's exit); one that
-returns the wrong number of values, or a value that is not a finite number, is a `RewardFunctionError`
-naming it, which stops the run. While a function runs, the engine's `watch` hears "reward function
-<spec>", so a hang report names it.
+
+A failed score is not a zero (docs/rewards.md): a source that raises, or a function that does not return within
+`--reward-timeout-s` (one line names it and the limit; the call is left running in a daemon thread, which cannot
+hold up the process's exit), fails the score of every episode it was given; a value of nan or inf fails that
+episode's. A failed episode ends "reward_failed", the sources that failed it named in its last step's
+info["reward_failed"]; it leaves its group (algos/groups.py drop_failed) and is counted in
+reward/failed/<name>. A source that returns the wrong number of values, or a value that is no number at all, is
+a `RewardFunctionError` naming it, which stops the run (a programming error, not a score). While a source runs,
+the engine's `watch` hears "reward function <spec>", so a hang report names it.
 """
 
 import inspect
@@ -56,7 +61,7 @@ class RewardFunctionError(ValueError):
 
 
 class RewardTimeout(Exception):
-    """A reward function did not return within its time limit: the batch it scored is env errors."""
+    """A reward function did not return within its time limit: the scores of the batch it was given failed."""
 
 
 class SingleTurnEnv:
@@ -139,7 +144,7 @@ class RewardFunction:
                 if (self.var_kw or column in self.params) and column not in ("completions", *kwargs):
                     kwargs[column] = [t.get(column) for t in tasks]
             out = self.call(completions, **kwargs)
-        return self.check(out, len(results))
+        return out
 
     def call(self, *args, **kwargs):
         """self.fn(*args, **kwargs) in a daemon thread, waited on for `timeout_s`: its value, or what it raised;
@@ -161,21 +166,6 @@ class RewardFunction:
         if "error" in box:
             raise box["error"]
         return box["value"]
-
-    def check(self, out: object, n: int) -> list[float | None]:
-        """One finite number per completion, or None where the function does not apply (TRL's convention:
-        that completion's reward is not this function's; score_batch)."""
-        if not isinstance(out, (list, tuple)) or len(out) != n:
-            got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
-            raise RewardFunctionError(f"reward function {self.spec}: returned {got} for a batch of {n} completions "
-                                      "(expected one number each, or None where it does not apply)")
-        bad = [(i, v) for i, v in enumerate(out) if v is not None and (
-            isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v))]
-        if bad:
-            i, v = bad[0]
-            raise RewardFunctionError(f"reward function {self.spec}: value {i} is {v!r}, not a finite number "
-                                      f"or None ({len(bad)} such of {n})")
-        return [None if v is None else float(v) for v in out]
 
     def missing_columns(self, columns: set[str]) -> list[str]:
         """The names this function takes without a default that no task column, and nothing we pass, fills."""
@@ -222,10 +212,28 @@ def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = (
     return fns
 
 
-class RewardBundle(EnvBundle):
-    """`inner`'s episodes, scored (also) by reward functions; everything else is `inner`'s."""
+def checked_values(source, out: object, n: int) -> list[float | None]:
+    """A source's values for a batch of `n` episodes: one number each, None where it does not apply (TRL's
+    convention), nan where the score failed (a non-finite value is one). The wrong number of values, or a value
+    that is no number at all, is a programming error: RewardFunctionError naming the source."""
+    if not isinstance(out, (list, tuple)) or len(out) != n:
+        got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise RewardFunctionError(f"reward {source.spec}: returned {got} for a batch of {n} completions "
+                                  "(expected one number each, or None where it does not apply)")
+    bad = [(i, v) for i, v in enumerate(out)
+           if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real))]
+    if bad:
+        i, v = bad[0]
+        raise RewardFunctionError(f"reward {source.spec}: value {i} is {v!r}, not a number or None "
+                                  f"({len(bad)} such of {n})")
+    return [None if v is None else float(v) if math.isfinite(v) else math.nan for v in out]
 
-    def __init__(self, inner: EnvBundle, functions: list[RewardFunction], mode: str = "add"):
+
+class RewardBundle(EnvBundle):
+    """`inner`'s episodes, scored (also) by reward sources (`functions`: RewardFunction objects, a reward model);
+    everything else is `inner`'s."""
+
+    def __init__(self, inner: EnvBundle, functions: list, mode: str = "add"):
         self.inner, self.functions, self.mode = inner, functions, mode
         self.settings, self.options, self.spec, self.name = inner.settings, inner.options, inner.spec, inner.name
         self.default_tasks, self.default_eval_tasks = inner.default_tasks, inner.default_eval_tasks
@@ -244,50 +252,70 @@ class RewardBundle(EnvBundle):
             columns = {k for t in tasks for k in t}
             problems = [f"{spec}: reward function {f.spec} takes {p!r}, which is no column of these tasks (columns: "
                         f"{', '.join(sorted(columns)) or 'none'}); give it a default, or name a column the source has"
-                        for f in self.functions for p in f.missing_columns(columns)]
+                        for f in self.functions if hasattr(f, "missing_columns") for p in f.missing_columns(columns)]
             if problems:
                 raise TaskFileError(spec, problems)
         return tasks
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        scored = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
+        """`inner`'s, each source's mean over the episodes that trained (reward/<name>), the episodes whose score
+        it failed (reward/failed/<name>, 0 too: curves without gaps) and a source's own (`metrics`, if it has it)."""
+        scored = [r for r in results if not r.failed and r.trajectory.steps]
         out = dict(self.inner.metrics(results))
         for f in self.functions:
             values = [r.trajectory.steps[-1].info.get(f"reward/{f.name}") for r in scored]
             values = [v for v in values if v is not None and math.isfinite(v)]  # NaN: a failed score
             if values:
                 out[f"reward/{f.name}"] = sum(values) / len(values)
+            out[f"reward/failed/{f.name}"] = sum(f.name in r.trajectory.steps[-1].info.get("reward_failed", ())
+                                                 for r in results if r.trajectory.steps)
+            if hasattr(f, "metrics"):
+                out.update(f.metrics(scored))
         return out
+
+    def use_device(self, device) -> None:
+        """The device of the process's policy: where a source that computes (a reward model) goes by default."""
+        for f in self.functions:
+            if hasattr(f, "use_device"):
+                f.use_device(device)
 
     def score_batch(self, results: list[RolloutResult],
                     watch: Callable[[str], None] = lambda activity: None) -> None:
-        """Each function once over the call's episodes (env errors left out); rewards set in place. `watch` hears
-        "reward function <spec>" before each function runs (the engine's hang detection)."""
+        """Each source once over the call's episodes (env errors, and those a source before it failed, left out);
+        rewards set in place. An episode whose score a source failed (it raised, timed out, or gave nan or inf)
+        ends "reward_failed", the sources' names in its last step's info["reward_failed"]: left out of its group,
+        never trained as a 0. `watch` hears "reward function <spec>" before each source runs (the engine's hang
+        detection)."""
         live = [r for r in results if r.trajectory.termination_reason != "error" and r.trajectory.steps]
         if not live:
             return
-        scores = {}
-        try:
-            for f in self.functions:
-                watch(f"reward function {f.spec}")
-                scores[f.name] = f(live, self.name)
-        except RewardFunctionError:
-            raise
-        except RewardTimeout as e:
-            _report_once(("timeout", str(e)), f"[reward] {e}: the {len(live)} episodes of this batch are dropped "
-                         "(counted in rollout/env_errors; the call is left running, abandoned; printed once)")
-            for r in live:
-                r.trajectory.termination_reason = "error"
-            return
-        except Exception as e:  # the batch's episodes say nothing about the policy: env errors
-            _report_once((type(e).__name__, str(e)[:80]),
-                         f"[reward] a reward function raised; the {len(live)} episodes of this batch are dropped "
-                         f"(counted in rollout/env_errors; printed once):\n{traceback.format_exc(limit=-8)}")
-            for r in live:
-                r.trajectory.termination_reason = "error"
-            return
-        for i, r in enumerate(live):
-            got = {f.name: scores[f.name][i] for f in self.functions if scores[f.name][i] is not None}
+        scores: dict[int, dict[str, float]] = {id(r): {} for r in live}
+        for f in self.functions:
+            pending = [r for r in live if r.trajectory.termination_reason != "reward_failed"]
+            if not pending:
+                break
+            watch(f"reward function {f.spec}")
+            values, said = self.score(f, pending)
+            for r, v in zip(pending, values):
+                if v is None:
+                    continue
+                if math.isnan(v):
+                    if not said:  # a source that raised is said already, with its error
+                        _report_once(("nan", f.spec), f"[reward] {f.spec} gave no finite score for episode "
+                                     f"{r.trajectory.task_id}: a failed score, left out of its group (counted in "
+                                     f"reward/failed/{f.name}; printed once)")
+                    last = r.trajectory.steps[-1]
+                    last.info["reward_failed"] = [*last.info.get("reward_failed", ()), f.name]
+                    r.trajectory.termination_reason = "reward_failed"
+                else:
+                    scores[id(r)][f.name] = v
+        for r in live:
+            got = scores[id(r)]
+            last = r.trajectory.steps[-1]
+            for name, value in got.items():
+                last.info[f"reward/{name}"] = value
+            if r.trajectory.termination_reason == "reward_failed":
+                continue
             if not got and (self.mode == "replace" or self.name == "single"):
                 _report_once(("none", *(f.spec for f in self.functions)),
                              f"[reward] no reward function scored episode {r.trajectory.task_id} (each returned None) "
@@ -296,9 +324,6 @@ class RewardBundle(EnvBundle):
                 r.trajectory.termination_reason = "error"
                 continue
             extra = sum(f.weight * got[f.name] for f in self.functions if f.name in got)  # TRL's nansum
-            last = r.trajectory.steps[-1]
-            for name, value in got.items():
-                last.info[f"reward/{name}"] = value
             if self.mode == "replace":
                 for s in r.trajectory.steps:
                     s.reward = 0.0
@@ -309,6 +334,24 @@ class RewardBundle(EnvBundle):
                 s.reward = total
             if self.name == "single":
                 r.trajectory.termination_reason = "correct" if total > 0 else "max_turns"
+
+    def score(self, source, results: list[RolloutResult]) -> tuple[list[float | None], bool]:
+        """(`source`'s checked values for `results`, whether its failure is said already): all nan (failed scores)
+        when it raised or timed out."""
+        try:
+            return checked_values(source, source(results, self.name), len(results)), False
+        except RewardFunctionError:
+            raise
+        except RewardTimeout as e:
+            _report_once(("timeout", str(e)), f"[reward] {e}: failed scores for the {len(results)} episodes of this "
+                         f"call (left out of their groups, counted in reward/failed/{source.name}; the call is left "
+                         "running, abandoned; printed once)")
+        except Exception as e:  # a score that could not be computed says nothing about the policy
+            _report_once((type(e).__name__, str(e)[:80]),
+                         f"[reward] {source.spec} raised: failed scores for the {len(results)} episodes of this call "
+                         f"(left out of their groups, counted in reward/failed/{source.name}; printed once):\n"
+                         f"{traceback.format_exc(limit=-8)}")
+        return [math.nan] * len(results), True
 
 
 def _report_once(key: tuple, line: str) -> None:

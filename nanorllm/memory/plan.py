@@ -9,6 +9,8 @@ exact parameter counts, no weights):
               micro-batch, the slot KV cache of its own decoding (the held-out eval, every episode at
               once up to --max-batch-episodes; --serial's rollouts)
     worker i  its replica (in --dtype), its slot KV cache
+    + a --reward-model (weights and one batch's forward) in every process that scores: each worker, and the
+              learner where it rolls out (--serial) or evaluates held-out tasks; on --reward-model-device if given
     /dev/shm  the shared weight block (pipeline/weights.py): on a CPU learner whose parameters are
               stored in the replica dtype it IS the learner's weights, counted once
 
@@ -305,6 +307,12 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
             Part("weights", replica),
             Part("kv", kv_bytes(config, slots=rollout_rows, width=width, dtype_bytes=compute)),
             *process_overheads(dev)]))
+    if cfg.reward_model is not None and (rm := reward_model_bytes(cfg)) is not None:
+        # one copy in each process that scores: every worker, and the learner when it rolls out or evaluates
+        scorers = processes[1:] + ([learner] if cfg.serial or eval_episodes or not devices.workers else [])
+        for proc in scorers:
+            proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
+                                   f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
     devices_used = {"cpu"} | {p.device for p in processes}
     host_source = "given"
     if free is None:
@@ -315,6 +323,25 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         free["cpu"], host_source = host_memory()
     return MemoryPlan(processes=processes, shm_bytes=shm, shm_free=shm_free_bytes() if shm_free is None else shm_free,
                       free=dict(free), micro_batch_tokens=tokens, host_source=host_source)
+
+
+def reward_model_bytes(cfg) -> int | None:
+    """The --reward-model's weights in --reward-model-dtype plus one batch's forward (no gradients: one layer's
+    activations alive at a time, and the logits), from its config alone; None where that cannot be read."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = model_config(cfg.reward_model)
+    if config is None:
+        return None
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(config)
+    dtype_bytes = 2 if cfg.reward_model_dtype == "bfloat16" else 4
+    weights = sum(p.numel() for p in model.parameters()) * dtype_bytes
+    tokens = cfg.reward_model_batch_size * cfg.reward_model_max_tokens
+    hidden = config.hidden_size
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    layer = (LAYER_SAVED_PER_HIDDEN * hidden + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+    return int(weights + tokens * layer)
 
 
 def process_overheads(device: str) -> list[Part]:

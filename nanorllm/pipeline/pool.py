@@ -36,7 +36,8 @@ class WorkerPool:
         self.threads, self.num_processes = threads, num_processes
         self.ctx = mp.get_context("spawn")
         self.stop_flag = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env, reward_names=tuple(self.cfg.reward))
+        self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env, reward_names=(*self.cfg.reward, *(
+            [self.cfg.reward_model] if self.cfg.reward_model else [])))
         self.procs, self.outbox, self.inbox = {}, {}, {}
         self.started = {wid: 0 for wid in range(len(devices))}  # processes started per slot
         self.start_at: dict[int, float] = {}  # slots waiting out a back-off: wid -> when to start

@@ -106,6 +106,8 @@ class RolloutEngine:
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
+        if hasattr(self.env, "use_device"):  # a reward model scores on this process's device unless told otherwise
+            self.env.use_device(getattr(policy, "device", None))
         self.max_batch_episodes = max_batch_episodes
         self.on_step = lambda: None  # called every decode step: a worker's heartbeat (graph replays run no hooks)
         # watch(activity, task_index): told when the env's reset or step ("grading") starts and ends (and

@@ -1,5 +1,6 @@
-"""The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
---judge rubric reads and its key is set, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms; these run
+"""The config's checks that need the world: the env's or agent's module imports, each --reward file loads, a
+--reward-model folder is a sequence classifier, the --judge rubric reads and its key is set, the output folder can be
+made, wandb is installed. nanorllm/config checks a config on its own terms; these run
 when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
 reported at once, naming the field) and nothing is written before them."""
 
@@ -40,6 +41,10 @@ def world_problems(cfg: TrainConfig) -> list[str]:
             load_reward_function(spec)  # imports the file: a bad spec or signature stops here
         except EnvSpecError as e:
             p.append(f"reward: {e}")
+    if cfg.reward_model is not None:
+        from nanorllm.rewards.model import reward_model_problems
+
+        p += reward_model_problems(cfg.reward_model)
     p += judge_world_problems(cfg)
     try:
         if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:

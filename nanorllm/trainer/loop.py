@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from nanorllm.algos.groups import group_by_task_id
 from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.config.specs import sampling_params
@@ -339,8 +340,8 @@ class TrainingRun:
             self.final_step = step + 1
             self.dirty = False
             self.totals["skipped_nan"] += metrics["train/skipped_nan"]
-            self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (
-                bool(results) and metrics["rollout/env_errors"] == len(results))
+            self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (  # every group dropped
+                bool(results) and metrics["rollout/groups_dropped"] == len(group_by_task_id(results)))
             metrics["train/env_error_steps_total"] = self.totals["env_error_steps"]
             metrics.update(derived_metrics(metrics, results, step_s=time.perf_counter() - t0,
                                            skipped_nan_total=self.totals["skipped_nan"]))
@@ -379,7 +380,8 @@ class TrainingRun:
         if skipped > limit * self.cfg.max_steps or (at_end and skipped >= self.final_step > 0):
             raise TrainedNothing(
                 f"{skipped} of {self.final_step} updates trained nothing ({nan} skipped for a non-finite loss or "
-                f"gradient, {env} with every episode an env error: see the [env] lines above), more than "
+                f"gradient, {env} with every group dropped for env errors or failed reward scores: see the [env] and "
+                f"[reward] lines above), more than "
                 f"--max-skipped-frac {limit:g} of --max-steps {self.cfg.max_steps}; the run is not done")
 
     def report_grader_timeouts(self, results: list[RolloutResult], step: int) -> None:

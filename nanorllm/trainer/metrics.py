@@ -5,7 +5,7 @@ from collections import Counter
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
 
-TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error")
+TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error", "reward_failed")
 
 
 def grader_timeouts(results: list[RolloutResult]) -> tuple[int, str | None]:

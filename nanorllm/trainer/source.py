@@ -9,7 +9,7 @@ import time
 from typing import Callable, Iterator, Protocol
 
 from nanorllm.algos.advantages import silent_groups
-from nanorllm.algos.groups import drop_env_errors, group_by_task_id
+from nanorllm.algos.groups import drop_failed, group_by_task_id
 from nanorllm.config import TrainConfig
 from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
@@ -34,9 +34,9 @@ def fill_seed(cfg: TrainConfig, step: int, round_: int) -> int:
 
 
 def mixed_groups(cfg: TrainConfig, results: list[RolloutResult]) -> int:
-    """Groups with a learning signal, as the update will see them: on the episodes left after drop_env_errors, by
+    """Groups with a learning signal, as the update will see them: on the episodes left after drop_failed, by
     the update's own test (algos/advantages.py carries_signal)."""
-    groups = group_by_task_id(drop_env_errors(results)[0])
+    groups = group_by_task_id(drop_failed(results, cfg.min_group_size)[0])
     return len(groups) - len(silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma))
 
 

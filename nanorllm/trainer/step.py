@@ -27,7 +27,7 @@ import time
 import zlib
 
 from nanorllm.algos.advantages import compute_advantage, overlong_penalty, silent_groups
-from nanorllm.algos.groups import drop_env_errors, flatten_step_samples, group_by_task_id
+from nanorllm.algos.groups import drop_failed, flatten_step_samples, group_by_task_id
 from nanorllm.core.types import RolloutResult, StepSample
 from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
@@ -50,7 +50,7 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     the normaliser and every metric are the whole step's, over all ranks."""
     t0 = time.perf_counter()
     ranks = ranks or ONE_RANK
-    results, short, dropped = drop_env_errors(results)
+    results, short, dropped = drop_failed(results, cfg.min_group_size)
     penalty = {id(r): overlong_penalty(r, max_new_tokens=cfg.max_new_tokens, buffer=cfg.overlong_buffer,
                                        penalty=cfg.overlong_penalty) for r in results} if cfg.overlong_buffer else {}
     reward_of = (lambda r: r.reward + penalty[id(r)]) if penalty else None

@@ -58,8 +58,8 @@ def step_metrics(n: dict[str, float], *, correct: bool, kl: bool) -> dict:
         "train/samples": int(n["samples"]),
         "train/skipped_nan": int(n["skipped_nan"]),
         "train/masked_truncated": int(n["masked_truncated"]),  # episodes whose loss was masked
-        "rollout/groups_short": int(n["groups_short"]),  # trained without their env-error episodes
-        "rollout/groups_dropped": int(n["groups_dropped"]),  # fewer than 2 episodes left after env errors
+        "rollout/groups_short": int(n["groups_short"]),  # trained without their failed episodes
+        "rollout/groups_dropped": int(n["groups_dropped"]),  # fewer than --min-group-size left after failures
         "loss/policy": n["loss"], "clip_ratio/low": n["clip_low"] / tokens, "clip_ratio/high": n["clip_high"] / tokens,
         "approx_kl": n["approx_kl"] / tokens, "entropy": n["entropy"] / tokens,
         "train/tokens": n["tokens"], "train/padded_tokens": int(n["padded_tokens"]),

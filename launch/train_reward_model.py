@@ -1,0 +1,41 @@
+"""Fit a reward model that --reward-model loads (docs/rewards.md), or make its labelled data from the policy.
+
+    python launch/train_reward_model.py --sample-from smollm2-135m-instruct --out runs/rm/data.jsonl \
+        --limit 64 --samples-per-task 8
+    python launch/train_reward_model.py --data runs/rm/data.jsonl --out runs/rm/model --epochs 2 --lr 1e-5
+    python launch/train.py --env math --reward-model runs/rm/model --reward-mode add
+
+Rows: {"prompt", "response", "label"} (BCE on a 1-logit head) or {"prompt", "chosen", "rejected"} (Bradley-Terry).
+Bad flags or rows: one line each naming the flag, or the file, line and field; exit 2, nothing written.
+"""
+
+import sys
+
+import tyro
+
+from nanorllm.rewards.data import RewardDataError, read_rows
+from nanorllm.rewards.fit import FitConfig, fit, problems
+
+
+def main(argv: list[str]) -> int:
+    cfg = tyro.cli(FitConfig, args=argv, description=__doc__)
+    bad = problems(cfg)
+    if not bad and cfg.data is not None:
+        try:
+            read_rows(cfg.data)
+        except RewardDataError as e:
+            bad = e.problems
+    if bad:
+        print("\n".join(f"error: {p}" for p in bad), file=sys.stderr)
+        return 2
+    if cfg.sample_from is not None:
+        from nanorllm.run.reward_labels import sample_rows
+
+        sample_rows(cfg)
+    else:
+        fit(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""The rows a reward model is fitted on, read and checked: one JSON object a line, every row of one kind.
+
+    {"prompt": ..., "response": ..., "label": 0 or 1}     labelled: a 1-logit head fitted by BCE
+    {"prompt": ..., "chosen": ..., "rejected": ...}       preference pairs: Bradley-Terry, -log sigmoid(r_c - r_r)
+
+A prompt is text or a list of chat messages ({"role", "content"}), as a task's question is. Every bad row is
+named with its file, line and field, all at once (RewardDataError), before anything loads.
+"""
+
+import json
+
+KINDS = {"labelled": ("prompt", "response", "label"), "pairs": ("prompt", "chosen", "rejected")}
+
+
+class RewardDataError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def row_kind(row: dict) -> str | None:
+    return next((k for k, keys in KINDS.items() if all(f in row for f in keys)), None)
+
+
+def row_problems(row: object, where: str, kind: str | None) -> list[str]:
+    if not isinstance(row, dict):
+        return [f"{where}: a row must be a JSON object, got {type(row).__name__}"]
+    got = row_kind(row)
+    if got is None:
+        return [f"{where}: field {f!r}: missing (a row is {{prompt, response, label}} or {{prompt, chosen, rejected}})"
+                for f in (KINDS["pairs"] if "chosen" in row or "rejected" in row else KINDS["labelled"])
+                if f not in row]
+    if kind is not None and got != kind:
+        return [f"{where}: a {got} row in a file of {kind} rows (the first row decides)"]
+    p = []
+    prompt = row["prompt"]
+    if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
+            for m in prompt))):
+        p.append(f"{where}: field 'prompt': must be text or a list of {{role, content}} messages")
+    for f in KINDS[got][1:]:
+        if f == "label":
+            if isinstance(row[f], bool) or row[f] not in (0, 1):
+                p.append(f"{where}: field 'label': must be 0 or 1, got {row[f]!r}")
+        elif not isinstance(row[f], str):
+            p.append(f"{where}: field {f!r}: must be text, got {type(row[f]).__name__}")
+    return p
+
+
+def read_rows(path: str) -> tuple[str, list[dict]]:
+    """(the rows' kind, the rows) of a JSONL file; RewardDataError naming every bad line and field."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise RewardDataError([f"{path}: cannot be read: {e.strerror}"]) from e
+    rows, problems, kind = [], [], None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{where}: not JSON ({e.msg})")
+            continue
+        bad = row_problems(row, where, kind)
+        problems += bad
+        if not bad:
+            kind = kind or row_kind(row)
+            rows.append(row)
+    if not rows and not problems:
+        problems.append(f"{path}: no rows")
+    if problems:
+        raise RewardDataError(problems)
+    return kind, rows

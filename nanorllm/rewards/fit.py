@@ -1,0 +1,157 @@
+"""Fitting a reward model (launch/train_reward_model.py): a causal LM's body with a 1-logit sequence-classification
+head, fitted on labelled rows (BCE) or preference pairs (Bradley-Terry), saved as a folder --reward-model loads.
+
+A plain loop, not TRL's RewardTrainer: that trainer covers preference pairs only (the labelled rows the policy's
+own samples give would need a second path), and it brings the Trainer/accelerate machinery for what is here
+forty lines. Scores are computed exactly as the reward model computes them when it scores (rewards/model.py:
+the same rendering, left cut and head), so what is fitted is what is served.
+"""
+
+import json
+import math
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nanorllm.rewards.data import read_rows
+from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
+
+
+@dataclass
+class FitConfig:
+    """Fit a reward model on --data, or with --sample-from make the labelled data (docs/rewards.md)."""
+
+    out: str
+    """Fitting: the folder the reward model is saved to. --sample-from: the JSONL file the labelled rows go to."""
+    data: str | None = None
+    """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
+    model: str = "smollm2-135m-instruct"
+    """The causal LM the reward model starts from: a built-in name (smollm2-135m-instruct, tiny-random) or a
+    folder."""
+    epochs: int = 1
+    """Passes over the rows to fit."""
+    lr: float = 1e-5
+    """AdamW learning rate (gradients clipped to norm 1)."""
+    batch_size: int = 8
+    """Rows per optimizer step (a pair counts once)."""
+    max_tokens: int = 512
+    """Longest rendered (prompt, response); a longer one loses its first tokens (as when it scores)."""
+    seed: int = 0
+    """Seeds the held-out split, the row order, the new head and --sample-from's sampling."""
+    eval_frac: float = 0.1
+    """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is
+    printed."""
+    sample_from: str | None = None
+    """Make labelled rows instead: responses of this policy model on --tasks, graded by the math env (1 correct,
+    0 not)."""
+    tasks: str | None = None
+    """--sample-from: the task spec; None: the math env's default training tasks (not its held-out set)."""
+    limit: int = 64
+    """--sample-from: the first N tasks."""
+    samples_per_task: int = 8
+    """--sample-from: responses per task, sampled at temperature 1.0 with --seed."""
+    max_new_tokens: int = 32
+    """--sample-from: longest response."""
+
+
+def problems(cfg: FitConfig) -> list[str]:
+    p = [f"{n}: must be >= 1, got {getattr(cfg, n)}" for n in ("epochs", "batch_size", "max_tokens", "limit",
+                                                              "samples_per_task", "max_new_tokens") if getattr(cfg, n) < 1]
+    if not cfg.lr > 0:
+        p.append(f"lr: must be > 0, got {cfg.lr}")
+    if not 0 <= cfg.eval_frac < 1:
+        p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
+    if (cfg.data is None) == (cfg.sample_from is None):
+        p.append("data: give --data (fit a reward model) or --sample-from (make labelled rows), one of them")
+    return p
+
+
+def load_classifier(name: str):
+    """(sequence classifier with a fresh 1-logit head, tokenizer) from a causal LM name or folder."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from nanorllm.policy.models import SMOLLM2, TINY, ensure_smollm2, load_model_and_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = ensure_smollm2() if name == SMOLLM2 else name
+        if name == TINY:  # built in memory: through a folder, as any causal LM is read
+            model, tokenizer = load_model_and_tokenizer(TINY)
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            path = tmp
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    pad_id(model, tokenizer)
+    return model, tokenizer
+
+
+def scores(model, tokenizer, prompts: list, responses: list[str], max_tokens: int) -> torch.Tensor:
+    """(B,) scores, with gradients when enabled."""
+    rows = [encode(tokenizer, p, r, max_tokens) for p, r in zip(prompts, responses)]
+    ids, mask = batch_tensors(rows, model.config.pad_token_id, model.device)
+    return head_scores(model(input_ids=ids, attention_mask=mask).logits).float()
+
+
+def batch_loss_and_hits(model, tokenizer, kind: str, batch: list[dict], max_tokens: int) -> tuple[torch.Tensor, int]:
+    """(the batch's mean loss, rows scored right)."""
+    prompts = [r["prompt"] for r in batch]
+    if kind == "pairs":
+        margin = (scores(model, tokenizer, prompts, [r["chosen"] for r in batch], max_tokens)
+                  - scores(model, tokenizer, prompts, [r["rejected"] for r in batch], max_tokens))
+        return -F.logsigmoid(margin).mean(), int((margin > 0).sum())
+    s = scores(model, tokenizer, prompts, [r["response"] for r in batch], max_tokens)
+    labels = torch.tensor([float(r["label"]) for r in batch])
+    return F.binary_cross_entropy_with_logits(s, labels), int(((s > 0).float() == labels).sum())
+
+
+def accuracy(model, tokenizer, kind: str, rows: list[dict], cfg: FitConfig) -> float | None:
+    if not rows:
+        return None
+    with torch.no_grad():
+        hits = sum(batch_loss_and_hits(model, tokenizer, kind, rows[i:i + cfg.batch_size], cfg.max_tokens)[1]
+                   for i in range(0, len(rows), cfg.batch_size))
+    return hits / len(rows)
+
+
+def fit(cfg: FitConfig, say=print) -> dict:
+    """Fit on cfg.data, save to cfg.out (model, tokenizer, fit.json); the summary fit.json holds."""
+    kind, rows = read_rows(cfg.data)
+    rng = random.Random(cfg.seed)
+    rng.shuffle(rows)
+    held = int(len(rows) * cfg.eval_frac)
+    held_out, train = rows[:held], rows[held:]
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_classifier(cfg.model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    say(f"[fit] {len(train)} {kind} rows to fit, {len(held_out)} held out; held-out accuracy before: "
+        f"{accuracy(model.eval(), tokenizer, kind, held_out, cfg)}")
+    losses = []
+    for epoch in range(cfg.epochs):
+        model.train()
+        rng.shuffle(train)
+        first = len(losses)
+        for i in range(0, len(train), cfg.batch_size):
+            loss, _ = batch_loss_and_hits(model, tokenizer, kind, train[i:i + cfg.batch_size], cfg.max_tokens)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(loss.item())
+        epoch_losses = losses[first:] or [math.nan]
+        say(f"[fit] epoch {epoch + 1}/{cfg.epochs}: mean loss {sum(epoch_losses) / len(epoch_losses):.4f}")
+    model.eval()
+    summary = {"kind": kind, "train_rows": len(train), "held_out_rows": len(held_out), "losses": losses,
+               "held_out_accuracy": accuracy(model, tokenizer, kind, held_out, cfg)}
+    out = Path(cfg.out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "fit.json").write_text(json.dumps(summary, indent=2) + "\n")
+    name = "pairwise accuracy" if kind == "pairs" else "accuracy"
+    say(f"[fit] held-out {name}: {summary['held_out_accuracy']} | saved to {out} (--reward-model {out})")
+    return summary

@@ -1,0 +1,35 @@
+"""Labelled rows for a reward model from the base policy itself (launch/train_reward_model.py --sample-from):
+each response sampled on the math env's tasks and labelled by the env's real grader (1 correct, 0 not). It wires a
+policy, the math env and the engine together, so it sits in run/ with the other wiring.
+
+The rule, fixed before any run: one turn, temperature 1.0, the given seed, the env's default training tasks
+(never its held-out set: a task that is in it is left out), the first --limit of them, --samples-per-task each.
+"""
+
+import json
+from pathlib import Path
+
+
+def sample_rows(cfg, say=print) -> list[dict]:
+    """The rows {prompt, response, label, task_id}, written to cfg.out as JSONL."""
+    from nanorllm.envs.base import EpisodeSettings
+    from nanorllm.envs.registry import load_env
+    from nanorllm.policy.base import SamplingParams
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.rollout.engine import RolloutEngine
+
+    env = load_env("math", EpisodeSettings(max_turns=1))
+    held = {t["question"] for t in env.load_tasks(env.default_eval_tasks)}
+    tasks = [t for t in env.load_tasks(cfg.tasks or env.default_tasks) if t["question"] not in held][:cfg.limit]
+    policy = HFCausalPolicy.from_name(cfg.sample_from, seed=cfg.seed, replica=True)
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=1.0),
+                           env=env)
+    results = engine.run(tasks, num_samples=cfg.samples_per_task, seed=cfg.seed).results
+    rows = [{"prompt": r.trajectory.task["question"], "response": r.trajectory.steps[-1].model_response,
+             "label": int(r.reward > 0), "task_id": r.task_id} for r in results if r.trajectory.steps]
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    say(f"[sample] {len(rows)} rows from {len(tasks)} tasks x {cfg.samples_per_task}: "
+        f"{sum(r['label'] for r in rows) / max(len(rows), 1):.3f} labelled 1 | written to {out}")
+    return rows

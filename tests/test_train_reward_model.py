@@ -1,0 +1,83 @@
+"""launch/train_reward_model.py: fits a tiny classifier on labelled rows or preference pairs (the loss falls, the
+folder it saves is a --reward-model), makes labelled rows from a policy, and refuses bad rows by file, line, field."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from nanorllm.rewards.model import RewardModel, reward_model_problems
+from tests.test_reward_model import episodes
+
+SCRIPT = Path(__file__).resolve().parent.parent / "launch" / "train_reward_model.py"
+
+
+def script_main(argv: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location("train_reward_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def write_rows(path: Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def labelled(n: int = 32) -> list[dict]:
+    return [{"prompt": f"is {i} even?", "response": "yes" if i % 2 else "no", "label": i % 2} for i in range(n)]
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([{"prompt": "q", "response": "a", "label": 1}, {"prompt": "q", "response": "a", "label": "yes"}],
+     "rows.jsonl:2: field 'label': must be 0 or 1, got 'yes'"),
+    ([{"prompt": "q", "response": "a"}], "rows.jsonl:1: field 'label': missing"),
+    ([{"prompt": "q", "chosen": "a", "rejected": 3}], "rows.jsonl:1: field 'rejected': must be text, got int"),
+    ([{"prompt": 5, "response": "a", "label": 0}], "rows.jsonl:1: field 'prompt': must be text or a list"),
+    ([{"prompt": "q", "response": "a", "label": 0}, "{not json"], "rows.jsonl:2: not JSON"),
+    ([{"prompt": "q", "response": "a", "label": 0}, {"prompt": "q", "chosen": "a", "rejected": "b"}],
+     "rows.jsonl:2: a pairs row in a file of labelled rows"),
+])
+def test_bad_rows_are_refused_naming_file_line_and_field_and_nothing_is_written(tmp_path, capsys, rows, expected):
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "rm").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["labelled", "pairs"])
+def test_a_fit_lowers_the_loss_and_saves_a_folder_that_loads_as_a_reward_model(tmp_path, capsys, kind):
+    rows = labelled() if kind == "labelled" else [
+        {"prompt": f"is {i} even?", "chosen": "yes it is", "rejected": "no"} for i in range(32)]
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "rm"
+    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "8", "--lr", "1e-2",
+                        "--batch-size", "8", "--eval-frac", "0.25", "--max-tokens", "64"]) == 0
+    summary = json.loads((out / "fit.json").read_text())
+    losses = summary["losses"]
+    assert len(losses) == 8 * 3 and sum(losses[-3:]) < sum(losses[:3])  # 24 rows to fit, 8 a step
+    assert summary["held_out_rows"] == 8 and summary["held_out_accuracy"] >= 0.75
+    assert "held-out" in capsys.readouterr().out
+    assert reward_model_problems(str(out)) == []
+    scores = RewardModel(path=str(out))(episodes([("is 3 even?", "yes"), ("is 3 even?", "no")]), "math")
+    assert scores[0] > scores[1]  # what it learnt is what it serves
+
+
+@pytest.mark.slow
+def test_sampling_labels_the_policys_responses_by_the_grader_on_the_training_tasks(tmp_path):
+    out = tmp_path / "data.jsonl"
+    assert script_main(["--sample-from", "tiny-random", "--out", str(out), "--limit", "3", "--samples-per-task", "2",
+                        "--max-new-tokens", "4"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 6 and all(r["label"] in (0, 1) and isinstance(r["response"], str) for r in rows)
+    from nanorllm.envs.base import EpisodeSettings
+    from nanorllm.envs.registry import load_env
+
+    env = load_env("math", EpisodeSettings())
+    held = {t["question"] for t in env.load_tasks(env.default_eval_tasks)}
+    assert not {r["prompt"] for r in rows} & held
+    assert script_main(["--sample-from", "tiny-random", "--out", str(tmp_path / "again.jsonl"), "--limit", "3",
+                        "--samples-per-task", "2", "--max-new-tokens", "4"]) == 0
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # a fixed seed: the same rows
