@@ -5,7 +5,8 @@ docs: a taskset over an in-memory `datasets.Dataset` (prompt, answer, info), sco
 - `load_guessing(max_guesses=2)`: several turns: the env plays the user, answering "higher" or "lower" until the
   reply holds the answer or the guesses are spent (an Env's `run` over `interaction.turn`, as verifiers'
   TextArena env is written).
-- `load_raising()`, `load_nan()`: a reward that raises on some tasks, one that returns NaN on some.
+- `load_raising()`, `load_nan()`: a reward that raises on some tasks, one that returns NaN on some;
+  `load_parity()`: a reward the tiny random model earns about half the time (so its groups carry signal).
 """
 
 import datasets
@@ -80,6 +81,11 @@ async def nan_reward(task, trace) -> float:
     return float("nan") if task.info["a"] % 2 else 1.0
 
 
+async def parity_reward(task, trace) -> float:
+    """A rule the tiny random model meets about half the time (tests/runs.py `length_rule`)."""
+    return float(sum(map(ord, trace.last_reply)) % 2 == 0)
+
+
 def _plugged(reward: str) -> vf.Env:
     """The sum env with its `correct` reward replaced by `reward` (verifiers' plugged reward functions)."""
     return vf.SingleAgentEnv(vf.SingleAgentEnvConfig(taskset={
@@ -92,6 +98,10 @@ def load_raising() -> vf.Env:
 
 def load_nan() -> vf.Env:
     return _plugged("nan_reward")
+
+
+def load_parity() -> vf.Env:
+    return _plugged("parity_reward")
 
 
 def not_an_env():
