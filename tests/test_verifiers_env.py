@@ -1,5 +1,6 @@
-"""`--env verifiers:MODULE[:LOADER]`: verifiers' own episodes and rubric on the rollout endpoint (tests/verifiers_example.py),
-one training row per episode that extends its history, the refusals at start, a rubric that raises or returns NaN,
+"""`--env verifiers:MODULE[:LOADER]`: verifiers' own episodes and rubric on the rollout endpoint
+(tests/verifiers_example.py), one training row per episode that extends its history, the refusals at start, a
+rubric that raises or returns NaN,
 2 training steps serial and in the pipeline, and launch/eval.py with pass@k."""
 
 import json
@@ -73,7 +74,8 @@ def test_a_multi_turn_verifiers_env_trains_one_row_per_episode(on_path, tiny_pol
     for r in results:
         assert len(r.step_samples) == 2  # the tiny model never answers: the env asked again
         first, second = r.step_samples
-        assert second.prompt_ids[:len(first.prompt_ids) + len(first.response_ids)] == first.prompt_ids + first.response_ids
+        extended = first.prompt_ids + first.response_ids
+        assert second.prompt_ids[:len(extended)] == extended
         assert "Try again" in tiny_policy.tokenizer.decode(second.prompt_ids[len(first.prompt_ids):])
         assert collate_train_batch(r.step_samples, pad_id=tiny_policy.pad_id)["input_ids"].shape[0] == 1
     assert rollout_metrics(results)["rollout/prefix_breaks"] == 0
