@@ -26,8 +26,8 @@ class AgentBundle(EnvBundle):
     name: ClassVar[str] = "agent"
 
     def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
-                 tool_parser: str = "auto"):
-        super().__init__(settings)
+                 tool_parser: str = "auto", **options):
+        super().__init__(settings, **options)
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.timeout_s = timeout_s  # an agent still running this long after it started is ended, and counted

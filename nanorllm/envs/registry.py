@@ -42,6 +42,7 @@ class Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "reasoning-gym": Adapter("nanorllm.envs.reasoning_gym", "reasoning_gym", "reasoning-gym"),
     "textarena": Adapter("nanorllm.envs.textarena", "textarena", "textarena"),
+    "verifiers": Adapter("nanorllm.envs.verifiers_env", "verifiers", "verifiers"),
 }
 
 
