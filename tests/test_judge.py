@@ -291,22 +291,25 @@ def test_a_run_scored_by_the_judge_trains_on_its_scores(stub, tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_a_judge_that_goes_away_mid_run_gives_nan_scores_never_zeros_and_the_run_stops_as_failed(stub, tmp_path, capsys):
+def test_a_judge_that_goes_away_mid_run_fails_its_scores_never_zeros_and_the_run_stops_as_failed(stub, tmp_path, capsys):
     server = stub(die_after=8)  # answers the first step's 4 tasks x 2 samples, then refuses every connection
     rc = main([*RUN, "--serial", "--max-steps", "3", "--rollout-dump-size", "100", "--judge", server.url,
                "--output-dir", str(tmp_path), "--run-name", "k"])
     out = capsys.readouterr()
     assert server.closed and server.requests == 8
     assert "no reply after 2 attempts" in out.err
-    rewards = [r["final_reward"] for r in read_rollouts(tmp_path / "k")]
-    assert len(rewards) == 24
-    assert all(v in (0.2, 0.8) for v in rewards[:8]) and all(math.isnan(v) for v in rewards[8:])  # never a 0
+    episodes = read_rollouts(tmp_path / "k")
+    assert len(episodes) == 24
+    assert all(e["final_reward"] in (0.2, 0.8) and e["termination_reason"] != "reward_failed" for e in episodes[:8])
+    assert all(e["termination_reason"] == "reward_failed" and e["reward_failed"] == ["judge"] for e in episodes[8:])
     scalars = read_scalars(tmp_path / "k")
     assert scalars["reward/judge"] == [(1, pytest.approx(0.65))]  # over the scored episodes only
-    # The NaN episodes reach the update, which skips each such step as non-finite (counted): 2 of 3 steps
-    # trained nothing, past --max-skipped-frac 0.5, so the run ends as failed (exit 1), its checkpoint written.
-    assert [v for _, v in scalars["train/skipped_nan"]] == [0.0, 1.0, 1.0]
-    assert "[failed] 2 of 3 updates trained nothing" in out.err
+    assert [v for _, v in scalars["reward/failed/judge"]] == [0, 8, 8]
+    # the failed episodes leave their groups, which are dropped whole: nothing trained as 0, no NaN reaches the
+    # update; 2 of 3 steps trained nothing, past --max-skipped-frac 0.5, so the run ends as failed (exit 1)
+    assert [v for _, v in scalars["rollout/groups_dropped"]] == [0, 4, 4]
+    assert [v for _, v in scalars["train/skipped_nan"]] == [0, 0, 0]
+    assert "2 of 3 updates trained nothing" in out.err
     assert rc == 1
 
 
