@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanorllm.bench.paired import PairedConfig
 from nanorllm.bench.record import record_run
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import load_env
@@ -28,25 +29,9 @@ TARGET = 0.05  # the adapter within 5% of the JSONL file's episodes/s
 
 
 @dataclass
-class AdapterBenchConfig:
-    model: str = "smollm2-135m-instruct"
-    """Model (tiny-random for a smoke run)."""
+class AdapterBenchConfig(PairedConfig):
     dataset: str = "chain_sum"
     """The reasoning-gym dataset whose held-out items both runs play."""
-    episodes: int = 64
-    """Episodes run at once (one per item), in each run."""
-    max_new_tokens: int = 32
-    """Longest response."""
-    temperature: float = 0.7
-    """Sampling temperature, as in training."""
-    seed: int = 0
-    """Seed of the episodes' random streams (the same for both runs)."""
-    repeats: int = 3
-    """Runs of each, alternating; each figure is from the fastest (the least disturbed by other load)."""
-    threads: int | None = 1
-    """Torch threads (None: every core)."""
-    json: str | None = None
-    """Also write the figures here."""
 
 
 def _timed(engine: RolloutEngine, tasks: list[dict], seed: int) -> dict:

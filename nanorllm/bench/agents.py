@@ -12,6 +12,7 @@ request, (agent wall - env wall) / requests, from the fastest of `repeats` alter
 import time
 from dataclasses import dataclass
 
+from nanorllm.bench.paired import PairedConfig
 from nanorllm.bench.record import record_run
 from nanorllm.datasets.calc_tasks import make_calc_tasks
 from nanorllm.envs.base import EpisodeSettings
@@ -27,23 +28,8 @@ MAX_TURNS = 2
 
 
 @dataclass
-class AgentBenchConfig:
-    model: str = "smollm2-135m-instruct"
-    """Model (tiny-random for a smoke run)."""
-    episodes: int = 32
-    """Episodes run at once (one per held-out calc task), in each of the two runs."""
-    max_new_tokens: int = 32
-    """Longest response per turn."""
-    temperature: float = 0.7
-    """Sampling temperature, as in training."""
-    seed: int = 0
-    """Seed of the episodes' random streams (the same for both runs)."""
-    repeats: int = 3
-    """Runs of each, alternating; each figure is from the fastest (the least disturbed by other load)."""
-    threads: int | None = 1
-    """Torch threads (None: every core). One: on a shared 2-core machine two threads thrash."""
-    json: str | None = None
-    """Also write the figures here."""
+class AgentBenchConfig(PairedConfig):
+    """The calculator episodes as --env calc and as an --agent through the endpoint."""
 
 
 def calc_agent(task: dict, client) -> dict:
