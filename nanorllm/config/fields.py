@@ -46,6 +46,9 @@ class Sources:
     reward_timeout_s: float = 30.0
     """Wall-clock limit (seconds) of one call of a --reward function; past it the batch it scores is dropped as env
     errors (rollout/env_errors), naming the function, and the call is abandoned."""
+    env_timeout_s: float = 30.0
+    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
+    episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
