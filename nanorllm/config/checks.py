@@ -139,6 +139,8 @@ def config_problems(cfg) -> list[str]:
         p.append(f"agent_timeout_s: must be > 0, got {cfg.agent_timeout_s}")
     if not cfg.reward_timeout_s > 0:
         p.append(f"reward_timeout_s: must be > 0, got {cfg.reward_timeout_s}")
+    if not cfg.env_timeout_s > 0:
+        p.append(f"env_timeout_s: must be > 0, got {cfg.env_timeout_s}")
     p += _reward_problems(cfg) + judge_problems(cfg)
     from nanorllm.utils.sinks import parse_report_to
 

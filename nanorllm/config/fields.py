@@ -64,6 +64,9 @@ class Sources:
     worker's, or --serial's learner's)."""
     reward_model_max_tokens: int = 1024
     """Longest rendered (prompt, response) the --reward-model reads; a longer one loses its first tokens."""
+    env_timeout_s: float = 30.0
+    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
+    episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json

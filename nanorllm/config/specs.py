@@ -36,7 +36,8 @@ def episode_settings(cfg) -> EpisodeSettings:
         task_fields = None  # config_problems names the field
     return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=getattr(cfg, "system_prompt", None),
                            worked_example=cfg.worked_example, grader_timeout_s=getattr(cfg, "grader_timeout_s", 5.0),
-                           task_fields=task_fields, max_row_tokens=agent_row_tokens(cfg))
+                           env_timeout_s=getattr(cfg, "env_timeout_s", 30.0), task_fields=task_fields,
+                           max_row_tokens=agent_row_tokens(cfg))
 
 
 def agent_row_tokens(cfg) -> int | None:

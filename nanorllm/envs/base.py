@@ -105,6 +105,7 @@ class EpisodeSettings:
     system_prompt: str | None = None  # None: the bundle's own
     worked_example: bool = True
     grader_timeout_s: float = 5.0
+    env_timeout_s: float = 30.0  # --env-timeout-s: one call to an env server (a reset, a step) past this is an env error
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
     # an --agent episode's row, prompt and completions, holds at most this many tokens (its requests past it get a
     # 400); None: the model's context. What the memory plan sizes an agent episode at.

@@ -36,9 +36,10 @@ def _import_module(where: str, spec: str):
     return importlib.import_module(where)
 
 
-def import_spec(spec: str, expected: str):
-    """(module, where, name) of a `where:name` spec, its module imported; `expected` says the form in the error."""
-    where, sep, name = spec.rpartition(":")
+def import_spec(spec: str, expected: str, *, target: str | None = None):
+    """(module, where, name) of a `where:name` spec (or of its `target`, the part after an ecosystem's prefix), its
+    module imported; `expected` says the form in the error, which names the whole spec."""
+    where, sep, name = (spec if target is None else target).rpartition(":")
     if not sep or not where or not name:
         raise EnvSpecError(f"{spec!r}: expected {expected}")
     try:

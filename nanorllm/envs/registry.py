@@ -42,6 +42,7 @@ class Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "reasoning-gym": Adapter("nanorllm.envs.reasoning_gym", "reasoning_gym", "reasoning-gym"),
     "textarena": Adapter("nanorllm.envs.textarena", "textarena", "textarena"),
+    "openenv": Adapter("nanorllm.envs.openenv", "openenv", "openenv"),
     "verifiers": Adapter("nanorllm.envs.verifiers_env", "verifiers", "verifiers"),
 }
 
@@ -170,6 +171,8 @@ def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
     options = parse_env_args(spec, cls, env_args)
     try:
         bundle = cls(settings, **options)
+    except EnvSpecError:  # the bundle's own check of the world (a server that does not answer): already one line
+        raise
     except (TypeError, ValueError) as e:
         valid = ", ".join(f"{k}={v!r}" for k, v in cls.args.items()) or "none"
         raise EnvSpecError(f"{spec!r}: {e} (valid --env-arg: {valid})") from e

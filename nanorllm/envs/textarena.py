@@ -10,8 +10,8 @@ ended it) or at --max-turns ("max_turns", reward 0 unless the game had already s
 either way, and when it raises.
 
 Tasks are seeds: `ta:count=N,seed=S` is the seeds S .. S+N-1. Training and held-out seeds come from disjoint
-ranges (`default_tasks` / `default_eval_tasks`). A game that needs more than one player is refused: it needs an
-opponent, which this adapter does not provide.
+ranges (`default_tasks` / `default_eval_tasks`, envs/seeds.py). A game that needs more than one player is
+refused: it needs an opponent, which this adapter does not provide.
 """
 
 import difflib
@@ -21,8 +21,8 @@ from typing import ClassVar
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.modules import EnvSpecError
+from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
 
-TRAIN_SEEDS, EVAL_SEEDS = (0, 2000), (1_000_000, 200)  # (first seed, count): the ranges never meet
 SYSTEM_PROMPT = ("You are playing a text game. Read the game's rules and messages, then reply with your move "
                  "in the format the game asks for.")
 NO_MESSAGE = "(The game sent no message. Make your next move.)"
@@ -120,31 +120,14 @@ class TextArenaEnv:
                                     "reason": reason}
 
 
-def parse_seed_spec(spec: str) -> tuple[int, int]:
-    """(first seed, count) of `ta:count=N,seed=S`."""
-    _, _, body = spec.partition(":")
-    params = {"count": TRAIN_SEEDS[1], "seed": TRAIN_SEEDS[0]}
-    for item in filter(None, (p.strip() for p in body.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key not in params:
-            raise ValueError(f"ta spec {spec!r}: {item!r} is not count=N or seed=S")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            raise ValueError(f"ta spec {spec!r}: {key} must be an integer, got {value!r}") from None
-    if params["count"] < 1 or params["seed"] < 0:
-        raise ValueError(f"ta spec {spec!r}: count must be >= 1 and seed >= 0")
-    return params["seed"], params["count"]
-
-
 class TextArenaGame(EnvBundle):
     """A single-player TextArena game; `bundle_class` sets `game_id`."""
 
     game_id: ClassVar[str] = ""
     opening: ClassVar[str] = ""  # the game's first observation on seed 0: what the prompt-size checks measure
     system_prompt = SYSTEM_PROMPT
-    default_tasks = f"ta:count={TRAIN_SEEDS[1]},seed={TRAIN_SEEDS[0]}"
-    default_eval_tasks = f"ta:count={EVAL_SEEDS[1]},seed={EVAL_SEEDS[0]}"
+    default_tasks = seed_spec("ta", TRAIN_SEEDS)
+    default_eval_tasks = seed_spec("ta", EVAL_SEEDS)
 
     def make_env(self) -> TextArenaEnv:
         return TextArenaEnv(game_id=self.game_id, max_turns=self.settings.max_turns)

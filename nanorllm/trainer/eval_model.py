@@ -45,6 +45,8 @@ class EvalConfig(JudgeSettings, EvalSettings):
     """An agent function against the OpenAI client instead of an env (path/to/file.py:fn); give --tasks."""
     agent_timeout_s: float = 300.0
     """An --agent episode still running this long is ended as an error."""
+    env_timeout_s: float = 30.0
+    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...); past it the episode is an error."""
     reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """Reward functions that score the episodes, as in training (path/to/file.py:fn, one flag each; without
     --env single-turn: --env single)."""
@@ -154,6 +156,8 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     except TaskFieldsError as e:
         problems.append(f"task_fields: {e}")
     problems += agent_env_problems(cfg) + judge_problems(cfg)
+    if not cfg.env_timeout_s > 0:
+        problems.append(f"env_timeout_s: must be > 0, got {cfg.env_timeout_s}")
     if problems:
         raise ValueError("; ".join(problems))
     env = load_bundle(env_spec(cfg))

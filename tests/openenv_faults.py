@@ -1,0 +1,40 @@
+"""OpenEnv environments that misbehave on some seeds, for the fault tests of tests/test_openenv.py (importable by a
+run's own processes): slow past --env-timeout-s, or an observation without its text."""
+
+import time
+
+from openenv.core.env_server import Observation
+
+from tests.openenv_example import GuessAction, GuessEnv, GuessObservation
+
+SLOW_S = 3.0
+
+
+class MaybeTextObservation(Observation):
+    text: str | None = ""
+
+
+class SlowGuessEnv(GuessEnv):
+    """GuessEnv whose first step on an even seed takes SLOW_S seconds."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.slow = seed is not None and seed % 2 == 0
+        return super().reset(seed=seed, episode_id=episode_id)
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
+        if self.slow and self._state.step_count == 0:
+            time.sleep(SLOW_S)
+        return super().step(action)
+
+
+class TextlessGuessEnv(GuessEnv):
+    """GuessEnv whose observations after a wrong guess on an odd seed have no text (null)."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> MaybeTextObservation:
+        self.odd = seed is not None and seed % 2 == 1
+        return MaybeTextObservation(text=super().reset(seed=seed, episode_id=episode_id).text)
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> MaybeTextObservation:
+        obs = super().step(action)
+        return MaybeTextObservation(text=None if self.odd and not obs.done else obs.text, reward=obs.reward,
+                                    done=obs.done)
