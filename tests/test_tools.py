@@ -227,6 +227,17 @@ def test_an_episode_calls_a_tool_then_answers_and_the_step_counts_it(tools_file)
     assert (m["rollout/tool_parse_failures"], m["rollout/tool_errors"]) == (1, 0)
 
 
+def test_the_calculator_tool_has_a_schema_answers_and_its_tasks_load_under_the_math_env():
+    [tool] = load_tools("nanorllm/envs/calc_tool.py:calc")
+    assert tool.schema["function"]["parameters"]["required"] == ["expression"]
+    assert tool.fn("37 * 52 - 64") == "1860"
+    bundle = load_bundle(EnvSpec(env="nanorllm.envs.calc_tool:CalcTasks", tools="nanorllm/envs/calc_tool.py:calc"))
+    tasks = bundle.load_tasks("calc:count=3,seed=1")
+    assert len(tasks) == 3 and all(t["task_id"].startswith("calc-") for t in tasks)
+    obs, _, done, _ = _step(bundle, call("calc", expression="2 * (3 + 4)"))
+    assert (obs, done) == ("14", False)
+
+
 # ---- real runs -------------------------------------------------------------------------------------
 
 @pytest.mark.slow

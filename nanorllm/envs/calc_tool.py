@@ -1,0 +1,29 @@
+"""The calculator as a Python tool (`--tools nanorllm/envs/calc_tool.py:calc`), and the calculator tasks under
+the math env (`--env nanorllm.envs.calc_tool:CalcTasks`): `--env calc`'s task with the tool called through
+the model's tool-call format (docs/tools.md) instead of a fenced calc block.
+
+    python launch/train.py --env nanorllm.envs.calc_tool:CalcTasks --tools nanorllm/envs/calc_tool.py:calc
+"""
+
+from nanorllm.envs.calc_env import CalculatorTool
+from nanorllm.envs.calculator import calculate
+from nanorllm.envs.math_env import MathSelfRefine
+
+
+def calc(expression: str) -> str:
+    """Calculate an arithmetic expression exactly: numbers, + - * / and parentheses.
+
+    Args:
+        expression: the expression, e.g. "37 * 52 - 64"
+    """
+    return calculate(expression)
+
+
+class CalcTasks(MathSelfRefine):
+    """The math env (its prompt, \\boxed{} answers and grading) on the calculator env's tasks."""
+
+    name = "calc-tasks"
+    default_tasks, default_eval_tasks = CalculatorTool.default_tasks, CalculatorTool.default_eval_tasks
+
+    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
+        return CalculatorTool(self.settings).load_tasks(spec, limit=limit)
