@@ -29,10 +29,10 @@ class ScriptedPolicy(Policy):
     def seed(self, seed: int) -> None:
         self.seeds.append(seed)
 
-    def first_prompt_ids(self, messages):
+    def first_prompt_ids(self, messages, tools=None):
         return [3] * len(messages)
 
-    def next_prompt_ids(self, prompt_ids, response_ids, new_message):
+    def next_prompt_ids(self, prompt_ids, response_ids, new_messages, tools=None):
         return prompt_ids + response_ids + [4, 4]
 
     def _entry(self, call, row, messages):

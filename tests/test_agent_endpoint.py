@@ -187,6 +187,38 @@ def with_tools(task, client):
     assert "Tools: multiply" in policy.tokenizer.decode(results[0].step_samples[0].prompt_ids)
 
 
+def test_the_endpoint_returns_tool_calls_to_the_openai_client_through_the_fallback_block(
+        tiny_policy, agent_file, monkeypatch):
+    """The tiny template (SmolLM2's ChatML) reads no tools: they are rendered in the Hermes block, and a reply's
+    <tool_call> blocks come back as OpenAI tool_calls (the model's text scripted: a random model writes none)."""
+    import nanorllm.rollout.agent_runner as runner
+
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    real = runner.cut_response
+    monkeypatch.setattr(runner, "cut_response", lambda *a: (*real(*a)[:2], "Sure. " + call, "stop"))
+    agent_file.write_text(agent_file.read_text() + '''
+def fallback_tools(task, client):
+    tools = [{"type": "function", "function": {"name": "multiply", "description": "a times b", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "6 * 7?"}], tools=tools)
+    seen.append(r)
+    return 0.0
+''')
+    engine = _engine(tiny_policy, f"{agent_file}:fallback_tools")
+    try:
+        results = engine.run(TASKS[:1], num_samples=1).results
+    finally:
+        engine.close()
+    reply = _module(f"{agent_file}:fallback_tools")["seen"][-1]
+    assert isinstance(reply, openai.types.chat.ChatCompletion)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Sure."
+    [tc] = choice.message.tool_calls
+    assert tc.type == "function" and tc.function.name == "multiply" and json.loads(tc.function.arguments) == {"a": 6, "b": 7}
+    prompt = tiny_policy.tokenizer.decode(results[0].step_samples[0].prompt_ids)
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and '"name": "multiply"' in prompt
+
+
 # ---- the HTTP contract ----------------------------------------------------------------------------
 
 def test_the_endpoint_refuses_what_it_cannot_serve_naming_the_field_and_401s_without_the_token(tiny_policy, agent_file):
@@ -226,7 +258,7 @@ def contract(task, client):
         out, client = seen[-2], seen[-1]
         assert out["n"] == (400, "n") and out["stream"] == (400, "stream")
         assert out["temperature"] == (400, "temperature") and out["unknown"] == (400, "frequency_penalty")
-        assert out["tools"] == (400, "tools")  # the tiny template renders no tools
+        assert out["tools"] == (200, None)  # the tiny template renders no tools: the fallback block does
         assert out["bad_type"] == (400, "max_tokens") and out["ok"] == (200, None)
         assert out["models"] == ["policy"] and out["no_token"] == 401 and out["host"] == "127.0.0.1"
         # the run is over: the same client now gets a clean 503

@@ -3,7 +3,8 @@ is not the tokenizer's eos, and turn k+1's prompt never repeats the one the resp
 
 import pytest
 
-from nanorllm.policy.hf_causal import HFCausalPolicy, end_of_turn_ids
+from nanorllm.policy.chat_render import end_of_turn_ids
+from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.byte_tokenizer import CHATML_TEMPLATE, tiny_tokenizer
 from nanorllm.policy.models import tiny_model
 

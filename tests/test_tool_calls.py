@@ -1,10 +1,10 @@
-"""rollout/tool_calls.py: each family's tool-call format parsed by its own parser and by no other."""
+"""policy/tool_calls.py: each family's tool-call format parsed by its own parser and by no other."""
 
 import json
 
 import pytest
 
-from nanorllm.rollout.tool_calls import (PARSERS, ParseFailure, ToolCall, check_call, get_parser, parse,
+from nanorllm.policy.tool_calls import (PARSERS, ParseFailure, ToolCall, check_call, get_parser, parse,
                                          parser_for_template, resolve_parser, to_openai)
 
 DS_B, DS_E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

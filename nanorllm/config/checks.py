@@ -142,6 +142,7 @@ def config_problems(cfg) -> list[str]:
     if not cfg.env_timeout_s > 0:
         p.append(f"env_timeout_s: must be > 0, got {cfg.env_timeout_s}")
     p += _reward_problems(cfg) + judge_problems(cfg)
+    p += _tool_problems(cfg)
     from nanorllm.utils.sinks import parse_report_to
 
     try:
@@ -230,6 +231,23 @@ def _algorithm_problems(cfg) -> list[str]:
     if cfg.warmup_steps >= cfg.max_steps >= 1 and cfg.warmup_steps:
         p.append(f"warmup_steps: {cfg.warmup_steps} is not below max_steps ({cfg.max_steps}): the run never "
                  "reaches --lr")
+    return p
+
+
+def _tool_problems(cfg) -> list[str]:
+    """The --tools fields' own bounds; that the tools' file imports and each function has a schema is the
+    assembly's check."""
+    p = []
+    if cfg.tools is not None and not cfg.tools.strip():
+        p.append("tools: empty; give path/to/tools.py:fn1,fn2 or leave it unset")
+    if cfg.tools and cfg.agent:
+        p.append("tools: --tools gives an --env's episodes tools; an --agent passes its own in each request")
+    if cfg.max_tool_calls < 1:
+        p.append(f"max_tool_calls: must be >= 1, got {cfg.max_tool_calls}")
+    if not cfg.tool_timeout_s > 0:
+        p.append(f"tool_timeout_s: must be > 0, got {cfg.tool_timeout_s}")
+    if cfg.tool_alarm_steps < 0:
+        p.append(f"tool_alarm_steps: must be >= 0 (0: off), got {cfg.tool_alarm_steps}")
     return p
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import tyro
 
 from nanorllm.algos.advantages import ESTIMATORS
-from nanorllm.rollout.tool_calls import PARSERS
+from nanorllm.policy.tool_calls import PARSERS
 
 
 @dataclass
@@ -31,8 +31,21 @@ class Sources:
     agent_timeout_s: float = 300.0
     """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
     tool_parser: Literal[("auto", *PARSERS)] = "auto"
-    """The tool-call format the --agent endpoint reads out of the model's replies (docs/tools.md); auto: the one
-    the policy's chat template writes."""
+    """The tool-call format read out of the model's replies, by the --agent endpoint and under --tools
+    (docs/tools.md); auto: the one the policy's chat template writes (hermes where the fallback block renders
+    the tools)."""
+    tools: str | None = None
+    """Python functions the episodes may call (docs/tools.md): path/to/tools.py:fn1,fn2, module.path:fn1,fn2, or a
+    file/module whose TOOLS list holds them; each needs type hints and a docstring with an Args: section (its JSON
+    schema is transformers' get_json_schema). Any --env; not with --agent (its requests carry their own tools)."""
+    max_tool_calls: int = 4
+    """Tool calls an episode may make under --tools; after them a reply goes to the env as its answer."""
+    tool_timeout_s: float = 10.0
+    """Wall-clock limit (seconds) of one tool call; past it the call is abandoned and its result is an error
+    text (counted in rollout/tool_errors)."""
+    tool_alarm_steps: int = 3
+    """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
+    the template and a raw response (a format mismatch shows in a minute). 0: off."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
     reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()

@@ -51,14 +51,15 @@ def agent_row_tokens(cfg) -> int | None:
 
 
 def env_spec(cfg) -> EnvSpec:
-    """What names the run's episodes: its --agent, or its --env with its options, --reward functions, --reward-model
-    and --judge."""
+    """What names the run's episodes: its --agent, or its --env with its options, --tools, --reward functions,
+    --reward-model and --judge."""
     return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
                    tool_parser=getattr(cfg, "tool_parser", "auto"),
                    rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
                    reward_mode=getattr(cfg, "reward_mode", "add"),
-                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), reward_model=reward_model_spec(cfg),
-                   judge=judge_spec(cfg), settings=episode_settings(cfg))
+                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), tools=getattr(cfg, "tools", None),
+                   max_tool_calls=getattr(cfg, "max_tool_calls", 4), tool_timeout_s=getattr(cfg, "tool_timeout_s", 10.0),
+                   reward_model=reward_model_spec(cfg), judge=judge_spec(cfg), settings=episode_settings(cfg))
 
 
 def reward_model_spec(cfg) -> RewardModelSpec | None:

@@ -31,7 +31,7 @@ class AgentBundle(EnvBundle):
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.timeout_s = timeout_s  # an agent still running this long after it started is ended, and counted
-        self.tool_parser = tool_parser  # the endpoint's tool-call format (rollout/tool_calls.py), auto: the template's
+        self.tool_parser = tool_parser  # the endpoint's tool-call format (policy/tool_calls.py), auto: the template's
 
     def metrics(self, results: list[RolloutResult]) -> dict:
         """Requests the endpoint refused (a 4xx: a bad field, a prompt past the episode's limits, a body too large)."""

@@ -85,7 +85,9 @@ def check_step(result: object) -> tuple[str | None, float, bool, dict]:
 
 @runtime_checkable
 class Agent(Protocol):
-    messages: list[dict]  # the conversation so far; a turn adds one assistant and at most one user message
+    # the conversation so far; a turn adds one assistant message and at most one user message (or, under
+    # --tools, the `tool` messages of its calls' results: envs/tools.py)
+    messages: list[dict]
     trajectory: Trajectory | None
 
     def reset(self, task: dict, observation: Observation) -> None: ...
@@ -151,3 +153,7 @@ class EnvBundle:
     def metrics(self, results: list[RolloutResult]) -> dict:
         """The env's own scalars for a batch of episodes (logged beside the rollout metrics)."""
         return {}
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """Told the policy's tokenizer before any episode runs (the engine does it): a bundle whose episodes
+        read the model's own format, as --tools reads its tool calls, resolves it here."""

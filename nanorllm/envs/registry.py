@@ -218,23 +218,32 @@ class EnvSpec:
     env_args: tuple[str, ...] = ()  # the bundle's own options, key=value
     agent: str | None = None  # an --agent function instead of an env
     agent_timeout_s: float = 300.0
-    tool_parser: str = "auto"  # rollout/tool_calls.py: a parser's name, or auto (the chat template's)
+    tool_parser: str = "auto"  # policy/tool_calls.py: a parser's name, or auto (the chat template's)
     rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
     reward_timeout_s: float = 30.0  # one call of a reward function past this fails its batch's scores
     reward_model: RewardModelSpec | None = None  # a learned reward model beside the functions
     judge: "JudgeSpec | None" = None  # an LLM judge that scores the episodes too (rewards/judge.py)
+    tools: str | None = None  # --tools functions the env's episodes may call (envs/tools.py)
+    max_tool_calls: int = 4
+    tool_timeout_s: float = 10.0
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 
 
 def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
-    """The run's episodes: its agent when the spec names one, else its env; with reward functions or a reward
-    model, wrapped so that they score its episodes (envs/reward_fns.py)."""
+    """The run's episodes: its agent when the spec names one, else its env; with tools, wrapped so that its
+    episodes may call them (envs/tools.py); with reward functions, a reward model or a judge, wrapped so that they
+    score its episodes (envs/reward_fns.py)."""
     if spec.agent:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
     bundle = load_env(spec.env, spec.settings, spec.env_args)
+    if spec.tools:
+        from nanorllm.envs.tools import ToolBundle, load_tools
+
+        bundle = ToolBundle(bundle, load_tools(spec.tools), max_calls=spec.max_tool_calls,
+                            timeout_s=spec.tool_timeout_s, parser=spec.tool_parser)
     if not rewards or not (spec.rewards or spec.reward_model or spec.judge):
         return bundle
     from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions

@@ -38,7 +38,6 @@ import inspect
 import math
 import numbers
 import sys
-import threading
 import traceback
 from dataclasses import dataclass
 from typing import Callable
@@ -50,6 +49,7 @@ from nanorllm.datasets.errors import TaskFileError
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.modules import EnvSpecError, import_spec
+from nanorllm.envs.timed import CallTimeout, call_with_limit
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 DEFAULT_TIMEOUT_S = 30.0
@@ -147,25 +147,13 @@ class RewardFunction:
         return out
 
     def call(self, *args, **kwargs):
-        """self.fn(*args, **kwargs) in a daemon thread, waited on for `timeout_s`: its value, or what it raised;
+        """self.fn(*args, **kwargs) under its time limit (envs/timed.py): its value, or what it raised;
         RewardTimeout past the limit (the call is abandoned: a daemon thread does not hold up the exit)."""
-        box: dict = {}
-
-        def target():
-            try:
-                box["value"] = self.fn(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001  (handed to the caller, which decides)
-                box["error"] = e
-
-        thread = threading.Thread(target=target, name=f"reward:{self.name}", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        if thread.is_alive():
+        try:
+            return call_with_limit(self.fn, self.timeout_s, f"reward:{self.name}", *args, **kwargs)
+        except CallTimeout:
             raise RewardTimeout(f"reward function {self.spec} did not return within --reward-timeout-s "
-                                f"{self.timeout_s:g} s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+                                f"{self.timeout_s:g} s") from None
 
     def missing_columns(self, columns: set[str]) -> list[str]:
         """The names this function takes without a default that no task column, and nothing we pass, fills."""
@@ -243,6 +231,9 @@ class RewardBundle(EnvBundle):
 
     def make_agent(self):
         return self.inner.make_agent()
+
+    def use_tokenizer(self, tokenizer) -> None:
+        self.inner.use_tokenizer(tokenizer)
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         """`inner`'s tasks, refused (TaskFileError) when a function takes a column they lack: it would fail

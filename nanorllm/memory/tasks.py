@@ -61,7 +61,7 @@ def task_shape(parts, *, prompt_limit: int | None = None) -> TaskShape | None:
     tokenizer = plan_tokenizer(parts.cfg.model)
     if tokenizer is None:
         return None
-    from nanorllm.policy.hf_causal import chat_prompt_ids
+    from nanorllm.policy.chat_render import prompt_ids
     from nanorllm.rollout.engine import shared_prefix
     from nanorllm.rollout.prompt_budget import CHARS_PER_TOKEN
 
@@ -72,7 +72,7 @@ def task_shape(parts, *, prompt_limit: int | None = None) -> TaskShape | None:
         for task in tasks:
             agent = parts.env.make_agent()
             agent.reset(task, task["question"][:cap])
-            prompts.append(chat_prompt_ids(tokenizer, agent.messages))
+            prompts.append(prompt_ids(tokenizer, agent.messages))
     except Exception:  # the env's own checks name it at setup
         return None
     if not prompts:

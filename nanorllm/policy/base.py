@@ -47,12 +47,14 @@ class Policy:
     def seed(self, seed: int) -> None:
         """Seed the sampler (a no-op where sampling happens elsewhere)."""
 
-    def first_prompt_ids(self, messages: list[dict]) -> list[int]:
+    def first_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of the opening prompt (chat template + generation prompt). [] for API models."""
         return []
 
-    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_message: dict) -> list[int]:
-        """Extend last turn's prompt + response with one new user message and the generation prompt."""
+    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_messages: dict | list[dict],
+                        tools: list[dict] | None = None) -> list[int]:
+        """Extend last turn's prompt + response with the new messages (a user message, tool results) and the
+        generation prompt."""
         return []
 
     def generate(self, conversations: list[list[dict]], prompt_ids: list[list[int]],

@@ -31,6 +31,7 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from nanorllm.policy.base import Generation, Policy, SamplingParams
+from nanorllm.policy import chat_render
 from nanorllm.policy.decode_graphs import DecodeGraphs
 from nanorllm.policy.lora import LoraSpec, add_adapters, load_adapter_weights, save_adapter
 from nanorllm.policy.models import load_model_and_tokenizer
@@ -40,7 +41,6 @@ from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import SlotCache, SlotForward, check_fits, model_shape
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_SENTINEL = "\x00NANORLLM_SENTINEL\x00"
 
 
 hf_logging.disable_progress_bar()
@@ -69,7 +69,7 @@ class HFCausalPolicy(Policy):
         self.pad_id = tokenizer.pad_token_id
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = sorted({tokenizer.eos_token_id, *eos, *end_of_turn_ids(tokenizer)} - {None})
+        self.eos_ids = sorted({tokenizer.eos_token_id, *eos, *chat_render.end_of_turn_ids(tokenizer)} - {None})
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; the cache object is updated in place.
@@ -112,18 +112,14 @@ class HFCausalPolicy(Policy):
         self.generator.manual_seed(seed)
 
     # ---- prompts as token streams ----------------------------------------------------------
-    def first_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
+    def first_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return chat_render.prompt_ids(self.tokenizer, messages, tools)
 
-    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_message: dict) -> list[int]:
-        # Render a placeholder assistant turn followed by the new message; the text after the
-        # placeholder is the end-of-turn marker, the new message and the generation prompt.
-        msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, new_message]
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        tail = self.tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
-        if response_ids and tail and response_ids[-1] == tail[0] and tail[0] in self.eos_ids:
-            tail = tail[1:]  # the sampled response already ends with the end-of-turn token
-        return prompt_ids + response_ids + tail
+    def next_prompt_ids(self, prompt_ids: list[int], response_ids: list[int], new_messages: dict | list[dict],
+                        tools: list[dict] | None = None) -> list[int]:
+        """The last prompt + response + the new messages (policy/chat_render.py continuation_ids)."""
+        new = [new_messages] if isinstance(new_messages, dict) else list(new_messages)
+        return chat_render.continuation_ids(self.tokenizer, self.eos_ids, prompt_ids, response_ids, new, tools)
 
     # ---- sampling --------------------------------------------------------------------------
     def row_generators(self, n: int) -> list[torch.Generator]:
@@ -340,30 +336,3 @@ def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
         return create_causal_mask(*args, allow_is_causal_skip=False)
     return {"full_attention": create_causal_mask(*args, allow_is_causal_skip=False),
             "sliding_attention": create_sliding_window_causal_mask(*args, allow_is_causal_skip=False)}
-
-
-KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
-
-
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """An opening prompt's token ids: the chat template with its generation prompt."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def end_of_turn_ids(tokenizer) -> list[int]:
-    """Tokens that end an assistant turn: the first token the chat template writes after an assistant
-    message (if it is a special token), and any well-known end-of-turn token the vocabulary holds."""
-    added = tokenizer.get_added_vocab()  # special tokens as {text: id}
-    ids = {added[t] for t in KNOWN_END_OF_TURN if t in added}
-    if tokenizer.chat_template:
-        msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
-        try:
-            text = tokenizer.apply_chat_template(msgs, tokenize=False)
-        except Exception:  # a template that refuses this conversation: keep the known tokens
-            text = ""
-        if _SENTINEL in text:
-            after = tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
-            if after and after[0] in added.values():
-                ids.add(after[0])
-    return sorted(ids)

@@ -14,6 +14,10 @@ is, policy.next_prompt_ids): the episode's turns form one training row, and the 
 prefills only its new tokens. When the agent rewrote its history, the request is rendered whole
 and starts a new row (`rollout/prefix_breaks` in trainer/metrics.py counts such turns).
 
+A request's `tools` render as the chat template writes them, or, for a template that reads none (the
+default model's), in the fallback Hermes block (policy/chat_render.py); the reply's tool calls are read
+in the template's format (or --tool-parser's) and returned in OpenAI's `tool_calls`.
+
 `stop` and a `max_tokens` below the run's `max_new_tokens` cut the sampled response after decoding
 (the tokens kept run to the end of the first stop string, as the model sampled it; the text returned
 stops before it); the run's `max_new_tokens` caps every completion.
@@ -33,7 +37,6 @@ agents at their timeout), never this loop's own polling: an endpoint loop that a
 """
 
 import asyncio
-import json
 import queue
 import secrets
 import sys
@@ -51,9 +54,9 @@ from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_body
-from nanorllm.rollout.tool_calls import DEFAULT_PARSER, check_call, parse, resolve_parser, to_openai
+from nanorllm.policy.chat_render import tool_format
+from nanorllm.policy.tool_calls import DEFAULT_PARSER, check_call, parse, to_openai
 
-_SENTINEL = "\x00NANORLLM_AGENT_SENTINEL\x00"
 IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
 MESSAGES_BASE, MESSAGES_PER_TURN = 16, 4  # a request's messages: a system prompt and examples, then each turn's
 _reported: set[tuple[str, str]] = set()  # (spec, last line of the error): printed once per process
@@ -105,50 +108,6 @@ class _AgentEpisode:
     result: RolloutResult | None = None
 
 
-def supports_tools(tokenizer) -> bool:
-    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
-
-
-def _template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates read them: tool-call arguments as objects where they parse."""
-    out = []
-    for m in messages:
-        m = dict(m)
-        if "tool_calls" in m:
-            calls = []
-            for c in m["tool_calls"]:
-                try:
-                    args = json.loads(c["function"]["arguments"])
-                except ValueError:
-                    args = c["function"]["arguments"]
-                calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
-            m["tool_calls"] = calls
-        out.append(m)
-    return out
-
-
-def render_prompt_ids(policy, messages: list[dict], tools: list | None) -> list[int]:
-    """The whole conversation through the chat template, with the generation prompt."""
-    kw = {"tools": tools} if tools else {}
-    text = policy.tokenizer.apply_chat_template(_template_messages(messages), tokenize=False,
-                                                add_generation_prompt=True, **kw)
-    return policy.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def continuation_ids(policy, prompt_ids: list[int], response_ids: list[int], new_messages: list[dict],
-                     tools: list | None) -> list[int]:
-    """prompt + response + the template's text after an assistant turn for `new_messages` (its
-    end-of-turn marker, the messages, the generation prompt), rendered after a placeholder turn."""
-    kw = {"tools": tools} if tools else {}
-    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL},
-            *_template_messages(new_messages)]
-    text = policy.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
-    tail = policy.tokenizer(text.split(_SENTINEL, 1)[1], add_special_tokens=False)["input_ids"]
-    if response_ids and tail and response_ids[-1] == tail[0] and tail[0] in policy.eos_ids:
-        tail = tail[1:]  # the sampled response already ends with the end-of-turn token
-    return prompt_ids + response_ids + tail
-
-
 def cut_response(policy, gen: Generation, req: ChatRequest) -> tuple[list[int], list[float], str, str]:
     """(ids, logprobs, text, finish_reason) of a completion after the request's max_tokens and stop."""
     ids, lps = list(gen.response_ids), list(gen.logprobs)
@@ -170,7 +129,7 @@ def cut_response(policy, gen: Generation, req: ChatRequest) -> tuple[list[int], 
 
 
 def parse_tool_calls(text: str, parser: str = DEFAULT_PARSER) -> tuple[str, list[dict]]:
-    """(content, OpenAI tool_calls) of a response in the format of `parser` (rollout/tool_calls.py)."""
+    """(content, OpenAI tool_calls) of a response in the format of `parser` (policy/tool_calls.py)."""
     content, calls, _ = parse(text, parser)
     return content, to_openai(calls)
 
@@ -299,9 +258,8 @@ class AgentRunner:
         self.endpoint = ChatEndpoint()
         settings = getattr(bundle, "settings", None)
         self.limits = episode_limits(self.policy, engine.max_turns, getattr(settings, "max_row_tokens", None))
-        # the tool-call format --tool-parser names, else the one the policy's chat template writes (rollout/tool_calls.py)
-        self.tool_parser = resolve_parser(getattr(bundle, "tool_parser", "auto"),
-                                          getattr(self.policy.tokenizer, "chat_template", None))
+        # the tool-call format --tool-parser names, else the one the policy's chat template writes (policy/tool_calls.py)
+        self.tool_parser, _ = tool_format(self.policy.tokenizer, getattr(bundle, "tool_parser", "auto"))
         self.requests_served = 0
         self.ticks = 0  # the endpoint loop's count when the hang detection last heard of it
 
@@ -414,20 +372,15 @@ class AgentRunner:
         if ep.result is not None:
             req.answer(503, error_body("this episode ended", kind="service_unavailable"))
             return None
-        if req.tools and not supports_tools(self.policy.tokenizer):
-            ep.busy = False
-            req.answer(400, error_body("tools: this model's chat template does not render tools; describe the "
-                                       "tool in the prompt instead (docs/environments.md)", "tools"))
-            return None
         try:
             ids = None
             if ep.last is not None:
                 sent, reply, prompt, response = ep.last
                 n = len(sent)
                 if req.messages[:n] == sent and len(req.messages) > n + 1 and req.messages[n] == reply:
-                    ids = continuation_ids(self.policy, prompt, response, req.messages[n + 1:], req.tools)
+                    ids = self.policy.next_prompt_ids(prompt, response, req.messages[n + 1:], req.tools)
             if ids is None:
-                ids = render_prompt_ids(self.policy, req.messages, req.tools)
+                ids = self.policy.first_prompt_ids(req.messages, req.tools)
         except Exception as e:  # a template that refuses the conversation
             ep.busy = False
             req.answer(400, error_body(f"messages: the chat template cannot render them: {type(e).__name__}: {e}",

@@ -105,6 +105,7 @@ class RolloutEngine:
         self.policy = policy
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
+        self.env.use_tokenizer(getattr(policy, "tokenizer", None))  # a bundle that reads the model's tool-call format
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
         if hasattr(self.env, "use_device"):  # a reward model scores on this process's device unless told otherwise
             self.env.use_device(getattr(policy, "device", None))
@@ -134,7 +135,7 @@ class RolloutEngine:
                     ep.env.progress = lambda i=i: self.watch("grading", i)
                 episodes.append(ep)
                 if self._reset(ep):
-                    ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages)
+                    ep.prompt_ids = self.policy.first_prompt_ids(ep.agent.messages, getattr(ep.agent, "tools", None))
         live = [ep for ep in episodes if ep.result is None]
         if not live:
             n_generated, gen_s, stats = 0, 0.0, {}
@@ -211,7 +212,7 @@ class RolloutEngine:
             return 0.0
         agent = self.env.make_agent()  # the env's prompt around a typical question; the env itself is not run
         agent.reset(example_task, example_task["question"])
-        first = len(self.policy.first_prompt_ids(agent.messages)) + 64
+        first = len(self.policy.first_prompt_ids(agent.messages, getattr(agent, "tools", None))) + 64
         rows = min(self.max_batch_episodes, episodes)
         return self.policy.capture_decode_graphs(self.sampling, slots=rows + 1, width=self.slot_width(first),
                                                  on_progress=on_progress)
@@ -250,6 +251,7 @@ class RolloutEngine:
         """Apply one response to its episode. True if the episode goes on to another turn."""
         agent, env = ep.agent, ep.env
         agent.update_from_model(gen.text)
+        n_messages = len(agent.messages)
         ep.samples.append(StepSample(
             task_id=ep.task["task_id"], episode_id=ep.episode_id, turn=len(ep.samples),
             prompt_ids=ep.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
@@ -274,7 +276,8 @@ class RolloutEngine:
             self._finish(ep, terminated=False, reason="truncated" if gen.truncated else "max_turns")
             return False
         agent.update_from_env(feedback, reward, done, info)
-        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids, agent.messages[-1])
+        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids, agent.messages[n_messages:],
+                                                    getattr(agent, "tools", None))
         return True
 
     def _finish(self, ep: _Episode, *, terminated: bool, reason: str) -> None:

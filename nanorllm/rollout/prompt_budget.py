@@ -29,7 +29,7 @@ def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingPar
 def _prompt_tokens(policy, env: EnvBundle, task: dict, question: str) -> int:
     agent = env.make_agent()
     agent.reset(task, question)
-    return len(policy.first_prompt_ids(agent.messages))
+    return len(policy.first_prompt_ids(agent.messages, getattr(agent, "tools", None)))
 
 
 def long_prompts(tasks: list[dict], *, policy, env: EnvBundle, limit: int) -> list[tuple[dict, int, bool]]:

@@ -1,11 +1,12 @@
-"""The config's checks that need the world: the env's or agent's module imports, each --reward file loads, a
---reward-model folder is a sequence classifier, the --judge rubric reads and its key is set, the output folder can be
-made, wandb is installed. nanorllm/config checks a config on its own terms; these run
-when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
+"""The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
+--tools functions have schemas, a --reward-model folder is a sequence classifier, the --judge rubric reads and its
+key is set, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms;
+these run when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
 reported at once, naming the field) and nothing is written before them."""
 
 import importlib.util
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from nanorllm.config import TrainConfig
@@ -51,8 +52,15 @@ def world_problems(cfg: TrainConfig) -> list[str]:
             p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
     except ValueError:
         pass  # config_problems names it
+    if cfg.tools and not cfg.agent:
+        from nanorllm.envs.tools import load_tools
+
+        try:
+            load_tools(cfg.tools)  # imports the file and builds each function's schema: a bad one stops here
+        except EnvSpecError as e:
+            p.append(f"tools: {e}")
     try:
-        env = load_bundle(env_spec(cfg), rewards=False)  # imports the env's module: a bad spec stops here
+        env = load_bundle(replace(env_spec(cfg), tools=None), rewards=False)  # imports the env's module
     except EnvSpecError as e:
         p.append(f"{'agent' if cfg.agent else 'env'}: {e}")
     else:

@@ -37,6 +37,7 @@ from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.envs.registry import describe
+from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
@@ -101,6 +102,7 @@ class TrainingRun:
         self.source: RolloutSource | None = None  # while training: checkpoints ask it for the stream position
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0, "env_error_steps": 0}
+        self.tool_calls_seen = 0.0  # --tools: calls per episode summed over this process's first steps
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
         self.parts: RunParts | None = None  # the run's assembly: env, tasks, devices, LoRA spec
@@ -330,6 +332,7 @@ class TrainingRun:
                 metrics = rollout_metrics(results, env=self.env)
                 metrics.update(extra)
                 self.report_grader_timeouts(results, step + 1)
+                self.report_no_tool_calls(results, metrics, step + 1)
                 before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
                 share = self.ranks.share(results, self.policy.version)  # all of it with one rank
                 metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
@@ -392,6 +395,20 @@ class TrainingRun:
             self.say(f"[grader] step {step}: {n} answer check(s) ran out of --grader-timeout-s "
                      f"{self.cfg.grader_timeout_s:g} (scored 0, counted as reward/grader_timeouts); "
                      f"first: task {first}")
+
+    def report_no_tool_calls(self, results: list[RolloutResult], metrics: dict, step: int) -> None:
+        """With --tools: when the first --tool-alarm-steps steps parsed no tool call at all, one warning names the
+        parser, what rendered the tools and a raw response (the model's format and the parser's may differ)."""
+        n = self.cfg.tool_alarm_steps
+        if "rollout/tool_calls_per_episode" not in metrics or not n or step - self.start_step > n:
+            return
+        self.tool_calls_seen += metrics["rollout/tool_calls_per_episode"]
+        if step - self.start_step == n and not self.tool_calls_seen:
+            parser, rendered_by = tool_format(self.policy.tokenizer, self.cfg.tool_parser)
+            raw = next((s.model_response for r in results for s in r.trajectory.steps if s.model_response), "")
+            self.say(f"[tools] warning: the first {n} steps parsed no tool call (parser {parser}, tools rendered by "
+                     f"the {rendered_by}); a response: {raw[:300]!r}. If the model writes calls in another format, "
+                     "set --tool-parser (docs/tools.md)")
 
     def attach_ranks(self) -> None:
         """Every learner rank gets this rank's weights and optimizer state (after the workers' shared

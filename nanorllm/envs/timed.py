@@ -1,0 +1,33 @@
+"""A user's function called under a wall-clock limit, abandoned past it.
+
+The call runs on a daemon thread of its own and is waited on for the limit: a function that never
+returns cannot stop the caller, and its thread cannot hold up the process's exit. What it raises,
+BaseException included, is handed to the caller. Used for --reward functions (envs/reward_fns.py) and
+--tools functions (envs/tools.py).
+"""
+
+import threading
+
+
+class CallTimeout(TimeoutError):
+    """The call did not return within its limit; it is left running, abandoned."""
+
+
+def call_with_limit(fn, timeout_s: float, name: str, *args, **kwargs):
+    """fn(*args, **kwargs)'s value, or what it raised; CallTimeout past `timeout_s` seconds."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001  (handed to the caller, which decides)
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise CallTimeout(f"{name} did not return within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
