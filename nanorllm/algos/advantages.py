@@ -56,7 +56,7 @@ def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
 def carries_signal(results: list[RolloutResult], *, turn_credit: str = "episode", turn_gamma: float = 1.0) -> bool:
     """Whether a group can teach anything: its episodes' env rewards are not all the same (turn credit: the
     returns of some turn index are not). Decided on the env's reward, never a shaped one; call it on the
-    episodes that train (after drop_env_errors)."""
+    episodes that train (after drop_failed)."""
     if turn_credit == "episode":
         return len({r.reward for r in results}) > 1
     by_turn: dict[int, set[float]] = defaultdict(set)
