@@ -102,10 +102,10 @@ class FrozenServer:
             text = gen.text
             for s in req.stop:
                 text = text.split(s, 1)[0]
-            done.set_result(completion_body(req.model or self.model_name, text, [], "length" if gen.truncated
-                                            else "stop", len(prompt), gen.response_ids, gen.logprobs, self.policy,
-                                            req.logprobs))
-            self.served += 1
+            body = completion_body(req.model or self.model_name, text, [], "length" if gen.truncated else "stop",
+                                   len(prompt), gen.response_ids, gen.logprobs, self.policy, req.logprobs)
+            self.served += 1  # before the reply wakes its client, which may stop the server at once
+            done.set_result(body)
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
