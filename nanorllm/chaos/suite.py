@@ -146,7 +146,7 @@ def exits(task, client):
 
 def hangs(task, client):
     reward = _reward(task, client)
-    if _nth() % 2 == 0:
+    if int(task["task_id"].rsplit("-", 1)[-1]) % 2 == 0:  # half the tasks, every sample of each: whole groups
         time.sleep(3600)  # stuck where no timeout of its own reaches: its thread outlives the episode
     return reward
 
@@ -190,8 +190,9 @@ def agent_exits(out: Path) -> list[Outcome]:
 
 
 def agent_hangs(out: Path) -> list[Outcome]:
-    """A sync agent stuck in half its episodes, more stuck threads than rows in the batch: each is ended at
-    --agent-timeout-s and counted, later episodes still run, and the workers exit at the end."""
+    """A sync agent stuck in half its episodes (those of half the tasks, so the other groups train), more stuck
+    threads than rows in the batch: each is ended at --agent-timeout-s and counted, later episodes still run, and
+    the workers exit at the end."""
     return _misbehaving_agent(out, "agent_hangs", "--agent stuck past the batch's rows", "hangs",
                               ["--agent-timeout-s", "3"], "rollout/agent_timeouts")
 
