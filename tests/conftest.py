@@ -1,4 +1,5 @@
 import gc
+import sys
 
 import pytest
 import torch
@@ -14,6 +15,20 @@ def pytest_collection_finish(session):
     before."""
     gc.collect()
     gc.freeze()
+
+
+# the sets behind the package's "printed once per process" error lines, by module
+PRINTED_ONCE = {"nanorllm.rollout.engine": "_reported_errors", "nanorllm.rollout.agent_runner": "_reported",
+                "nanorllm.envs.reward_fns": "_reported", "nanorllm.rewards.judge": "_reported"}
+
+
+@pytest.fixture(autouse=True)
+def nothing_printed_yet():
+    """Each test starts as a fresh process would, with none of the printed-once lines said: a test that reads one
+    must not depend on which tests ran before it in the same pytest worker."""
+    for module, name in PRINTED_ONCE.items():
+        if module in sys.modules:
+            getattr(sys.modules[module], name).clear()
 
 
 def _tiny():

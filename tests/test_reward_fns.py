@@ -22,14 +22,6 @@ from tests.procs import read_scalars
 from tests.runs import TINY_ARGS
 
 
-@pytest.fixture(autouse=True)
-def fresh_reports(monkeypatch):
-    """Each error line is printed once per process: every test here starts as a process that has printed none."""
-    import nanorllm.envs.reward_fns as reward_fns
-
-    monkeypatch.setattr(reward_fns, "_reported", set())
-
-
 REWARDS = textwrap.dedent('''
     seen = []
 

@@ -94,10 +94,7 @@ class Inf(EnvBundle):
     env_class = InfEnv
 
 
-def test_a_non_finite_reward_ends_only_its_episode_and_is_no_success_in_eval(capsys, monkeypatch):
-    import nanorllm.rollout.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "_reported_errors", set())  # printed once per process: not yet in this one
+def test_a_non_finite_reward_ends_only_its_episode_and_is_no_success_in_eval(capsys):
     tasks = [{"task_id": "bad", "question": "q"}, {"task_id": "good", "question": "q"}]
     policy = ScriptedPolicy(lambda call, row, messages: "x")
     engine = RolloutEngine(policy, sampling=SamplingParams(), env=Inf(EpisodeSettings()))
