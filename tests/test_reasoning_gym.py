@@ -135,6 +135,20 @@ def test_a_wrong_answer_with_turns_left_gets_a_retry_turn():
     assert env.step("z")[1:3] == (0.0, True)  # the last turn ends it
 
 
+def test_held_out_evaluation_reports_full_scores_apart_from_partial_ones():
+    from nanorllm.trainer.evaluate import evaluate
+
+    b = _bundle(1)
+    tasks = b.load_tasks(SMALL, limit=3)
+    golds = [t["answer"] for t in tasks]
+    # exact; the gold twice (the dataset's partial score: len(gold) / len(answer) = 0.5); no answer at all
+    policy = ScriptedPolicy([[f"<answer>{golds[0]}</answer>", f"<answer>{golds[1] * 2}</answer>", "no idea"]])
+    res = evaluate(policy, tasks, sampling=SamplingParams(), env=b)
+    assert res["success_rate"] == pytest.approx(2 / 3)  # reward > 0: the partial score counts
+    assert res["reasoning_gym/solved"] == pytest.approx(1 / 3)
+    assert res["mean_reward"] == pytest.approx(1.5 / 3)
+
+
 def test_a_score_answer_that_raises_or_gives_nan_is_an_env_error(monkeypatch):
     b = _bundle(1)
     tasks = b.load_tasks(SMALL, limit=2)

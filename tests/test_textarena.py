@@ -97,6 +97,18 @@ def test_the_engine_plays_whole_games_and_the_turn_limit_closes_an_unfinished_on
     m = env.metrics([a, b, c])
     assert m["textarena/games_finished"] == 1.0 and m["textarena/invalid_moves_per_episode"] == 0.0
     assert m["textarena/turns_per_episode"] == sum(r.trajectory.num_turns for r in (a, b, c)) / 3
+    assert m["textarena/won"] == 1.0
+
+
+def test_a_game_ended_by_its_own_turn_limit_gives_a_partial_reward_that_is_no_win():
+    seed = next(s for s in range(100) if _target(s) == 20)  # guessing 1, 2, ... 11 never finds it
+    env = load_env(GAME, EpisodeSettings(max_turns=12))  # the game's max_turns=10 lets an 11th guess
+    (r,) = RolloutEngine(ScriptedPolicy(lambda call, row, messages: f"[{call + 1}]"), sampling=SamplingParams(),
+                         env=env).run([{"task_id": "t", "seed": seed}]).results
+    assert r.trajectory.termination_reason == "game_over" and r.trajectory.num_turns == 11
+    assert r.reward == pytest.approx(1 - 9 / 19)  # the game's share for the last guess's distance
+    m = env.metrics([r])
+    assert (m["textarena/games_finished"], m["textarena/won"]) == (1.0, 0.0)
 
 
 def test_starting_a_game_leaves_the_trainers_random_stream_as_it_was():

@@ -29,6 +29,7 @@ from nanorllm.datasets.golds import extract_boxed
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathEnv
 from nanorllm.envs.modules import EnvSpecError
+from nanorllm.core.types import RolloutResult
 
 PREFIX = "rg:"
 FORMATS = ("tags", "boxed")
@@ -250,6 +251,11 @@ class ReasoningGym(EnvBundle):
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         return load_rg_tasks(spec, limit=limit)
+
+    def metrics(self, results: list[RolloutResult]) -> dict:
+        """Episodes whose last answer got the dataset's full score (1.0): success counts partial scores too."""
+        solved = sum(bool(r.trajectory.steps) and bool(r.trajectory.steps[-1].info.get("correct")) for r in results)
+        return {"reasoning_gym/solved": solved / max(len(results), 1)}
 
 
 @functools.lru_cache(maxsize=16)

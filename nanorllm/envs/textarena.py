@@ -141,14 +141,17 @@ class TextArenaGame(EnvBundle):
                  "question": f"{self.opening}\n\n[{self.game_id} seed {s}]"} for s in range(first, first + count)]
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        """Turns and invalid moves per episode; episodes the game itself ended, and those an invalid move ended."""
+        """Turns and invalid moves per episode; episodes the game itself ended, those an invalid move ended, and
+        those it ended with its full reward (1: won; many games give partial rewards when they end otherwise)."""
         n = max(len(results), 1)
         last = [r.trajectory.steps[-1].info if r.trajectory.steps else {} for r in results]
         return {"textarena/turns_per_episode": sum(r.trajectory.num_turns for r in results) / n,
                 "textarena/invalid_moves_per_episode": sum(bool(s.info.get("invalid_move")) for r in results
                                                            for s in r.trajectory.steps) / n,
                 "textarena/games_finished": sum(bool(i.get("game_done")) for i in last) / n,
-                "textarena/ended_by_invalid_move": sum(i.get("reason") == "invalid_move" for i in last) / n}
+                "textarena/ended_by_invalid_move": sum(i.get("reason") == "invalid_move" for i in last) / n,
+                "textarena/won": sum(bool(i.get("game_done")) and r.trajectory.steps[-1].reward >= 1.0
+                                     for r, i in zip(results, last) if r.trajectory.steps) / n}
 
 
 def bundle_class(target: str) -> type[EnvBundle]:

@@ -22,8 +22,8 @@ from nanorllm.trainer.watchdog import Watchdog
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle | None = None,
              max_turns: int = 2, max_batch_episodes: int = 64, grader_timeout_s: float = 5.0,
              hang_timeout_s: float = 600.0) -> dict:
-    """{"success_rate", "first_turn_success", "mean_turns", "n", "grader_timeouts", "first_timeout_task"} plus
-    the env's own metrics (`env.metrics`). max_turns / grader_timeout_s apply to the default env only (a
+    """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts",
+    "first_timeout_task"} plus the env's own metrics (`env.metrics`). max_turns / grader_timeout_s apply to the default env only (a
     bundle carries its own)."""
     env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns, grader_timeout_s=grader_timeout_s))
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
@@ -39,6 +39,7 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     return {
         "success_rate": sum(r.reward > 0 for r in results) / n,
         "first_turn_success": sum(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0 for r in results) / n,
+        "mean_reward": sum(r.reward for r in results) / n,  # where partial scores count, success alone says little
         "mean_turns": sum(r.trajectory.num_turns for r in results) / n,
         "n": n,
         "grader_timeouts": timeouts,
