@@ -29,6 +29,19 @@ def choice_problem(name: str, value: object, allowed: tuple) -> list[str]:
     return [f"{name}: must be {listed}, got {value!r}"]
 
 
+def bound_problems(cfg, rules: dict[str, str]) -> list[str]:
+    """`name: must be RULE, got V` for each field of `rules` whose value breaks its rule, in the rules' order. A
+    rule is '>= N' or '> N', then any words its message adds ('>= 1 or unset'); an unset (None) field breaks
+    none."""
+    p = []
+    for name, rule in rules.items():
+        value = getattr(cfg, name)
+        op, bound = rule.split()[:2]
+        if value is not None and not (value >= float(bound) if op == ">=" else value > float(bound)):
+            p.append(f"{name}: must be {rule}, got {value}")
+    return p
+
+
 def agent_env_problems(cfg, *, env_given: bool = False) -> list[str]:
     """--agent and --env name the episode twice (`env_given`: --env was set, even to the default)."""
     if cfg.agent is not None and (cfg.env != DEFAULT_ENV_NAME or env_given):
@@ -38,17 +51,14 @@ def agent_env_problems(cfg, *, env_given: bool = False) -> list[str]:
 
 def eval_problems(cfg) -> list[str]:
     """What is wrong with the evaluation fields (fields.EvalSettings) of a TrainConfig or an EvalConfig."""
-    p = []
-    if cfg.eval_samples is not None and cfg.eval_samples < 1:
-        p.append(f"eval_samples: must be >= 1 or unset (greedy only), got {cfg.eval_samples}")
-    elif cfg.eval_k and cfg.eval_samples is None:
+    p = bound_problems(cfg, {"eval_samples": ">= 1 or unset (greedy only)"})
+    if not p and cfg.eval_k and cfg.eval_samples is None:
         p.append(f"eval_k: {list(cfg.eval_k)} needs --eval-samples n >= its largest k")
-    elif cfg.eval_samples is not None:
+    elif not p and cfg.eval_samples is not None:
         bad = [k for k in cfg.eval_k if not 1 <= k <= cfg.eval_samples]
         if bad:
             p.append(f"eval_k: each k must be in 1..{cfg.eval_samples} (--eval-samples), got {bad}")
-    if not cfg.eval_temperature > 0:
-        p.append(f"eval_temperature: must be > 0, got {cfg.eval_temperature}")
+    p += bound_problems(cfg, {"eval_temperature": "> 0"})
     names = []
     for item in cfg.eval_set:
         name, sep, spec = item.partition("=")
@@ -65,43 +75,29 @@ def config_problems(cfg) -> list[str]:
     once, for that."""
     non_finite = _non_finite(cfg)
     p = []
-    positive = ["max_turns", "max_new_tokens", "max_steps", "tasks_per_step", "num_samples_per_task",
-                "micro_batch_tokens", "max_batch_episodes", "num_workers", "queue_size", "keep_checkpoints",
-                "grader_timeout_s", "rollout_dump_size"]
-    for name in positive:
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:  # micro_batch_tokens None: sized at run time
-            p.append(f"{name}: must be >= 1, got {getattr(cfg, name)}")
-    for name in ["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay",
-                 "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker", "max_restarts_per_run"]:
-        if getattr(cfg, name) < 0:
-            p.append(f"{name}: must be >= 0, got {getattr(cfg, name)}")
-    for name in ["limit", "eval_limit", "threads", "max_prompt_tokens"]:
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            p.append(f"{name}: must be >= 1 or unset, got {getattr(cfg, name)}")
-    for name in ["worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s"]:
-        if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
-            p.append(f"{name}: must be > 0, got {getattr(cfg, name)}")
+    p += bound_problems(cfg, {  # micro_batch_tokens None: sized at run time
+        **dict.fromkeys(["max_turns", "max_new_tokens", "max_steps", "tasks_per_step", "num_samples_per_task",
+                         "micro_batch_tokens", "max_batch_episodes", "num_workers", "queue_size", "keep_checkpoints",
+                         "grader_timeout_s", "rollout_dump_size"], ">= 1"),
+        **dict.fromkeys(["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay",
+                         "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker",
+                         "max_restarts_per_run"], ">= 0"),
+        **dict.fromkeys(["limit", "eval_limit", "threads", "max_prompt_tokens"], ">= 1 or unset"),
+        **dict.fromkeys(["worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s"], "> 0")})
     if not 0 <= cfg.max_skipped_frac <= 1:
         p.append(f"max_skipped_frac: must be in [0, 1], got {cfg.max_skipped_frac}")
     p += _lora_problems(cfg)
     if cfg.max_pad_frac is not None and not 0 <= cfg.max_pad_frac <= 1:
         p.append(f"max_pad_frac: must be in [0, 1] or unset, got {cfg.max_pad_frac}")
-    if not cfg.lr > 0:
-        p.append(f"lr: must be > 0, got {cfg.lr}")
-    if not cfg.temperature > 0:
-        p.append(f"temperature: must be > 0, got {cfg.temperature}")
+    p += bound_problems(cfg, {"lr": "> 0", "temperature": "> 0"})
     if not 0 < cfg.top_p <= 1:
         p.append(f"top_p: must be in (0, 1], got {cfg.top_p}")
     if not 0 <= cfg.clip_low < 1:
         p.append(f"clip_low: must be in [0, 1), got {cfg.clip_low}")
-    if cfg.clip_high < 0:
-        p.append(f"clip_high: must be >= 0, got {cfg.clip_high}")
-    if not cfg.max_grad_norm > 0:
-        p.append(f"max_grad_norm: must be > 0, got {cfg.max_grad_norm}")
+    p += bound_problems(cfg, {"clip_high": ">= 0", "max_grad_norm": "> 0"})
     if not 0 <= cfg.turn_gamma <= 1:
         p.append(f"turn_gamma: must be in [0, 1], got {cfg.turn_gamma}")
-    if not cfg.is_cap > 0:
-        p.append(f"is_cap: must be > 0, got {cfg.is_cap}")
+    p += bound_problems(cfg, {"is_cap": "> 0"})
     if len(cfg.is_band) != 2 or not 0 <= cfg.is_band[0] < cfg.is_band[1]:
         p.append(f"is_band: must be two numbers 0 <= a < b, got {cfg.is_band}")
     if cfg.dual_clip != 0 and not cfg.dual_clip > 1:
@@ -135,12 +131,7 @@ def config_problems(cfg) -> list[str]:
         p.append(f"exp_name: must be a plain name (it goes into the run folder's name under --output-dir: no "
                  f"'/' or '\\'), got {cfg.exp_name!r}")
     p += agent_env_problems(cfg)
-    if cfg.agent_timeout_s <= 0:
-        p.append(f"agent_timeout_s: must be > 0, got {cfg.agent_timeout_s}")
-    if not cfg.reward_timeout_s > 0:
-        p.append(f"reward_timeout_s: must be > 0, got {cfg.reward_timeout_s}")
-    if not cfg.env_timeout_s > 0:
-        p.append(f"env_timeout_s: must be > 0, got {cfg.env_timeout_s}")
+    p += bound_problems(cfg, dict.fromkeys(["agent_timeout_s", "reward_timeout_s", "env_timeout_s"], "> 0"))
     p += _reward_problems(cfg) + judge_problems(cfg)
     p += _tool_problems(cfg)
     from nanorllm.utils.sinks import parse_report_to
@@ -167,10 +158,7 @@ def _choice_problems(cfg) -> list[str]:
 
 def _lora_problems(cfg) -> list[str]:
     p = []
-    if cfg.lora_rank < 0:
-        p.append(f"lora_rank: must be >= 0 (0: full fine-tune), got {cfg.lora_rank}")
-    if cfg.lora_alpha is not None and not cfg.lora_alpha > 0:
-        p.append(f"lora_alpha: must be > 0 or unset (2 x rank), got {cfg.lora_alpha}")
+    p += bound_problems(cfg, {"lora_rank": ">= 0 (0: full fine-tune)", "lora_alpha": "> 0 or unset (2 x rank)"})
     if not 0 <= cfg.lora_dropout < 1:
         p.append(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
     if not cfg.lora_targets.strip(" ,"):
@@ -184,17 +172,14 @@ def _lora_problems(cfg) -> list[str]:
 def _algorithm_problems(cfg) -> list[str]:
     """The GRPO variants' own ranges and the combinations that contradict each other, with the reason."""
     p = []
-    for name in ("updates_per_batch", "epochs"):
-        if getattr(cfg, name) < 1:
-            p.append(f"{name}: must be >= 1, got {getattr(cfg, name)}")
-    if cfg.min_group_size < 2:
-        p.append(f"min_group_size: must be >= 2 (one episode has nothing to compare with), got {cfg.min_group_size}")
-    elif cfg.min_group_size > cfg.num_samples_per_task >= 2:  # a group too small is named on its own
+    p += bound_problems(cfg, {"updates_per_batch": ">= 1", "epochs": ">= 1"})
+    low = bound_problems(cfg, {"min_group_size": ">= 2 (one episode has nothing to compare with)"})
+    p += low
+    if not low and cfg.min_group_size > cfg.num_samples_per_task >= 2:  # a group too small is named on its own
         p.append(f"min_group_size: {cfg.min_group_size} is more than num_samples_per_task "
                  f"({cfg.num_samples_per_task}): every group with a failed episode would be dropped")
-    for name in ("warmup_steps", "overlong_buffer", "entropy_coef", "overlong_penalty"):
-        if getattr(cfg, name) < 0:
-            p.append(f"{name}: must be >= 0, got {getattr(cfg, name)}")
+    p += bound_problems(cfg, dict.fromkeys(["warmup_steps", "overlong_buffer", "entropy_coef", "overlong_penalty"],
+                                           ">= 0"))
     for name in ("gspo_clip_low", "gspo_clip_high"):
         if not 0 < getattr(cfg, name) < 1:
             p.append(f"{name}: must be in (0, 1), got {getattr(cfg, name)}")
@@ -226,8 +211,7 @@ def _algorithm_problems(cfg) -> list[str]:
             p.append(f"fill_batch: with max_policy_lag {cfg.max_policy_lag} the pipeline has drawn later steps' "
                      "tasks before a step's extra ones, which would break the task stream's exactly-once order: "
                      "use --max-policy-lag 0 (or --serial)")
-        if not cfg.fill_batch_cap >= 1:
-            p.append(f"fill_batch_cap: must be >= 1, got {cfg.fill_batch_cap}")
+        p += bound_problems(cfg, {"fill_batch_cap": ">= 1"})
     if cfg.warmup_steps >= cfg.max_steps >= 1 and cfg.warmup_steps:
         p.append(f"warmup_steps: {cfg.warmup_steps} is not below max_steps ({cfg.max_steps}): the run never "
                  "reaches --lr")
@@ -242,13 +226,8 @@ def _tool_problems(cfg) -> list[str]:
         p.append("tools: empty; give path/to/tools.py:fn1,fn2 or leave it unset")
     if cfg.tools and cfg.agent:
         p.append("tools: --tools gives an --env's episodes tools; an --agent passes its own in each request")
-    if cfg.max_tool_calls < 1:
-        p.append(f"max_tool_calls: must be >= 1, got {cfg.max_tool_calls}")
-    if not cfg.tool_timeout_s > 0:
-        p.append(f"tool_timeout_s: must be > 0, got {cfg.tool_timeout_s}")
-    if cfg.tool_alarm_steps < 0:
-        p.append(f"tool_alarm_steps: must be >= 0 (0: off), got {cfg.tool_alarm_steps}")
-    return p
+    return p + bound_problems(cfg, {"max_tool_calls": ">= 1", "tool_timeout_s": "> 0",
+                                    "tool_alarm_steps": ">= 0 (0: off)"})
 
 
 def _reward_problems(cfg) -> list[str]:
@@ -262,14 +241,11 @@ def _reward_problems(cfg) -> list[str]:
         if cfg.agent:
             p.append("reward_model: a reward model scores an --env's episodes; an --agent function returns its own "
                      "reward")
-        for name in ("reward_model_batch_size", "reward_model_max_tokens"):
-            if getattr(cfg, name) < 1:
-                p.append(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+        p += bound_problems(cfg, {"reward_model_batch_size": ">= 1", "reward_model_max_tokens": ">= 1"})
         device = cfg.reward_model_device
         if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             p.append(f"reward_model_device: must be cpu, cuda or cuda:N, got {device!r}")
     return p
-
 
 
 def judge_problems(cfg) -> list[str]:
@@ -281,14 +257,8 @@ def judge_problems(cfg) -> list[str]:
     if not (re.match(r"https?://[^/\s]+", cfg.judge) or re.fullmatch(r"gemini:\S+", cfg.judge)):
         p.append(f"judge: expected an OpenAI-compatible base URL (http://host:port/v1) or gemini:<model>, "
                  f"got {cfg.judge!r}")
-    if cfg.judge_concurrency < 1:
-        p.append(f"judge_concurrency: must be >= 1, got {cfg.judge_concurrency}")
-    if cfg.judge_retries < 0:
-        p.append(f"judge_retries: must be >= 0, got {cfg.judge_retries}")
-    if not cfg.judge_timeout_s > 0:
-        p.append(f"judge_timeout_s: must be > 0, got {cfg.judge_timeout_s}")
-    if cfg.judge_max_tokens < 1:
-        p.append(f"judge_max_tokens: must be >= 1, got {cfg.judge_max_tokens}")
+    p += bound_problems(cfg, {"judge_concurrency": ">= 1", "judge_retries": ">= 0", "judge_timeout_s": "> 0",
+                              "judge_max_tokens": ">= 1"})
     if getattr(cfg, "agent", None):
         p.append("judge: the judge scores an --env's episodes; an --agent function returns its own reward")
     return p

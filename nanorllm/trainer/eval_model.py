@@ -18,7 +18,7 @@ import tyro
 from nanorllm.config import EvalSettings, eval_problems
 from nanorllm.config.checks import judge_problems
 from nanorllm.config.fields import JudgeSettings
-from nanorllm.config.checks import agent_env_problems
+from nanorllm.config.checks import agent_env_problems, bound_problems
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.config.specs import env_spec
@@ -156,8 +156,7 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     except TaskFieldsError as e:
         problems.append(f"task_fields: {e}")
     problems += agent_env_problems(cfg) + judge_problems(cfg)
-    if not cfg.env_timeout_s > 0:
-        problems.append(f"env_timeout_s: must be > 0, got {cfg.env_timeout_s}")
+    problems += bound_problems(cfg, {"env_timeout_s": "> 0"})
     if problems:
         raise ValueError("; ".join(problems))
     env = load_bundle(env_spec(cfg))
