@@ -10,7 +10,7 @@
         --eval-set gsm8k=../shared/data/gsm8k/test.jsonl
 
 Prints one JSON line per set ("set": "tasks" for --tasks, then each --eval-set's name): {"set", "success_rate",
-"first_turn_success", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}, and with --eval-samples n
+"first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}, and with --eval-samples n
 "pass@k" for each k and "mean@n".
 """
 
