@@ -55,6 +55,17 @@ def test_a_missing_eval_file_or_field_is_refused_naming_it(tmp_path):
     assert proc.returncode == 2 and "c-0/eval.json: no such file" in proc.stderr and proc.stdout == ""
 
 
+def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path):
+    run = _run(tmp_path, "e-0", 0, 0.5, 0.75, [1.0])
+    proc = subprocess.run([sys.executable, str(ROOT / "launch/seed_table.py"), run, "--field", "n", "--field",
+                           "success_rate"], capture_output=True, text=True, cwd=ROOT)
+    head = proc.stdout.splitlines()[0]
+    assert head == "| run | seed | n before -> after (gain) | success_rate before -> after (gain) |", proc.stderr
+    bare = subprocess.run([sys.executable, str(ROOT / "launch/seed_table.py"), run], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert bare.stdout.splitlines()[0] == "| run | seed | success_rate before -> after (gain) |"
+
+
 def test_one_run_has_no_sd(tmp_path):
     cfg = SeedTableConfig(runs=(_run(tmp_path, "d-0", 0, 0.5, 0.5, [1.0]),))
     assert summary(rows_of(cfg), cfg)["success_rate"]["gain"]["sd"] is None

@@ -22,8 +22,8 @@ import tyro
 class SeedTableConfig:
     runs: tyro.conf.Positional[tuple[str, ...]]
     """Run folders (runs/<run>), one per seed."""
-    field: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ("success_rate",)
-    """eval.json keys to tabulate, one flag each."""
+    field: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """eval.json keys to tabulate, one flag each (none: success_rate)."""
     scalar: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """TensorBoard scalars whose curves to read (e.g. reward/mean), one flag each."""
     json: str | None = None
@@ -75,6 +75,8 @@ class Row:
 
 
 def rows_of(cfg: SeedTableConfig) -> list[Row]:
+    """One row per run; `cfg.field` left empty becomes success_rate."""
+    cfg.field = cfg.field or ("success_rate",)
     rows = []
     for name in cfg.runs:
         run = Path(name)
