@@ -37,7 +37,7 @@ def test_gains_mean_and_sample_sd_over_the_runs(tmp_path, capsys):
     assert "| " + runs[1] + " | 1 | 0.250 -> 0.750 (+0.500) | 0.200 -> 0.600 |" in out
     assert "| mean ± sd |  | 0.250 -> 0.500 (+0.250 ± 0.250) | 0.200 -> 0.400 |" in out
     record = json.loads((tmp_path / "t.json").read_text())
-    gain = record["summary"]["success_rate"]["gain"]
+    gain = record["summary"]["fields"]["success_rate"]["gain"]
     assert gain == {"mean": 0.25, "sd": 0.25, "min": 0.0, "max": 0.5}
     assert record["runs"][0]["curves"]["reward/mean"] == [[1, pytest.approx(0.1)], [2, pytest.approx(0.3)]]
     assert (tmp_path / "t.png").stat().st_size > 1000
@@ -68,4 +68,14 @@ def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path
 
 def test_one_run_has_no_sd(tmp_path):
     cfg = SeedTableConfig(runs=(_run(tmp_path, "d-0", 0, 0.5, 0.5, [1.0]),))
-    assert summary(rows_of(cfg), cfg)["success_rate"]["gain"]["sd"] is None
+    assert summary(rows_of(cfg), cfg)["fields"]["success_rate"]["gain"]["sd"] is None
+
+
+def test_a_name_both_field_and_scalar_keeps_both(tmp_path):
+    run = _run(tmp_path, "f-0", 0, 0.5, 0.75, [0.2, 0.4])
+    (tmp_path / "f-0" / "eval.json").write_text(json.dumps({"before": {"reward/mean": 0.5},
+                                                            "after": {"reward/mean": 0.75}}))
+    cfg = SeedTableConfig(runs=(run,), field=("reward/mean",), scalar=("reward/mean",))
+    s = summary(rows_of(cfg), cfg)
+    assert s["fields"]["reward/mean"]["gain"]["mean"] == 0.25
+    assert s["scalars"]["reward/mean"]["last"]["mean"] == pytest.approx(0.4)

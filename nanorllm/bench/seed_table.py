@@ -92,9 +92,12 @@ def spread(xs: list[float]) -> dict:
 
 
 def summary(rows: list[Row], cfg: SeedTableConfig) -> dict:
-    return {name: {k: spread([r.figures[name][k] for r in rows]) for k in ("before", "after", "gain")}
-            for name in cfg.field} | {tag: {k: spread([r.curves[tag][i][1] for r in rows]) for k, i in
-                                            (("first", 0), ("last", -1))} for tag in cfg.scalar}
+    """{"fields": {name: {before, after, gain}}, "scalars": {tag: {first, last}}}, each a spread over the runs (a
+    name can be both: an env's scalar is logged at evaluation and at every step)."""
+    return {"fields": {name: {k: spread([r.figures[name][k] for r in rows]) for k in ("before", "after", "gain")}
+                       for name in cfg.field},
+            "scalars": {tag: {k: spread([r.curves[tag][i][1] for r in rows]) for k, i in (("first", 0), ("last", -1))}
+                        for tag in cfg.scalar}}
 
 
 def markdown(rows: list[Row], cfg: SeedTableConfig, summ: dict) -> str:
@@ -107,9 +110,10 @@ def markdown(rows: list[Row], cfg: SeedTableConfig, summ: dict) -> str:
         cells += [f"{r.curves[t][0][1]:.3f} -> {r.curves[t][-1][1]:.3f}" for t in cfg.scalar]
         lines.append("| " + " | ".join(cells) + " |")
     sd = lambda s: "" if s["sd"] is None else f" ± {s['sd']:.3f}"  # noqa: E731
-    cells = ["mean ± sd", ""] + [f"{summ[n]['before']['mean']:.3f} -> {summ[n]['after']['mean']:.3f} "
-                                 f"({summ[n]['gain']['mean']:+.3f}{sd(summ[n]['gain'])})" for n in cfg.field]
-    cells += [f"{summ[t]['first']['mean']:.3f} -> {summ[t]['last']['mean']:.3f}" for t in cfg.scalar]
+    f, c = summ["fields"], summ["scalars"]
+    cells = ["mean ± sd", ""] + [f"{f[n]['before']['mean']:.3f} -> {f[n]['after']['mean']:.3f} "
+                                 f"({f[n]['gain']['mean']:+.3f}{sd(f[n]['gain'])})" for n in cfg.field]
+    cells += [f"{c[t]['first']['mean']:.3f} -> {c[t]['last']['mean']:.3f}" for t in cfg.scalar]
     return "\n".join(lines + ["| " + " | ".join(cells) + " |"])
 
 
