@@ -30,7 +30,7 @@ def _run(tmp_path, name, seed, before, after, curve):
 def test_gains_mean_and_sample_sd_over_the_runs(tmp_path, capsys):
     runs = (_run(tmp_path, "a-0", 0, 0.25, 0.5, [0.1, 0.3]), _run(tmp_path, "a-1", 1, 0.25, 0.75, [0.2, 0.6]),
             _run(tmp_path, "a-2", 2, 0.25, 0.25, [0.3, 0.3]))
-    cfg = SeedTableConfig(runs=runs, scalar=("reward/mean",), json=str(tmp_path / "t.json"),
+    cfg = SeedTableConfig(runs=runs, field=("success_rate",), scalar=("reward/mean",), json=str(tmp_path / "t.json"),
                           plot=str(tmp_path / "t.png"))
     assert run_seed_table(cfg) == 0
     out = capsys.readouterr().out
@@ -79,3 +79,11 @@ def test_a_name_both_field_and_scalar_keeps_both(tmp_path):
     s = summary(rows_of(cfg), cfg)
     assert s["fields"]["reward/mean"]["gain"]["mean"] == 0.25
     assert s["scalars"]["reward/mean"]["last"]["mean"] == pytest.approx(0.4)
+
+
+def test_scalars_alone_read_no_eval_file(tmp_path):
+    run = _run(tmp_path, "g-0", 0, 0.5, 0.75, [0.2, 0.4])
+    (tmp_path / "g-0" / "eval.json").unlink()  # a run with --eval-tasks ''
+    cfg = SeedTableConfig(runs=(run,), scalar=("reward/mean",))
+    (row,) = rows_of(cfg)
+    assert row.figures == {} and row.curves["reward/mean"][-1] == (2, pytest.approx(0.4))

@@ -2,9 +2,10 @@
 and sample standard deviation over the runs (`python launch/seed_table.py runs/a-0 runs/a-1 runs/a-2`).
 
 Each run's figures come from its runs/<run>/eval.json ("before" and "after"); `--field` names which (any key of
-them: success_rate, mean_reward, an env's own such as reasoning_gym/solved). `--scalar TAG` adds a TensorBoard
-scalar's curve per run (its value at each step, from the run's event files), its first and last values in the
-table and, with `--plot`, the curve's mean over the runs with a min-max band. `--json` writes all of it.
+them: success_rate, mean_reward, an env's own such as reasoning_gym/solved; with only --scalar given, no eval.json
+is read). `--scalar TAG` adds a TensorBoard scalar's curve per run (its value at each step, from the run's event
+files), its first and last values in the table and, with `--plot`, the curve's mean over the runs with a min-max
+band. `--json` writes all of it.
 A run without an eval.json, or whose eval.json lacks a field in "before" or "after", is refused naming the file.
 """
 
@@ -37,6 +38,8 @@ class SeedTableError(ValueError):
 
 
 def read_eval(run: Path, names: tuple[str, ...]) -> dict:
+    if not names:
+        return {}
     path = run / "eval.json"
     if not path.is_file():
         raise SeedTableError(f"{path}: no such file (a run with a held-out set writes it)")
@@ -75,8 +78,9 @@ class Row:
 
 
 def rows_of(cfg: SeedTableConfig) -> list[Row]:
-    """One row per run; `cfg.field` left empty becomes success_rate."""
-    cfg.field = cfg.field or ("success_rate",)
+    """One row per run; `cfg.field` left empty becomes success_rate, unless scalars are asked for alone (a run with no
+    held-out set has no eval.json)."""
+    cfg.field = cfg.field or (() if cfg.scalar else ("success_rate",))
     rows = []
     for name in cfg.runs:
         run = Path(name)
