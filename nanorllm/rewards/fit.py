@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanorllm.config.checks import bound_problems
 from nanorllm.rewards.data import read_rows
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 
@@ -60,8 +59,10 @@ class FitConfig:
 
 
 def problems(cfg: FitConfig) -> list[str]:
-    p = bound_problems(cfg, {**dict.fromkeys(["epochs", "batch_size", "max_tokens", "limit", "samples_per_task",
-                                              "max_new_tokens"], ">= 1"), "lr": "> 0"})
+    p = [f"{n}: must be >= 1, got {getattr(cfg, n)}" for n in ("epochs", "batch_size", "max_tokens", "limit",
+                                                              "samples_per_task", "max_new_tokens") if getattr(cfg, n) < 1]
+    if not cfg.lr > 0:  # config/checks.py's bound_problems would be an import cycle (config -> envs -> rewards)
+        p.append(f"lr: must be > 0, got {cfg.lr}")
     if not 0 <= cfg.eval_frac < 1:
         p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
     if (cfg.data is None) == (cfg.sample_from is None):
