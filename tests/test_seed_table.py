@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.bench.seed_table import SeedTableConfig, SeedTableError, rows_of, run_seed_table, summary
+from nanorllm.bench.seed_table import (SeedTableConfig, SeedTableError, rows_of, run_seed_table, summary,
+                                     with_default_field)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +68,7 @@ def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path
 
 
 def test_one_run_has_no_sd(tmp_path):
-    cfg = SeedTableConfig(runs=(_run(tmp_path, "d-0", 0, 0.5, 0.5, [1.0]),))
+    cfg = with_default_field(SeedTableConfig(runs=(_run(tmp_path, "d-0", 0, 0.5, 0.5, [1.0]),)))
     assert summary(rows_of(cfg), cfg)["fields"]["success_rate"]["gain"]["sd"] is None
 
 

@@ -12,7 +12,7 @@ A run without an eval.json, or whose eval.json lacks a field in "before" or "aft
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -77,10 +77,14 @@ class Row:
     curves: dict = field(default_factory=dict)
 
 
+def with_default_field(cfg: SeedTableConfig) -> SeedTableConfig:
+    """`cfg` with no --field given read as success_rate, unless scalars are asked for alone (a run with no held-out
+    set has no eval.json)."""
+    return cfg if cfg.field or cfg.scalar else replace(cfg, field=("success_rate",))
+
+
 def rows_of(cfg: SeedTableConfig) -> list[Row]:
-    """One row per run; `cfg.field` left empty becomes success_rate, unless scalars are asked for alone (a run with no
-    held-out set has no eval.json)."""
-    cfg.field = cfg.field or (() if cfg.scalar else ("success_rate",))
+    """One row per run, with the fields and scalars `cfg` names."""
     rows = []
     for name in cfg.runs:
         run = Path(name)
@@ -145,6 +149,7 @@ def plot(rows: list[Row], tags: tuple[str, ...], path: Path) -> None:
 
 
 def run_seed_table(cfg: SeedTableConfig) -> int:
+    cfg = with_default_field(cfg)
     try:
         rows = rows_of(cfg)
     except (SeedTableError, OSError, json.JSONDecodeError) as e:

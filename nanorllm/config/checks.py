@@ -157,8 +157,7 @@ def _choice_problems(cfg) -> list[str]:
 
 
 def _lora_problems(cfg) -> list[str]:
-    p = []
-    p += bound_problems(cfg, {"lora_rank": ">= 0 (0: full fine-tune)", "lora_alpha": "> 0 or unset (2 x rank)"})
+    p = bound_problems(cfg, {"lora_rank": ">= 0 (0: full fine-tune)", "lora_alpha": "> 0 or unset (2 x rank)"})
     if not 0 <= cfg.lora_dropout < 1:
         p.append(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
     if not cfg.lora_targets.strip(" ,"):
@@ -171,8 +170,7 @@ def _lora_problems(cfg) -> list[str]:
 
 def _algorithm_problems(cfg) -> list[str]:
     """The GRPO variants' own ranges and the combinations that contradict each other, with the reason."""
-    p = []
-    p += bound_problems(cfg, {"updates_per_batch": ">= 1", "epochs": ">= 1"})
+    p = bound_problems(cfg, {"updates_per_batch": ">= 1", "epochs": ">= 1"})
     low = bound_problems(cfg, {"min_group_size": ">= 2 (one episode has nothing to compare with)"})
     p += low
     if not low and cfg.min_group_size > cfg.num_samples_per_task >= 2:  # a group too small is named on its own

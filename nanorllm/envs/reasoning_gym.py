@@ -24,12 +24,12 @@ import math
 from dataclasses import dataclass, fields
 
 from nanorllm.agents.chat_agent import ChatAgent
+from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.datasets.golds import extract_boxed
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathEnv
 from nanorllm.envs.modules import EnvSpecError
-from nanorllm.core.types import RolloutResult
 
 PREFIX = "rg:"
 FORMATS = ("tags", "boxed")
