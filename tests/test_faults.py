@@ -142,6 +142,17 @@ def test_a_full_disk_at_a_periodic_save_in_a_pipeline_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_judge_gone_mid_pipeline_run_fails_its_scores_never_trains_them_as_zeros_and_stops_the_run(tmp_path):
+    o, = chaos.judge_dies(tmp_path)  # the stub judge answers 2 steps' 16 requests, then refuses connections
+    _assert_ok(o)
+    assert o.detected_s is not None  # its first failed score was reported, after the retry
+    episodes = read_rollouts(tmp_path / "judge_dies")
+    failed = sum(e["termination_reason"] == "reward_failed" for e in episodes)
+    scalars = read_scalars(tmp_path / "judge_dies")
+    assert sum(v for _, v in scalars["reward/failed/judge"]) == failed > 0
+    assert all(v == 0 for _, v in scalars["train/skipped_nan"])  # dropped before the loss: no NaN reached it
+
+@pytest.mark.slow
 def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(tmp_path):
     o, = chaos.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3
     _assert_ok(o)

@@ -6,14 +6,13 @@ served as the judge (rollout/serve.py)."""
 import json
 import math
 import re
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from nanorllm.chaos.stub_judge import StubJudge, length_score, reply_body
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.config.specs import env_spec
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
@@ -25,74 +24,6 @@ from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
 from tests.procs import read_rollouts, read_scalars
 from tests.runs import TINY_ARGS
-
-
-def reply_body(text: str) -> dict:
-    return {"id": "c", "object": "chat.completion", "created": 0, "model": "judge",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-
-
-def length_score(body: dict) -> tuple[int, object]:
-    """A judge that likes even-length responses: SCORE 8 for them, 2 for the others (a group: 0.8 / 0.2)."""
-    user = body["messages"][-1]["content"]
-    responses = re.split(r"\n## Response \d+\n", user)[1:] or [user.split("## Response\n", 1)[1]]
-    if "## Response 1" in user:
-        return 200, reply_body(json.dumps({"scores": [0.8 if len(r.strip()) % 2 == 0 else 0.2 for r in responses]}))
-    return 200, reply_body(f"Fine.\nSCORE: {8 if len(responses[0]) % 2 == 0 else 2}")
-
-
-class StubJudge:
-    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1 that answers by `answer(body) -> (status, body)`
-    (a str body is sent as is), after `delay_s`; it counts requests and the most in flight at once, and with
-    `die_after` it goes away (socket closed: connections refused) once it answered that many."""
-
-    def __init__(self, answer=length_score, *, delay_s: float = 0.0, die_after: int | None = None):
-        self.answer, self.delay_s, self.die_after = answer, delay_s, die_after
-        self.requests = self.in_flight = self.max_in_flight = 0
-        self.lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                with stub.lock:
-                    stub.requests += 1
-                    stub.in_flight += 1
-                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
-                try:
-                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                    time.sleep(stub.delay_s)
-                    status, out = stub.answer(body)
-                    data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (its timeout)
-                finally:
-                    with stub.lock:
-                        stub.in_flight -= 1
-                        answered = stub.requests
-                    if stub.die_after is not None and answered >= stub.die_after:
-                        threading.Thread(target=stub.close, daemon=True).start()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-        self.closed = False
-
-    def close(self):
-        if not self.closed:
-            self.closed = True
-            self.server.shutdown()
-            self.server.server_close()
 
 
 @pytest.fixture

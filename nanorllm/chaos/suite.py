@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
-from nanorllm.chaos.process import PIPELINE, TrainProcess
+from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers, read_rollouts
+from nanorllm.chaos.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
 from nanorllm.chaos.procs import shm_entries
+from nanorllm.chaos.stub_judge import StubJudge
 
 
 @dataclass
@@ -376,6 +377,32 @@ def learner_exception(out: Path) -> list[Outcome]:
     return [_finish(o, run, run_dir, shm)]
 
 
+def judge_dies(out: Path) -> list[Outcome]:
+    """The LLM judge goes away (connections refused) once it answered 2 steps' requests, in a 2-worker run scored
+    by it alone: every later score is retried, then failed (`reward_failed`, reward/failed/judge), never a 0; the
+    failed episodes' groups are dropped, no update trains on them, and past --max-skipped-frac (0.5 of 10 steps)
+    the run stops as failed (exit 1, no final model) instead of training on zeros."""
+    shm = shm_entries()
+    judge = StubJudge(die_after=2 * TASKS_PER_STEP * SAMPLES)
+    try:
+        run = TrainProcess([*PIPELINE, "--judge", judge.url, "--judge-retries", "1", "--judge-timeout-s", "5",
+                            "--eval-tasks", "", "--max-steps", "10", "--no-drop-zero-std-groups",
+                            "--run-name", "judge_dies"], out)
+        rc = run.wait()
+    finally:
+        judge.close()
+    text, episodes = run.output(), read_rollouts(out / "judge_dies")
+    failed = [e for e in episodes if e["termination_reason"] == "reward_failed"]
+    scored = [e for e in episodes if e["termination_reason"] != "reward_failed"]
+    t_seen = run.seen("no reply after 2 attempts", after=judge.closed_at or 0.0)
+    o = Outcome("LLM judge gone mid-run", t_seen and t_seen - judge.closed_at,
+                bool(failed) and rc == 1 and "updates trained nothing" in text and not (out / "judge_dies" / "final_model").exists()
+                and len(scored) == judge.requests and all(e["reward_failed"] == ["judge"] for e in failed)
+                and all(e["final_reward"] in (0.2, 0.8) for e in scored))
+    o.notes.append(f"{len(scored)} episodes scored, {len(failed)} failed, exit {rc}")
+    return [_finish(o, run, out / "judge_dies", shm)]
+
+
 # Envs a user might write, saved as files of the run (--env path/to/file.py:Name).
 HANGING_ENV = """
 import time
@@ -485,7 +512,8 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "unbounded_golds": unbounded_golds, "worker_grader_hang": worker_grader_hang,
           "eval_grader_hang": eval_grader_hang, "disk_full": disk_full, "serial_env_hang": serial_env_hang,
           "env_forks": env_forks, "agent_worker_kill": agent_worker_kill,
-          "agent_exits": agent_exits, "agent_hangs": agent_hangs, "agent_engine_error": agent_engine_error}
+          "agent_exits": agent_exits, "agent_hangs": agent_hangs, "agent_engine_error": agent_engine_error,
+          "judge_dies": judge_dies}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:
