@@ -520,6 +520,19 @@ def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_
         "env", "max_new_tokens", "worked_example"}
 
 
+
+def test_eval_of_a_run_scored_only_by_its_reward_model_is_refused_naming_the_env_to_grade_it_with(tmp_path, capsys):
+    import launch.eval as eval_script
+
+    run = tmp_path / "rm"
+    (run / "final_model").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"max_steps": 2, "tasks_per_step": 4, "env": "single",
+                                                 "reward": [], "reward_model": "runs/rm/model"}))
+    assert eval_script.main(["--model", str(run / "final_model")]) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert "env='single'" in err and "error: env: 'single' episodes are scored by --reward functions" in err
+    assert "--env math" in err
+
 # ---- the host's memory, as a container sees it ---------------------------------------------------------
 GiB = 2**30
 

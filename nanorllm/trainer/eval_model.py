@@ -157,6 +157,10 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         problems.append(f"task_fields: {e}")
     problems += agent_env_problems(cfg) + judge_problems(cfg)
     problems += bound_problems(cfg, {"env_timeout_s": "> 0"})
+    if cfg.env == "single" and not (cfg.reward or cfg.judge):
+        problems.append("env: 'single' episodes are scored by --reward functions or a --judge alone and none is "
+                        "given, so no episode would be scored (a run trained on a --reward-model alone: eval does "
+                        "not load reward models; grade it with an env, e.g. --env math)")
     if problems:
         raise ValueError("; ".join(problems))
     env = load_bundle(env_spec(cfg))
