@@ -118,6 +118,17 @@ def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
     assert time.monotonic() - t0 < 2.0
 
 
+
+def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(stub, monkeypatch):
+    import nanorllm.rewards.judge as judge_module
+
+    monkeypatch.setattr(judge_module, "PROGRESS_EVERY_S", 0.2)
+    slow, beats = stub(delay_s=1.5), []
+    j = judge(slow.url, concurrency=2)
+    j.progress = lambda: beats.append(time.monotonic())
+    assert j([episode("ab"), episode("abc")], "single") == [0.8, 0.2]
+    assert len(beats) >= 5 and max(b - a for a, b in zip(beats, beats[1:])) < 0.6  # ~every 0.2 s, 1.5 s long
+
 @pytest.mark.parametrize("answer", [
     lambda body: (200, "this is not json"),
     lambda body: (200, reply_body("I would rather not say.")),
@@ -220,6 +231,16 @@ def test_a_run_scored_by_the_judge_trains_on_its_scores(stub, tmp_path, mode):
     assert server.requests == 2 * 4 * 2  # 2 steps x 4 tasks x 2 samples, one request each
     assert json.loads((tmp_path / "j" / "config.json").read_text())["env"] == "single"
 
+
+
+@pytest.mark.slow
+def test_a_judge_slower_than_the_worker_timeout_is_not_a_hung_worker(stub, tmp_path):
+    server = stub(delay_s=3.0)  # each request 3 s, the job's 8 requests in flight together: 3 s without a forward
+    assert main([*RUN, "--num-workers", "1", "--worker-timeout-s", "2", "--judge", server.url,
+                 "--judge-timeout-s", "10", "--output-dir", str(tmp_path), "--run-name", "slow"]) == 0
+    scalars = read_scalars(tmp_path / "slow")
+    assert [v for _, v in scalars["pipeline/worker_hangs"]] == [0, 0]  # waiting on the judge is heard as progress
+    assert [s for s, _ in scalars["reward/judge"]] == [1, 2] and server.requests == 16
 
 @pytest.mark.slow
 def test_a_judge_that_goes_away_mid_run_fails_its_scores_never_zeros_and_the_run_stops_as_failed(stub, tmp_path, capsys):

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from nanorllm.algos.groups import group_by_task_id
@@ -34,6 +34,7 @@ from nanorllm.rewards.rubric import (Rubric, ScoreError, group_messages, load_ru
 GEMINI_PREFIX = "gemini:"
 BACKOFF_S = 0.5  # the first retry's wait; doubles each time
 MAX_BACKOFF_S = 8.0
+PROGRESS_EVERY_S = 1.0  # how often a call waiting on its requests says it is alive (the hang detection hears it)
 _reported: set[tuple] = set()
 
 
@@ -139,6 +140,10 @@ class Judge:
         self.settings = spec
         self.rubric = load_rubric(spec.rubric) if spec.rubric else DEFAULT_RUBRIC
         self.chat = chat or (GeminiChat(spec) if spec.target.startswith(GEMINI_PREFIX) else OpenAIChat(spec))
+        # called at least every PROGRESS_EVERY_S while requests are in flight (RewardBundle sets it to the hang
+        # detection's watch): each request is bounded by its timeout and retries, so waiting on them is progress,
+        # and a judge slower than --worker-timeout-s fails its scores instead of getting its worker killed as hung
+        self.progress: Callable[[], None] = lambda: None
 
     def __call__(self, results: list[RolloutResult], env_name: str) -> list[float]:
         if self.settings.mode == "group":
@@ -159,7 +164,12 @@ class Judge:
     def _map(self, fn, items: list) -> list:
         with ThreadPoolExecutor(max_workers=max(1, min(self.settings.concurrency, len(items))),
                                 thread_name_prefix="judge") as pool:
-            return list(pool.map(fn, items))
+            futures = [pool.submit(fn, item) for item in items]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+                self.progress()
+            return [f.result() for f in futures]
 
     def _score_one(self, r: RolloutResult) -> float:
         messages = single_messages(self.rubric, prompt_text(r.trajectory.task), response_text(r))
