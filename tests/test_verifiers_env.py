@@ -14,7 +14,7 @@ pytest.importorskip("verifiers")
 
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
-from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402
+from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from nanorllm.run.lifecycle import main  # noqa: E402
@@ -34,8 +34,8 @@ def on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS)
 
 
-def _run(policy, spec, tasks, *, turns=2, samples=2):
-    bundle = load_env(spec, EpisodeSettings(max_turns=turns))
+def _run(policy, spec, tasks, *, turns=2, samples=2, **env_spec):
+    bundle = load_bundle(EnvSpec(env=spec, settings=EpisodeSettings(max_turns=turns), **env_spec))
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=8, temperature=0.7), env=bundle,
                            max_batch_episodes=16)
     try:
@@ -93,6 +93,17 @@ def test_a_rubric_that_raises_or_returns_nan_is_an_env_error_and_the_other_episo
     assert [len(r.step_samples) for r in results] == [0, 0, 1, 1]
     assert rollout_metrics(results)["rollout/env_errors"] == 2
 
+
+def test_a_verifiers_episode_past_agent_timeout_s_is_ended_and_counted_and_the_tool_parser_reaches_its_endpoint(
+        on_path, tiny_policy):
+    def tasks(b):  # a = 1 (its grading sleeps 30 s) then a = 2
+        every = b.load_tasks("vf:all")
+        return [every[0], every[4]]
+
+    bundle, results = _run(tiny_policy, f"{EXAMPLE}:load_slow", tasks, agent_timeout_s=2.0, tool_parser="hermes")
+    assert (bundle.timeout_s, bundle.tool_parser) == (2.0, "hermes")  # --agent-timeout-s, --tool-parser
+    assert [r.trajectory.termination_reason for r in results] == ["error", "error", "correct", "correct"]
+    assert rollout_metrics(results)["rollout/agent_timeouts"] == 2
 
 @pytest.mark.parametrize("spec, reason", [
     ("verifiers:no_such_env_module", r"no module 'no_such_env_module'"),

@@ -9,6 +9,7 @@ docs: a taskset over an in-memory `datasets.Dataset` (prompt, answer, info), sco
   `load_parity()`: a reward the tiny random model earns about half the time (so its groups carry signal).
 """
 
+import asyncio
 import datasets
 import verifiers.v1 as vf
 
@@ -86,6 +87,13 @@ async def parity_reward(task, trace) -> float:
     return float(sum(map(ord, trace.last_reply)) % 2 == 0)
 
 
+async def slow_reward(task, trace) -> float:
+    """Odd tasks take 30 s to grade: past a short --agent-timeout-s."""
+    if task.info["a"] % 2:
+        await asyncio.sleep(30)
+    return 1.0
+
+
 def _plugged(reward: str) -> vf.Env:
     """The sum env with its `correct` reward replaced by `reward` (verifiers' plugged reward functions)."""
     return vf.SingleAgentEnv(vf.SingleAgentEnvConfig(taskset={
@@ -102,6 +110,10 @@ def load_nan() -> vf.Env:
 
 def load_parity() -> vf.Env:
     return _plugged("parity_reward")
+
+
+def load_slow() -> vf.Env:
+    return _plugged("slow_reward")
 
 
 def not_an_env():

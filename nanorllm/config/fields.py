@@ -29,7 +29,8 @@ class Sources:
     module.path:fn, fn(task, client) -> reward or {"reward": ..., ...}, sync or async. Each rollout worker serves
     it an OpenAI-compatible endpoint on 127.0.0.1; give --tasks. Not with --env."""
     agent_timeout_s: float = 300.0
-    """An --agent episode still running this long after it started is ended as an env error (rollout/agent_timeouts)."""
+    """An --agent episode (or a verifiers env's, which runs on the same endpoint) still running this long after it
+    started is ended as an env error (rollout/agent_timeouts)."""
     tool_parser: Literal[("auto", *PARSERS)] = "auto"
     """The tool-call format read out of the model's replies, by the --agent endpoint and under --tools
     (docs/tools.md); auto: the one the policy's chat template writes (hermes where the fallback block renders

@@ -239,6 +239,8 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
     bundle = load_env(spec.env, spec.settings, spec.env_args)
+    if isinstance(bundle, AgentBundle):  # an env whose episodes run on the agent endpoint (verifiers): its limits
+        bundle.timeout_s, bundle.tool_parser = spec.agent_timeout_s, spec.tool_parser
     if spec.tools:
         from nanorllm.envs.tools import ToolBundle, load_tools
 
