@@ -4,22 +4,28 @@
         --limit 64 --samples-per-task 8
     python launch/train_reward_model.py --data runs/rm/data.jsonl --out runs/rm/model --epochs 2 --lr 1e-5
     python launch/train.py --env math --reward-model runs/rm/model --reward-mode add
+    python launch/train_reward_model.py --data runs/rm/data.jsonl --to-pairs --out runs/rm/pairs.jsonl
+    python launch/train_reward_model.py --score runs/rm/model --data runs/rm/pairs.jsonl   # accuracy, one JSON line
 
 Rows: {"prompt", "response", "label"} (BCE on a 1-logit head) or {"prompt", "chosen", "rejected"} (Bradley-Terry).
 Bad flags or rows: one line each naming the flag, or the file, line and field; exit 2, nothing written.
 """
 
+import json
 import sys
 
 import tyro
 
 from nanorllm.rewards.data import RewardDataError, read_rows
-from nanorllm.rewards.fit import FitConfig, fit, problems
+from nanorllm.rewards.model import reward_model_problems
+from nanorllm.rewards.fit import FitConfig, fit, problems, score_rows, write_pairs
 
 
 def main(argv: list[str]) -> int:
     cfg = tyro.cli(FitConfig, args=argv, description=__doc__)
     bad = problems(cfg)
+    if not bad and cfg.score is not None:
+        bad = [f"score: {p}" for p in reward_model_problems(cfg.score)]
     if not bad and cfg.data is not None:
         try:
             read_rows(cfg.data)
@@ -32,6 +38,14 @@ def main(argv: list[str]) -> int:
         from nanorllm.run.reward_labels import sample_rows
 
         sample_rows(cfg)
+    elif cfg.to_pairs:
+        try:
+            write_pairs(cfg)
+        except RewardDataError as e:
+            print("\n".join(f"error: {p}" for p in e.problems), file=sys.stderr)
+            return 2
+    elif cfg.score is not None:
+        print(json.dumps(score_rows(cfg)))
     else:
         fit(cfg)
     return 0

@@ -3,10 +3,12 @@ folder it saves is a --reward-model), makes labelled rows from a policy, and ref
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from nanorllm.rewards.data import pairs_from_labelled
 from nanorllm.rewards.model import RewardModel, reward_model_problems
 from tests.test_reward_model import episodes
 
@@ -81,3 +83,45 @@ def test_sampling_labels_the_policys_responses_by_the_grader_on_the_training_tas
     assert script_main(["--sample-from", "tiny-random", "--out", str(tmp_path / "again.jsonl"), "--limit", "3",
                         "--samples-per-task", "2", "--max-new-tokens", "4"]) == 0
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # a fixed seed: the same rows
+
+
+def test_labelled_rows_become_pairs_of_the_same_prompt_capped_and_without_repeats(tmp_path, capsys):
+    rows = [{"prompt": "a?", "response": r, "label": l} for r, l in [("1", 1), ("2", 0), ("1", 1), ("3", 0), ("4", 1)]]
+    rows += [{"prompt": "b?", "response": "x", "label": 0}, {"prompt": [{"role": "user", "content": "c?"}],
+                                                            "response": "y", "label": 1}]
+    rows += [{"prompt": [{"role": "user", "content": "c?"}], "response": "z", "label": 0}]
+    assert pairs_from_labelled(rows, per_prompt=3) == [  # b? has no response labelled 1: no pair
+        {"prompt": "a?", "chosen": "1", "rejected": "2"}, {"prompt": "a?", "chosen": "1", "rejected": "3"},
+        {"prompt": "a?", "chosen": "4", "rejected": "2"},
+        {"prompt": [{"role": "user", "content": "c?"}], "chosen": "y", "rejected": "z"}]
+    out = tmp_path / "pairs.jsonl"
+    assert script_main(["--data", write_rows(tmp_path / "rows.jsonl", rows), "--to-pairs", "--out", str(out),
+                        "--pairs-per-prompt", "1"]) == 0
+    assert [json.loads(x)["chosen"] for x in out.read_text().splitlines()] == ["1", "y"]
+    assert "[pairs] 2 pairs from 2 prompts (8 labelled rows)" in capsys.readouterr().out
+    one_label = write_rows(tmp_path / "one.jsonl", rows[5:6])
+    assert script_main(["--data", one_label, "--to-pairs", "--out", str(tmp_path / "none.jsonl")]) == 2
+    assert "no prompt has both" in capsys.readouterr().err and not (tmp_path / "none.jsonl").exists()
+
+
+def test_score_without_a_reward_model_folder_or_with_to_pairs_is_refused(tmp_path, capsys):
+    data = write_rows(tmp_path / "rows.jsonl", labelled(4))
+    assert script_main(["--score", str(tmp_path / "nothing"), "--data", data]) == 2
+    assert "error: score: " in capsys.readouterr().err
+    assert script_main(["--score", str(tmp_path), "--to-pairs", "--data", data, "--out", "x"]) == 2
+    assert "one of them" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_score_gives_the_accuracy_a_fit_reports_on_the_same_rows(tmp_path, capsys):
+    rows = labelled()
+    data, out = write_rows(tmp_path / "rows.jsonl", rows), tmp_path / "rm"
+    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "2", "--lr", "1e-2",
+                        "--eval-frac", "0.25", "--max-tokens", "64", "--seed", "3"]) == 0
+    random.Random(3).shuffle(rows)  # the fit's held-out split: the first quarter after its seeded shuffle
+    held = write_rows(tmp_path / "held.jsonl", rows[:8])
+    capsys.readouterr()
+    assert script_main(["--score", str(out), "--data", held, "--max-tokens", "64"]) == 0
+    got = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (got["kind"], got["rows"]) == ("labelled", 8)
+    assert got["accuracy"] == json.loads((out / "fit.json").read_text())["held_out_accuracy"]

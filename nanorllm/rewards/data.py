@@ -73,3 +73,20 @@ def read_rows(path: str) -> tuple[str, list[dict]]:
     if problems:
         raise RewardDataError(problems)
     return kind, rows
+
+
+def pairs_from_labelled(rows: list[dict], per_prompt: int) -> list[dict]:
+    """Preference pairs of the same prompt from labelled rows: each response labelled 1 against each labelled 0 of
+    that prompt (identical texts once, first seen first), at most `per_prompt` a prompt; a prompt without both labels
+    gives none. Prompts keep the order they first appear in."""
+    by: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        key = json.dumps(r["prompt"])  # a prompt of chat messages is a list: keyed by its JSON
+        by.setdefault(key, ([], []))[0 if r["label"] == 1 else 1].append(r)
+    out = []
+    for good, bad in by.values():
+        chosen = list({r["response"]: r for r in good}.values())
+        rejected = list({r["response"]: r for r in bad}.values())
+        out += [{"prompt": c["prompt"], "chosen": c["response"], "rejected": w["response"]}
+                for c in chosen for w in rejected][:per_prompt]
+    return out

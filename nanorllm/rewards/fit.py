@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanorllm.rewards.data import read_rows
+from nanorllm.rewards.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 
 
@@ -25,8 +25,8 @@ from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 class FitConfig:
     """Fit a reward model on --data, or with --sample-from make the labelled data (docs/rewards.md)."""
 
-    out: str
-    """Fitting: the folder the reward model is saved to. --sample-from: the JSONL file the labelled rows go to."""
+    out: str | None = None
+    """Fitting: the folder the reward model is saved to. --sample-from / --to-pairs: the JSONL file the rows go to."""
     data: str | None = None
     """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
     model: str = "smollm2-135m-instruct"
@@ -56,18 +56,62 @@ class FitConfig:
     """--sample-from: responses per task, sampled at temperature 1.0 with --seed."""
     max_new_tokens: int = 32
     """--sample-from: longest response."""
+    to_pairs: bool = False
+    """Instead of fitting: --data's labelled rows as preference pairs of the same prompt (each response labelled 1
+    against each labelled 0, identical texts once), written to --out: Bradley-Terry fits the ranking within a prompt,
+    the comparison GRPO's groups make."""
+    pairs_per_prompt: int = 4
+    """--to-pairs: at most this many pairs a prompt."""
+    score: str | None = None
+    """Instead of fitting: the accuracy of this reward model folder on every row of --data (labelled: the score's
+    sign; pairs: chosen above rejected), scored as --reward-model scores, printed as one JSON line; --out is unused."""
 
 
 def problems(cfg: FitConfig) -> list[str]:
     p = [f"{n}: must be >= 1, got {getattr(cfg, n)}" for n in ("epochs", "batch_size", "max_tokens", "limit",
-                                                              "samples_per_task", "max_new_tokens") if getattr(cfg, n) < 1]
+                                                              "samples_per_task", "max_new_tokens", "pairs_per_prompt")
+         if getattr(cfg, n) < 1]
     if not cfg.lr > 0:  # config/checks.py's bound_problems would be an import cycle (config -> envs -> rewards)
         p.append(f"lr: must be > 0, got {cfg.lr}")
     if not 0 <= cfg.eval_frac < 1:
         p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
     if (cfg.data is None) == (cfg.sample_from is None):
         p.append("data: give --data (fit a reward model) or --sample-from (make labelled rows), one of them")
+    if cfg.to_pairs and cfg.score is not None:
+        p.append("to_pairs: --to-pairs makes data and --score scores a model: one of them")
+    if (cfg.to_pairs or cfg.score is not None) and cfg.data is None:
+        p.append(f"data: --{'to-pairs' if cfg.to_pairs else 'score'} reads --data rows")
+    if cfg.out is None and cfg.score is None:
+        p.append("out: required (where the model, the rows or the pairs go)")
     return p
+
+
+def write_pairs(cfg: FitConfig, say=print) -> list[dict]:
+    """--to-pairs: --data's labelled rows as pairs in --out (written whole or not at all)."""
+    kind, rows = read_rows(cfg.data)
+    if kind != "labelled":
+        raise RewardDataError([f"{cfg.data}: --to-pairs reads labelled rows, these are {kind}"])
+    pairs = pairs_from_labelled(rows, cfg.pairs_per_prompt)
+    if not pairs:
+        raise RewardDataError([f"{cfg.data}: no prompt has both a response labelled 1 and one labelled 0"])
+    out = Path(cfg.out)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in pairs), encoding="utf-8")
+    tmp.replace(out)
+    say(f"[pairs] {len(pairs)} pairs from {len({json.dumps(x['prompt']) for x in pairs})} prompts "
+        f"({len(rows)} labelled rows) | written to {out}")
+    return pairs
+
+
+def score_rows(cfg: FitConfig) -> dict:
+    """--score: {"model", "data", "kind", "rows", "accuracy"} of the reward model folder cfg.score on cfg.data."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    kind, rows = read_rows(cfg.data)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.score, trust_remote_code=False)
+    model = AutoModelForSequenceClassification.from_pretrained(cfg.score, trust_remote_code=False).eval()
+    return {"model": cfg.score, "data": cfg.data, "kind": kind, "rows": len(rows),
+            "accuracy": accuracy(model, tokenizer, kind, rows, cfg)}
 
 
 def load_classifier(name: str):
