@@ -23,7 +23,8 @@ from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 
 @dataclass
 class FitConfig:
-    """Fit a reward model on --data, or with --sample-from make the labelled data (docs/rewards.md)."""
+    """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
+    (--to-pairs), or score a fitted one (--score) (docs/rewards.md)."""
 
     out: str | None = None
     """Fitting: the folder the reward model is saved to. --sample-from / --to-pairs: the JSONL file the rows go to."""
