@@ -152,6 +152,7 @@ def test_a_judge_gone_mid_pipeline_run_fails_its_scores_never_trains_them_as_zer
     assert sum(v for _, v in scalars["reward/failed/judge"]) == failed > 0
     assert all(v == 0 for _, v in scalars["train/skipped_nan"])  # dropped before the loss: no NaN reached it
 
+
 @pytest.mark.slow
 def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(tmp_path):
     o, = chaos.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3

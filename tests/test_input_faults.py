@@ -520,7 +520,6 @@ def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_
         "env", "max_new_tokens", "worked_example"}
 
 
-
 def test_eval_of_a_run_scored_only_by_its_reward_model_is_refused_naming_the_env_to_grade_it_with(tmp_path, capsys):
     import launch.eval as eval_script
 
@@ -532,6 +531,7 @@ def test_eval_of_a_run_scored_only_by_its_reward_model_is_refused_naming_the_env
     err = capsys.readouterr().err
     assert "env='single'" in err and "error: env: 'single' episodes are scored by --reward functions" in err
     assert "--env math" in err
+
 
 # ---- the host's memory, as a container sees it ---------------------------------------------------------
 GiB = 2**30

@@ -118,7 +118,6 @@ def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
     assert time.monotonic() - t0 < 2.0
 
 
-
 def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(stub, monkeypatch):
     import nanorllm.rewards.judge as judge_module
 
@@ -127,7 +126,9 @@ def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(
     j = judge(slow.url, concurrency=2)
     j.progress = lambda: beats.append(time.monotonic())
     assert j([episode("ab"), episode("abc")], "single") == [0.8, 0.2]
-    assert len(beats) >= 5 and max(b - a for a, b in zip(beats, beats[1:])) < 0.6  # ~every 0.2 s, 1.5 s long
+    # ~every 0.2 s through the 1.5 s wait (none at all without the heartbeat); the bound allows a busy machine
+    assert len(beats) >= 3 and max(b - a for a, b in zip(beats, beats[1:])) < 1.0
+
 
 @pytest.mark.parametrize("answer", [
     lambda body: (200, "this is not json"),
@@ -154,7 +155,6 @@ def test_group_mode_asks_once_per_group_and_a_bad_reply_fails_only_that_group(st
     scores = judge(server.url, mode="group")(results, "single")
     assert scores[0::2] == [0.8, 0.2] and all(math.isnan(s) for s in scores[1::2])
     assert server.requests == 2
-
 
 
 def test_a_gemini_judge_reads_the_same_score_and_its_5xx_are_retried_then_nan(stub, monkeypatch):
@@ -232,7 +232,6 @@ def test_a_run_scored_by_the_judge_trains_on_its_scores(stub, tmp_path, mode):
     assert json.loads((tmp_path / "j" / "config.json").read_text())["env"] == "single"
 
 
-
 @pytest.mark.slow
 def test_a_judge_slower_than_the_worker_timeout_is_not_a_hung_worker(stub, tmp_path):
     server = stub(delay_s=3.0)  # each request 3 s, the job's 8 requests in flight together: 3 s without a forward
@@ -241,6 +240,7 @@ def test_a_judge_slower_than_the_worker_timeout_is_not_a_hung_worker(stub, tmp_p
     scalars = read_scalars(tmp_path / "slow")
     assert [v for _, v in scalars["pipeline/worker_hangs"]] == [0, 0]  # waiting on the judge is heard as progress
     assert [s for s, _ in scalars["reward/judge"]] == [1, 2] and server.requests == 16
+
 
 @pytest.mark.slow
 def test_a_judge_that_goes_away_mid_run_fails_its_scores_never_zeros_and_the_run_stops_as_failed(stub, tmp_path, capsys):

@@ -396,8 +396,8 @@ def judge_dies(out: Path) -> list[Outcome]:
     scored = [e for e in episodes if e["termination_reason"] != "reward_failed"]
     t_seen = run.seen("no reply after 2 attempts", after=judge.closed_at or 0.0)
     o = Outcome("LLM judge gone mid-run", t_seen and t_seen - judge.closed_at,
-                bool(failed) and rc == 1 and "updates trained nothing" in text and not (out / "judge_dies" / "final_model").exists()
-                and len(scored) == judge.requests and all(e["reward_failed"] == ["judge"] for e in failed)
+                bool(failed) and rc == 1 and "updates trained nothing" in text
+                and not (out / "judge_dies" / "final_model").exists() and len(scored) == judge.requests and all(e["reward_failed"] == ["judge"] for e in failed)
                 and all(e["final_reward"] in (0.2, 0.8) for e in scored))
     o.notes.append(f"{len(scored)} episodes scored, {len(failed)} failed, exit {rc}")
     return [_finish(o, run, out / "judge_dies", shm)]

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from nanorllm.rewards.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
+from nanorllm.utils.files import write_atomic
 
 
 @dataclass
@@ -80,8 +81,8 @@ def problems(cfg: FitConfig) -> list[str]:
         p.append("data: give --data (fit a reward model) or --sample-from (make labelled rows), one of them")
     if cfg.to_pairs and cfg.score is not None:
         p.append("to_pairs: --to-pairs makes data and --score scores a model: one of them")
-    if (cfg.to_pairs or cfg.score is not None) and cfg.data is None:
-        p.append(f"data: --{'to-pairs' if cfg.to_pairs else 'score'} reads --data rows")
+    if (cfg.to_pairs or cfg.score is not None) and cfg.sample_from is not None:
+        p.append(f"sample_from: --{'to-pairs' if cfg.to_pairs else 'score'} reads --data rows, not --sample-from")
     if cfg.out is None and cfg.score is None:
         p.append("out: required (where the model, the rows or the pairs go)")
     return p
@@ -96,9 +97,7 @@ def write_pairs(cfg: FitConfig, say=print) -> list[dict]:
     if not pairs:
         raise RewardDataError([f"{cfg.data}: no prompt has both a response labelled 1 and one labelled 0"])
     out = Path(cfg.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in pairs), encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, "".join(json.dumps(x) + "\n" for x in pairs))
     say(f"[pairs] {len(pairs)} pairs from {len({json.dumps(x['prompt']) for x in pairs})} prompts "
         f"({len(rows)} labelled rows) | written to {out}")
     return pairs
