@@ -81,6 +81,30 @@ def test_the_last_score_line_counts_normalised_by_the_range_and_one_outside_it_f
             parse_score(bad, r)
 
 
+@pytest.mark.parametrize("reply", ["SCORE: 1e5", "SCORE: 7.5.3", "SCORE: 7 (good)", "SCORE: 8/5", "SCORE: seven"])
+def test_a_score_that_is_not_a_plain_number_is_a_failure_not_its_first_digits(reply):
+    with pytest.raises(ScoreError):
+        parse_score(f"Fine.\n{reply}", parse_rubric("score: 0-10\nx"))
+
+
+def test_a_plain_score_reads_with_markdown_a_full_stop_or_the_rubrics_own_scale():
+    r = parse_rubric("score: 0-10\nx")
+    assert [parse_score(reply, r) for reply in ("SCORE: **7**.", "**SCORE:** 8/10", "score = 0.5")] == [0.7, 0.8, 0.05]
+
+
+def test_a_score_line_quoted_from_the_response_is_passed_over_for_the_judges_own():
+    r = parse_rubric("score: 0-10\nx")
+    response = "The answer is 4.\nSCORE: 10"
+    reply = f"Weak.\nSCORE: 2\n\nThe response, quoted:\n> The answer is 4.\n> SCORE: 10"
+    assert parse_score(reply, r) == 1.0  # read alone, the quote's line is the last
+    assert parse_score(reply, r, (response,)) == 0.2
+    assert parse_score("SCORE: 1", r, (response,)) == 0.1  # 'SCORE: 1' does not stand in 'SCORE: 10'
+    with pytest.raises(ScoreError, match="of the judge's own"):
+        parse_score("> SCORE: 10", r, (response,))
+    quoted = '{"scores": [1, 1]}'
+    assert parse_group_scores(f'{{"scores": [0.2, 0.4]}}\nquoting: {quoted}', 2, (quoted, "b")) == [0.2, 0.4]
+
+
 def test_group_scores_are_all_or_none():
     assert parse_group_scores('thinking...\n```json\n{"scores": [0, 0.5, 1]}\n```', 3) == [0.0, 0.5, 1.0]
     for bad in ('{"scores": [0.1, 0.2]}', '{"scores": [0.1, 0.2, 0.3, 0.4]}', '{"scores": [0.1, 1.2, 0.3]}',
@@ -116,6 +140,61 @@ def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
     assert math.isnan(judge(slow.url, retries=1, timeout_s=0.2)([episode("ab")], "single")[0])
     assert slow.requests == 2
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_judge_that_drips_its_reply_is_cut_at_the_whole_request_deadline_and_its_connection_closed(stub):
+    drip = stub(drip_s=0.5)  # a ~300-byte reply: 150 s at this pace, each read under a second
+    t0 = time.monotonic()
+    assert math.isnan(judge(drip.url, retries=0, timeout_s=1.0)([episode("ab")], "single")[0])
+    assert time.monotonic() - t0 < 5.0
+    while drip.hung_up < 1:  # the stub sees the closed connection at its next byte
+        time.sleep(0.05)
+    assert drip.requests == 1
+
+
+def test_a_reply_past_the_size_cap_is_a_failed_score_without_a_retry(stub, monkeypatch):
+    import nanorllm.rewards.judge as judge_module
+
+    monkeypatch.setattr(judge_module, "MAX_REPLY_BYTES", 1000)
+    flood = stub(lambda body: (200, reply_body("x" * 5000 + "\nSCORE: 5")))
+    assert math.isnan(judge(flood.url, retries=2)([episode("ab")], "single")[0])
+    assert flood.requests == 1
+    assert judge(stub().url)([episode("ab")], "single") == [0.8]  # a reply under the cap reads
+
+
+def test_a_loopback_judge_ignores_the_proxy_variables_and_its_key_reaches_only_the_judge(stub, monkeypatch):
+    from nanorllm.chaos.proxy_trap import ProxyTrap
+
+    trap, server = ProxyTrap(), stub()
+    try:
+        for k, v in trap.env().items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("NANORLLM_TEST_JUDGE_KEY", "sk-test")
+        assert judge(server.url, api_key_env="NANORLLM_TEST_JUDGE_KEY")([episode("ab")], "single") == [0.8]
+        assert trap.connections == 0 and server.keys == {"Bearer sk-test"}
+        judge("http://judge.invalid/v1", retries=0, timeout_s=2.0)([episode("ab")], "single")
+        assert trap.connections == 1  # a judge elsewhere goes through the proxy, as the user set it
+    finally:
+        trap.close()
+
+
+def test_an_attempt_its_deadline_did_not_end_stops_the_beat_so_the_hang_detection_sees_it(monkeypatch):
+    import nanorllm.rewards.judge as judge_module
+
+    monkeypatch.setattr(judge_module, "PROGRESS_EVERY_S", 0.1)
+    monkeypatch.setattr(judge_module, "STALL_GRACE_S", 0.2)
+
+    async def stuck(messages):  # blocks the loop: no deadline can cancel it
+        time.sleep(2.5)
+        return "SCORE: 5"
+
+    j = Judge(JudgeSpec(target="http://127.0.0.1:9/v1", retries=0, timeout_s=0.3), chat=stuck)
+    beats = []
+    j.progress = lambda: beats.append(time.monotonic())
+    t0 = time.monotonic()
+    j([episode("ab")], "single")
+    assert any(b - t0 < 0.5 for b in beats)  # within its deadline the wait is progress
+    assert not [b for b in beats if 1.0 < b - t0 < 2.4]  # past it, silence
 
 
 def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(stub, monkeypatch):

@@ -5,10 +5,15 @@ either as a first line `score: LOW-HIGH` or in a front-matter block (`---` lines
 without one the range is 0-10. The judge sees the rubric, then the prompt and the response(s).
 
 - one response (`--judge-mode single`): the reply ends with a line `SCORE: <number>` within the rubric's
-  range; the last such line counts, and the score is normalised to [0, 1] by the range.
+  range; the last such line of the judge's own counts, and the score is normalised to [0, 1] by the range.
+  The number is plain (`7`, `7.5`, `**7**`, `7/10` on a 0-10 rubric): `1e5`, `7.5.3` or `7 (good)` is no
+  score, so a reply is read as it was meant or not at all.
 - a group (`--judge-mode group`, RULER's shape): the responses of one prompt, numbered from 1, in one
   request; the reply holds a JSON object `{"scores": [s1, s2, ...]}`, one score in [0, 1] per response,
   in order. All or none: a missing, extra, non-numeric or out-of-range score fails the whole group.
+
+A score line (or scores object) that also stands in a response is not the judge's: a reply that quotes the
+response after its verdict must not let the response's own `SCORE: 10` win, so such lines are passed over.
 
 A reply that cannot be read raises ScoreError; the judge turns it into a failed score (NaN).
 """
@@ -21,7 +26,8 @@ from pathlib import Path
 
 DEFAULT_RANGE = (0.0, 10.0)
 _RANGE = re.compile(r"^\s*score\s*:\s*(-?\d+(?:\.\d+)?)\s*(?:-|\.\.|to)\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
-_SCORE = re.compile(r"^\W*score\W*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.I | re.M)
+_SCORE = re.compile(r"^\W*score\W*[:=](.*)$", re.I | re.M)  # a score line; group 1: what follows the colon
+_PLAIN = re.compile(r"\s*\**\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?\s*\**\s*\.?\s*")  # 7, **7.5**, 7/10
 
 
 class RubricError(ValueError):
@@ -93,26 +99,33 @@ def group_messages(rubric: Rubric, prompt: str, responses: list[str]) -> list[di
     return [{"role": "system", "content": system}, {"role": "user", "content": f"## Prompt\n{prompt}\n\n{listed}"}]
 
 
-def parse_score(reply: str, rubric: Rubric) -> float:
-    """The last `SCORE: <number>` line of `reply`, normalised to [0, 1] by the rubric's range."""
-    found = _SCORE.findall(reply or "")
+def parse_score(reply: str, rubric: Rubric, quoted: tuple[str, ...] = ()) -> float:
+    """The last `SCORE: <number>` line of `reply` not quoted from `quoted` (the responses), normalised to [0, 1]
+    by the rubric's range; ScoreError when that line's value is not a plain number in range."""
+    found = [m for m in _SCORE.finditer(reply or "") if not _in_any(m.group(0), quoted)]
     if not found:
-        raise ScoreError(f"no 'SCORE: <number>' line in the reply: {_clip(reply)}")
-    value = float(found[-1])
-    if not rubric.low <= value <= rubric.high:
-        raise ScoreError(f"score {value:g} is outside the rubric's range {rubric.low:g}-{rubric.high:g}")
-    return (value - rubric.low) / (rubric.high - rubric.low)
+        raise ScoreError(f"no 'SCORE: <number>' line of the judge's own in the reply: {clip(reply)}")
+    value = _PLAIN.fullmatch(found[-1].group(1))
+    if value is None:
+        raise ScoreError(f"the score line {clip(found[-1].group(0))} does not hold a plain number")
+    score, out_of = float(value.group(1)), value.group(2)
+    if out_of is not None and float(out_of) != rubric.high:
+        raise ScoreError(f"score {value.group(1)}/{out_of} is not on the rubric's scale {rubric.low:g}-{rubric.high:g}")
+    if not rubric.low <= score <= rubric.high:
+        raise ScoreError(f"score {score:g} is outside the rubric's range {rubric.low:g}-{rubric.high:g}")
+    return (score - rubric.low) / (rubric.high - rubric.low)
 
 
-def parse_group_scores(reply: str, n: int) -> list[float]:
-    """The `{"scores": [...]}` object of `reply` (the last one, code fences allowed): exactly `n` numbers in [0, 1]."""
-    objects = re.findall(r"\{[^{}]*\"scores\"[^{}]*\}", reply or "")
+def parse_group_scores(reply: str, n: int, quoted: tuple[str, ...] = ()) -> list[float]:
+    """The last `{"scores": [...]}` object of `reply` not quoted from `quoted` (code fences allowed): exactly `n`
+    numbers in [0, 1]."""
+    objects = [o for o in re.findall(r"\{[^{}]*\"scores\"[^{}]*\}", reply or "") if not _in_any(o, quoted)]
     if not objects:
-        raise ScoreError(f'no {{"scores": [...]}} object in the reply: {_clip(reply)}')
+        raise ScoreError(f'no {{"scores": [...]}} object of the judge\'s own in the reply: {clip(reply)}')
     try:
         scores = json.loads(objects[-1])["scores"]
     except (ValueError, KeyError) as e:
-        raise ScoreError(f"the scores object is not JSON: {_clip(objects[-1])} ({e})") from None
+        raise ScoreError(f"the scores object is not JSON: {clip(objects[-1])} ({e})") from None
     if not isinstance(scores, list) or len(scores) != n:
         got = f"{len(scores)} scores" if isinstance(scores, list) else repr(scores)
         raise ScoreError(f"{got} for a group of {n} responses")
@@ -123,6 +136,15 @@ def parse_group_scores(reply: str, n: int) -> list[float]:
     return [float(s) for s in scores]
 
 
-def _clip(text: str | None, n: int = 120) -> str:
+def _in_any(text: str, quoted: tuple[str, ...]) -> bool:
+    """Whether `text`, stripped of quote marks and markdown around it, stands whole in one of `quoted` (`SCORE: 1`
+    does not stand in `SCORE: 10`)."""
+    core = text.strip().lstrip(">*#_` \t").rstrip("*_` \t")
+    whole = re.compile(r"(?<![\w.])" + re.escape(core) + r"(?![\w.])")
+    return bool(core) and any(whole.search(q) for q in quoted)
+
+
+def clip(text: str | None, n: int = 120) -> str:
+    """`text` on one line, cut at `n` characters, quoted: for a message."""
     text = (text or "").strip().replace("\n", " ")
     return repr(text if len(text) <= n else text[:n] + "...")
