@@ -7,7 +7,6 @@ on long replies, and what an agent returns beside its reward.
 """
 
 import math
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from nanorllm.chaos import faults
+from nanorllm.chaos.proxy_trap import ProxyTrap
 from nanorllm.chaos.suite import agent_engine_error, agent_exits, agent_hangs
 from nanorllm.envs.agent_fn import check_agent_result
 from nanorllm.envs.base import EnvProtocolError, EpisodeSettings
@@ -162,37 +162,6 @@ def _run(policy, spec, tasks=TASKS, num_samples=1, **kw):
         return engine.run(tasks, num_samples=num_samples).results
     finally:
         engine.close()
-
-
-class ProxyTrap:
-    """A TCP listener standing in for a cluster's proxy: it counts the connections it is offered."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.url, self.connections, self.stop = f"http://127.0.0.1:{self.sock.getsockname()[1]}", 0, False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            conn.close()
-
-    def env(self) -> dict:
-        return {k: self.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
-                                      "all_proxy")}
-
-    def close(self):
-        self.stop = True
-        self.thread.join(timeout=5)
-        self.sock.close()
 
 
 # ---- 1. proxies -------------------------------------------------------------------------------------

@@ -24,13 +24,29 @@ def length_score(body: dict) -> tuple[int, object]:
     return 200, reply_body(f"Fine.\nSCORE: {8 if len(responses[0]) % 2 == 0 else 2}")
 
 
+def lying_score(body: dict) -> tuple[int, object]:
+    """A judge that lies about half the prompts (odd-length questions): `SCORE: 1e5` or `SCORE: 7.5.3`, no plain
+    number, failed; for the others its verdict, SCORE 2, is followed by the response quoted: 0.2."""
+    user = body["messages"][-1]["content"]
+    question = user.split("## Prompt\n", 1)[1].split("\n\n## Response", 1)[0]
+    if len(question) % 2:
+        return 200, reply_body(f"Superb.\nSCORE: {'1e5' if len(question) % 4 == 1 else '7.5.3'}")
+    return 200, reply_body("Weak.\nSCORE: 2\n\nThe response, quoted:\n> " + user.split("## Response\n", 1)[1])
+
+
 class StubJudge:
     """Answers each request by `answer(body) -> (status, body)` (a str body is sent as is), after `delay_s`; it
     counts requests and the most in flight at once, and with `die_after` it goes away (socket closed: connections
-    refused) once it answered that many, at `closed_at` (time.monotonic())."""
+    refused) once it answered that many, at `closed_at` (time.monotonic()). With `drip_s` it sends the body one
+    byte every `drip_s` seconds (a judge that never times out per read); `hung_up` counts the clients that left
+    before its last byte."""
 
-    def __init__(self, answer=length_score, *, delay_s: float = 0.0, die_after: int | None = None):
-        self.answer, self.delay_s, self.die_after = answer, delay_s, die_after
+    def __init__(self, answer=length_score, *, delay_s: float = 0.0, die_after: int | None = None,
+                 drip_s: float | None = None):
+        self.answer, self.delay_s, self.die_after, self.drip_s = answer, delay_s, die_after, drip_s
+        self.hung_up = 0
+        self.first_at: float | None = None  # when the first request came (time.monotonic())
+        self.keys: set[str] = set()  # the Authorization headers it was sent
         self.requests = self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         self.closed_at: float | None = None
@@ -42,6 +58,8 @@ class StubJudge:
 
             def do_POST(self):
                 with stub.lock:
+                    stub.first_at = stub.first_at or time.monotonic()
+                    stub.keys.add(self.headers.get("Authorization", ""))
                     stub.requests += 1
                     stub.in_flight += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
@@ -54,9 +72,10 @@ class StubJudge:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    stub.send(self.wfile, data)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (its timeout)
+                    with stub.lock:
+                        stub.hung_up += 1  # the client gave up (its deadline)
                 finally:
                     with stub.lock:
                         stub.in_flight -= 1
@@ -69,6 +88,15 @@ class StubJudge:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
+
+    def send(self, out, data: bytes) -> None:
+        if self.drip_s is None:
+            out.write(data)
+            return
+        for i in range(len(data)):
+            out.write(data[i:i + 1])
+            out.flush()
+            time.sleep(self.drip_s)
 
     @property
     def closed(self) -> bool:

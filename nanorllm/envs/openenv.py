@@ -32,7 +32,6 @@ import inspect
 import json
 import math
 import numbers
-import threading
 import typing
 import weakref
 from typing import ClassVar
@@ -42,6 +41,7 @@ from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError
 from nanorllm.envs.modules import EnvSpecError, import_spec
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
+from nanorllm.utils.aio import client_loop, is_loopback
 
 PREFIX = "openenv"
 TEXT_FIELDS = ("text", "message", "prompt", "content", "observation", "question")
@@ -50,19 +50,6 @@ REWARDS = ("sum", "last")
 SYSTEM_PROMPT = "You are acting in an environment. Read its message, then reply with your next action."
 NO_TEXT = "(The environment sent no text. Take your next action.)"
 FORMS = "openenv:http://HOST:PORT, openenv:module.path:Class or openenv:path/to/file.py:Class"
-
-_loop: asyncio.AbstractEventLoop | None = None  # one event loop thread a process runs every episode's client on
-_loop_lock = threading.Lock()
-
-
-def client_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="openenv-clients", daemon=True).start()
-        return _loop
-
 
 def call(coro, timeout_s: float, what: str, url: str):
     """`coro` run on the clients' loop, its result within `timeout_s` (else it is cancelled: TimeoutError)."""
@@ -78,10 +65,6 @@ def call(coro, timeout_s: float, what: str, url: str):
 def close_soon(client) -> None:
     """Close a session without waiting for the server (a slow or dead one must not hold the episode up)."""
     asyncio.run_coroutine_threadsafe(client.close(), client_loop())
-
-
-def is_loopback(url: str) -> bool:
-    return urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def fetch_schema(url: str, timeout_s: float) -> dict:

@@ -136,6 +136,11 @@ class GeminiClient:
     def url(self) -> str:
         return f"{self.base_url}/v1beta/models/{urllib.parse.quote(self.model, safe='')}:generateContent"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """A request's headers, the API key among them."""
+        return {"Content-Type": "application/json", "x-goog-api-key": self._api_key}
+
     def generate(self, messages: list[dict], *, max_output_tokens: int, temperature: float,
                  top_p: float) -> tuple[str, str]:
         """Sample one reply to `messages`; returns (text, finish_reason), e.g. finish "MAX_TOKENS"."""
@@ -161,9 +166,7 @@ class GeminiClient:
 
     def _post(self, payload: bytes) -> dict:
         """One HTTP attempt: the decoded JSON reply, `_Retryable`, or a final GeminiError."""
-        request = urllib.request.Request(
-            self.url, data=payload, method="POST",
-            headers={"Content-Type": "application/json", "x-goog-api-key": self._api_key})
+        request = urllib.request.Request(self.url, data=payload, method="POST", headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 raw = response.read()

@@ -3,38 +3,49 @@
     --judge http://127.0.0.1:8000/v1 --judge-model policy --judge-rubric rubric.md [--judge-mode group]
     --judge gemini:gemini-2.5-flash --judge-rubric rubric.md
 
-The judge is any OpenAI-compatible chat endpoint (the `openai` client, the `agents` extra; an API key from
-the environment variable --judge-api-key-env names, none by default) or a Gemini model (policy/gemini.py's
-client). `single` mode sends one request per episode; `group` mode one per group (the episodes of one
-group_id), RULER's shape, so the judge ranks the responses against each other (rewards/rubric.py has the
-request text and the reply formats).
+The judge is any OpenAI-compatible chat endpoint (POST .../chat/completions; an API key, sent as a Bearer token,
+from the environment variable --judge-api-key-env names, none by default) or a Gemini model (generateContent, in
+policy/gemini.py's request and reply shapes). `single` mode sends one request per episode; `group` mode one per
+group (the episodes of one group_id), RULER's shape, so the judge ranks the responses against each other
+(rewards/rubric.py has the request text and the reply formats).
 
-Requests run `concurrency` at a time, each with a timeout; a 5xx, a 429, a timeout or a connection error is
-retried with exponential backoff, `retries` times. A score that still could not be had is NaN, the reward
-sources' mark of a failed score (never a 0: a judge that is down says nothing about the policy): for an
-episode in single mode, for every episode of the group in group mode. A reply that arrives but holds no
-usable score (no SCORE line, out of range, wrong count) is NaN at once: the judge runs at temperature 0, so
-asking again would most likely get the same reply. Any other 4xx (a wrong model name, a wrong key) is not
-retried either. Each failure prints one line, once per kind and process.
+Requests run `concurrency` at a time, as coroutines on the process's network loop (utils/aio.py, httpx). Each
+attempt has a whole-request deadline, `timeout_s` from connecting to the reply's last byte: a judge that sends
+one byte a second is cut at it (a per-read timeout would wait forever), and the cut closes the connection, so
+nothing is left reading after the run. A reply past MAX_REPLY_BYTES is no reply. A judge on this machine
+(localhost, 127.0.0.0/8, ::1) is reached without the proxy variables (HTTP_PROXY, ...): a cluster's proxy cannot
+reach it, and must not read its key.
+
+A 5xx, a 429, a deadline or a connection error is retried with exponential backoff, `retries` times. A score that
+still could not be had is NaN, the reward sources' mark of a failed score (never a 0: a judge that is down says
+nothing about the policy): for an episode in single mode, for every episode of the group in group mode. A reply
+that arrives but holds no usable score (no SCORE line, out of range, wrong count, too large) is NaN at once: the
+judge runs at temperature 0, so asking again would most likely get the same reply. Any other 4xx (a wrong model
+name, a wrong key) is not retried either. Each failure prints one line, once per kind and process.
 """
 
+import asyncio
+import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Awaitable, Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
-from nanorllm.rewards.rubric import (Rubric, ScoreError, group_messages, load_rubric, parse_group_scores,
+from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, parse_group_scores,
                                      parse_score, single_messages)
+from nanorllm.utils.aio import client_loop, is_loopback
 
 GEMINI_PREFIX = "gemini:"
 BACKOFF_S = 0.5  # the first retry's wait; doubles each time
 MAX_BACKOFF_S = 8.0
 PROGRESS_EVERY_S = 1.0  # how often a call waiting on its requests says it is alive (the hang detection hears it)
+STALL_GRACE_S = 1.0  # an attempt this long past its deadline was not ended by it: the call stops saying it is alive
+MAX_REPLY_BYTES = 1 << 20  # a reply is a few KB; a larger one is no reply (a flood must not fill the worker)
 _reported: set[tuple] = set()
 
 
@@ -68,52 +79,44 @@ class _Retryable(Exception):
 
 
 class OpenAIChat:
-    """One chat completion at a time per call, from an OpenAI-compatible server; thread-safe."""
+    """The request and reply shapes of an OpenAI-compatible /chat/completions."""
 
     def __init__(self, spec: JudgeSpec):
-        import openai  # the `agents` extra: only a run with --judge URL needs it
-
-        self.openai, self.spec = openai, spec
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-        self.client = openai.OpenAI(base_url=spec.target, api_key=key or "none", timeout=spec.timeout_s,
-                                    max_retries=0)
+        self.spec, self.url = spec, spec.target.rstrip("/") + "/chat/completions"
+        self.headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
 
-    def __call__(self, messages: list[dict]) -> str:
-        o = self.openai
+    def body(self, messages: list[dict]) -> dict:
+        return {"model": self.spec.model, "messages": messages, "temperature": 0.0, "max_tokens": self.spec.max_tokens}
+
+    def text(self, data: object) -> str:
         try:
-            reply = self.client.chat.completions.create(model=self.spec.model, messages=messages, temperature=0.0,
-                                                        max_tokens=self.spec.max_tokens)
-        except (o.APIConnectionError, o.InternalServerError, o.RateLimitError) as e:  # timeouts are connection errors
-            raise _Retryable(f"{type(e).__name__}: {e}") from None
-        except o.APIStatusError as e:
-            if e.status_code >= 500:
-                raise _Retryable(f"HTTP {e.status_code}: {e}") from None
-            raise JudgeUnavailable(f"HTTP {e.status_code}: {e}") from None
-        except (o.APIError, ValueError) as e:  # a body that is not a chat completion (or not JSON)
-            raise ScoreError(f"the reply is not a chat completion ({type(e).__name__}: {e})") from None
-        if not getattr(reply, "choices", None):
-            raise ScoreError(f"a reply with no choices: {reply!r:.120}")
-        return reply.choices[0].message.content or ""
+            return data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise ScoreError(f"the reply is not a chat completion: {data!r:.120}") from None
 
 
 class GeminiChat:
-    """The Gemini client (policy/gemini.py), which retries on its own."""
+    """The request and reply shapes of Gemini's generateContent (policy/gemini.py; its key from GEMINI_API_KEY)."""
 
     def __init__(self, spec: JudgeSpec):
         from nanorllm.policy.gemini import GeminiClient
 
-        self.spec = spec
-        self.client = GeminiClient(spec.target[len(GEMINI_PREFIX):].strip(), timeout_s=spec.timeout_s,
-                                   max_retries=spec.retries, backoff_s=spec.backoff_s)
+        client = GeminiClient(spec.target[len(GEMINI_PREFIX):].strip())
+        self.spec, self.url, self.headers = spec, client.url, client.headers
 
-    def __call__(self, messages: list[dict]) -> str:
-        from nanorllm.policy.gemini import GeminiError
+    def body(self, messages: list[dict]) -> dict:
+        from nanorllm.policy.gemini import build_request_body
+
+        return build_request_body(messages, max_output_tokens=self.spec.max_tokens, temperature=0.0, top_p=1.0)
+
+    def text(self, data: object) -> str:
+        from nanorllm.policy.gemini import GeminiError, parse_response
 
         try:
-            return self.client.generate(messages, max_output_tokens=self.spec.max_tokens, temperature=0.0,
-                                        top_p=1.0)[0]
-        except GeminiError as e:
-            raise JudgeUnavailable(str(e)) from None
+            return parse_response(data)[0]
+        except (GeminiError, AttributeError) as e:
+            raise ScoreError(f"the reply is not a Gemini response: {e}") from None
 
 
 def prompt_text(task: dict) -> str:
@@ -134,15 +137,17 @@ class Judge:
 
     name = "judge"
 
-    def __init__(self, spec: JudgeSpec, *, chat: Callable[[list[dict]], str] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.spec, self.weight, self.sleep = spec.target, spec.weight, sleep
-        self.settings = spec
+    def __init__(self, spec: JudgeSpec, *, chat: Callable[[list[dict]], Awaitable[str]] | None = None):
+        self.spec, self.weight, self.settings = spec.target, spec.weight, spec
         self.rubric = load_rubric(spec.rubric) if spec.rubric else DEFAULT_RUBRIC
-        self.chat = chat or (GeminiChat(spec) if spec.target.startswith(GEMINI_PREFIX) else OpenAIChat(spec))
-        # called at least every PROGRESS_EVERY_S while requests are in flight (RewardBundle sets it to the hang
-        # detection's watch): each request is bounded by its timeout and retries, so waiting on them is progress,
-        # and a judge slower than --worker-timeout-s fails its scores instead of getting its worker killed as hung
+        self.api = GeminiChat(spec) if spec.target.startswith(GEMINI_PREFIX) else OpenAIChat(spec)
+        self.chat = chat or self._post  # one attempt: the reply's text
+        self.client = None  # the httpx client, made on the network loop by the first request
+        self.started: dict[object, float] = {}  # each attempt in flight: when it started
+        # called every PROGRESS_EVERY_S while requests are in flight (RewardBundle sets it to the hang detection's
+        # watch): each attempt ends at its deadline, so waiting on them is progress, and a judge slower than
+        # --worker-timeout-s fails its scores instead of getting its worker killed as hung; an attempt its
+        # deadline did not end is not, so the beat stops and the hang detection sees it
         self.progress: Callable[[], None] = lambda: None
 
     def __call__(self, results: list[RolloutResult], env_name: str) -> list[float]:
@@ -161,40 +166,104 @@ class Judge:
         """The judge reads only the question, which every task has (RewardBundle.load_tasks asks each source)."""
         return []
 
+    def stalled(self) -> bool:
+        """Whether an attempt in flight is past its deadline by STALL_GRACE_S (its deadline did not end it)."""
+        oldest = min(tuple(self.started.values()), default=None)
+        return oldest is not None and time.monotonic() - oldest > self.settings.timeout_s + STALL_GRACE_S
+
     def _map(self, fn, items: list) -> list:
-        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.concurrency, len(items))),
-                                thread_name_prefix="judge") as pool:
-            futures = [pool.submit(fn, item) for item in items]
+        """`fn` of each item, `concurrency` at a time on the network loop, beating `progress` while none stalled."""
+        gate = asyncio.Semaphore(self.settings.concurrency)
+
+        async def gated(item):
+            async with gate:
+                return await fn(item)
+
+        futures = [asyncio.run_coroutine_threadsafe(gated(item), client_loop()) for item in items]
+        try:
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
-                self.progress()
+                if not self.stalled():
+                    self.progress()
             return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()  # an interrupted call leaves no request running
 
-    def _score_one(self, r: RolloutResult) -> float:
-        messages = single_messages(self.rubric, prompt_text(r.trajectory.task), response_text(r))
-        return self._ask(messages, lambda reply: parse_score(reply, self.rubric), 1)[0]
+    async def _score_one(self, r: RolloutResult) -> float:
+        response = response_text(r)
+        messages = single_messages(self.rubric, prompt_text(r.trajectory.task), response)
+        return (await self._ask(messages, lambda reply: parse_score(reply, self.rubric, (response,)), 1))[0]
 
-    def _score_group(self, group: list[RolloutResult]) -> list[float]:
-        messages = group_messages(self.rubric, prompt_text(group[0].trajectory.task), [response_text(r) for r in group])
-        return self._ask(messages, lambda reply: parse_group_scores(reply, len(group)), len(group))
+    async def _score_group(self, group: list[RolloutResult]) -> list[float]:
+        responses = tuple(response_text(r) for r in group)
+        messages = group_messages(self.rubric, prompt_text(group[0].trajectory.task), list(responses))
+        return await self._ask(messages, lambda reply: parse_group_scores(reply, len(group), responses), len(group))
 
-    def _ask(self, messages: list[dict], read: Callable[[str], float | list[float]], n: int) -> list[float]:
+    async def _ask(self, messages: list[dict], read: Callable[[str], float | list[float]], n: int) -> list[float]:
         """`read` of the judge's reply, as a list of n scores; n NaNs when no usable reply came."""
         for attempt in range(self.settings.retries + 1):
             try:
-                got = read(self.chat(messages))
+                got = read(await self._attempt(messages))
                 return got if isinstance(got, list) else [got]
             except _Retryable as e:
                 if attempt == self.settings.retries:
                     _report(("down", type(e).__name__), f"[judge] {self.spec}: no reply after "
                             f"{self.settings.retries + 1} attempts ({e}); its scores are failed (NaN)")
                     break
-                self.sleep(min(self.settings.backoff_s * 2 ** attempt, MAX_BACKOFF_S))
+                await asyncio.sleep(min(self.settings.backoff_s * 2 ** attempt, MAX_BACKOFF_S))
             except (JudgeUnavailable, ScoreError) as e:
                 _report((type(e).__name__, str(e)[:40]), f"[judge] {self.spec}: {e}; that score is failed (NaN)")
                 break
         return [math.nan] * n
+
+    async def _attempt(self, messages: list[dict]) -> str:
+        """One request under the whole-request deadline, cancelled (its connection closed) at it."""
+        key = object()
+        self.started[key] = time.monotonic()
+        try:
+            return await asyncio.wait_for(self.chat(messages), self.settings.timeout_s)
+        except TimeoutError:
+            raise _Retryable(f"no whole reply within --judge-timeout-s {self.settings.timeout_s:g} s") from None
+        finally:
+            del self.started[key]
+
+    async def _post(self, messages: list[dict]) -> str:
+        """The reply's text; _Retryable, JudgeUnavailable or ScoreError."""
+        import httpx  # the `agents` extra: only a run with --judge needs it
+
+        if self.client is None:  # no proxy for a judge on this machine: it could not reach it, and would read the key
+            self.client = httpx.AsyncClient(timeout=None, trust_env=not is_loopback(self.api.url))
+        try:
+            async with self.client.stream("POST", self.api.url, json=self.api.body(messages),
+                                          headers=self.api.headers) as reply:
+                data = await _read_capped(reply)
+        except httpx.TransportError as e:  # refused, reset, a broken reply
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
+        if reply.status_code == 429 or reply.status_code >= 500:
+            raise _Retryable(f"HTTP {reply.status_code}: {_text(data)}")
+        if reply.status_code >= 400:
+            raise JudgeUnavailable(f"HTTP {reply.status_code}: {_text(data)}")
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            raise ScoreError(f"the reply is not JSON: {_text(data)}") from None
+        return self.api.text(parsed)
+
+
+async def _read_capped(reply) -> bytes:
+    """The body of an httpx streamed reply; ScoreError once it passes MAX_REPLY_BYTES."""
+    data = bytearray()
+    async for chunk in reply.aiter_bytes():
+        data += chunk
+        if len(data) > MAX_REPLY_BYTES:
+            raise ScoreError(f"a reply of more than {MAX_REPLY_BYTES} bytes (MAX_REPLY_BYTES)")
+    return bytes(data)
+
+
+def _text(data: bytes) -> str:
+    return clip(data[:400].decode("utf-8", "replace"))
 
 
 def _report(key: tuple, line: str) -> None:

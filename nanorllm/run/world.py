@@ -84,11 +84,10 @@ def judge_world_problems(cfg) -> list[str]:
             load_rubric(cfg.judge_rubric)
         except RubricError as e:
             p.append(f"judge_rubric: {e}")
-    if cfg.judge.startswith(GEMINI_PREFIX):
-        if not os.environ.get("GEMINI_API_KEY"):
-            p.append("judge: a gemini: judge needs the GEMINI_API_KEY environment variable")
-    elif importlib.util.find_spec("openai") is None:
-        p.append("judge: an OpenAI-compatible judge needs the openai client (pip install -e .[agents])")
+    if cfg.judge.startswith(GEMINI_PREFIX) and not os.environ.get("GEMINI_API_KEY"):
+        p.append("judge: a gemini: judge needs the GEMINI_API_KEY environment variable")
+    if importlib.util.find_spec("httpx") is None:
+        p.append("judge: the judge's client needs httpx (pip install -e .[agents])")
     if cfg.judge_api_key_env and not os.environ.get(cfg.judge_api_key_env):
         p.append(f"judge_api_key_env: the environment variable {cfg.judge_api_key_env} is not set")
     return p
