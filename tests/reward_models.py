@@ -1,13 +1,14 @@
 """A tiny random sequence classifier saved as a reward-model folder, with the tiny-random preset's tokenizer:
 no hub, a second to build."""
 
+import json
 from pathlib import Path
 
 import torch
 
 
 def tiny_reward_model(folder: Path, *, num_labels: int = 1, architecture: str = "LlamaForSequenceClassification",
-                      seed: int = 0) -> str:
+                      seed: int = 0, extra_tokens: int = 0) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
     from nanorllm.policy.byte_tokenizer import tiny_tokenizer
@@ -19,5 +20,13 @@ def tiny_reward_model(folder: Path, *, num_labels: int = 1, architecture: str = 
     cls = LlamaForCausalLM if architecture == "LlamaForCausalLM" else LlamaForSequenceClassification
     torch.manual_seed(seed)
     cls(config).save_pretrained(folder)
+    tok.add_tokens([f"<extra_{i}>" for i in range(extra_tokens)])  # a tokenizer larger than the model
     tok.save_pretrained(folder)
     return str(folder)
+
+
+def relabelled(folder: str, **fields) -> str:
+    """The folder with `fields` set in its config.json (a config that no longer fits its weights)."""
+    path = Path(folder) / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
+    return folder

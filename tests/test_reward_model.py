@@ -10,7 +10,8 @@ from nanorllm.rewards.model import RewardModel, encode, render
 from nanorllm.rewards.norm import RunningNorm, group_norm
 from nanorllm.run.lifecycle import main
 from tests.procs import read_scalars
-from tests.reward_models import tiny_reward_model
+from nanorllm.chaos.suite import headless_reward_model
+from tests.reward_models import relabelled, tiny_reward_model
 from tests.runs import TINY_ARGS
 
 
@@ -79,12 +80,16 @@ def test_the_model_scores_a_batch_as_it_scores_each_pair_alone_and_logs_its_raw_
     (lambda tmp: str(tmp / "nowhere"), "reward_model: '{p}' is no folder"),
     (lambda tmp: tiny_reward_model(tmp / "lm", architecture="LlamaForCausalLM"), "is not a sequence classifier"),
     (lambda tmp: tiny_reward_model(tmp / "three", num_labels=3), "has num_labels 3"),
-])
+    (lambda tmp: headless_reward_model(tmp / "headless"), "its weights lack score.weight (a causal LM's weights"),
+    (lambda tmp: relabelled(tiny_reward_model(tmp / "two", num_labels=2), num_labels=1, id2label={"0": "LABEL_0"}),
+     "its weights' score.weight is [2, 32], its config wants [1, 32] (num_labels 1): the head does not fit"),
+    (lambda tmp: tiny_reward_model(tmp / "small", extra_tokens=3), "tokens, its model embeds"),
+], ids=["no-folder", "causal-lm", "three-labels", "no-head", "head-of-another-shape", "tokenizer-too-large"])
 def test_a_reward_model_that_cannot_be_one_is_refused_at_start_in_one_line(tmp_path, capsys, make, expected):
     path = make(tmp_path)
     assert main([*TINY_ARGS, "--serial", "--reward-model", path, "--output-dir", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert expected.replace("{p}", path) in err
+    err = [line for line in capsys.readouterr().err.splitlines() if "reward_model:" in line]
+    assert len(err) == 1 and expected.replace("{p}", path) in err[0]
     assert not (tmp_path / "out").exists()
 
 

@@ -12,6 +12,11 @@ It is loaded lazily, once per process that scores (in the pipeline every rollout
 the learner one when it scores held-out episodes), never with the folder's own code (trust_remote_code=False),
 frozen (eval(), no gradients), on --reward-model-device or else the device of the process's policy. A score that
 is not finite is a failed score (nan), never a 0 (envs/reward_fns.py).
+
+At start the folder is loaded once and scores one example (reward_model_problems), so what does not fit is
+refused in one line before anything trains, instead of failing every scoring call: a head its weights lack (a
+causal LM's weights under a sequence-classification config would score with a random head) or whose shape they
+do not match, a tokenizer with more tokens than the model has embeddings, a score that is not finite.
 """
 
 import math
@@ -25,7 +30,13 @@ SEQUENCE_CLASSIFIER = "ForSequenceClassification"
 
 
 def reward_model_problems(path: str) -> list[str]:
-    """Why `path` cannot be a reward model, read off its config alone (one line each, naming the field)."""
+    """Why `path` cannot be a reward model (one line, naming the field): read off its config, then loaded and
+    scoring one example."""
+    return config_problems(path) or loaded_problems(path)
+
+
+def config_problems(path: str) -> list[str]:
+    """Why `path` cannot be a reward model, read off its config alone."""
     if not os.path.isdir(path):
         return [f"reward_model: {path!r} is no folder (a local HF model folder is needed; fit one with "
                 "launch/train_reward_model.py)"]
@@ -44,6 +55,41 @@ def reward_model_problems(path: str) -> list[str]:
         return [f"reward_model: {path!r} has num_labels {config.num_labels}; a reward model has 1 (the score) or 2 "
                 "(the score is logit[1] - logit[0])"]
     return []
+
+
+def loaded_problems(path: str) -> list[str]:
+    """Why the folder, loaded as --reward-model loads it, cannot score: its load report, its tokenizer's size and one
+    example's score."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    where = f"reward_model: {path!r}"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model, report = AutoModelForSequenceClassification.from_pretrained(
+            path, trust_remote_code=False, output_loading_info=True, ignore_mismatched_sizes=True)
+    except Exception as e:  # noqa: BLE001  (weights or tokenizer files that do not load: said in one line)
+        return [f"{where}: cannot be loaded: {type(e).__name__}: {str(e).strip().splitlines()[0]}"]
+    if report["missing_keys"]:
+        return [f"{where}: its weights lack {', '.join(sorted(report['missing_keys'])[:3])} (a causal LM's weights "
+                "under a sequence-classification config would score with a random head); fit one with "
+                "launch/train_reward_model.py"]
+    if report["mismatched_keys"]:
+        name, saved, wanted = sorted(report["mismatched_keys"])[0]
+        return [f"{where}: its weights' {name} is {list(saved)}, its config wants {list(wanted)} (num_labels "
+                f"{model.config.num_labels}): the head does not fit"]
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        return [f"{where}: its tokenizer has {len(tokenizer)} tokens, its model embeds "
+                f"{model.get_input_embeddings().num_embeddings}: the tokenizer does not fit the model"]
+    return example_problems(RewardModel(path, loaded=(model.eval(), tokenizer, pad_id(model, tokenizer))), where)
+
+
+def example_problems(rm: "RewardModel", where: str) -> list[str]:
+    """Why `rm` cannot score one short example."""
+    try:
+        score, = rm.raw_scores([("What is 2 + 2?", "4")])
+    except Exception as e:  # noqa: BLE001  (whatever scoring raises would be raised by every scoring call)
+        return [f"{where}: scoring one example failed: {type(e).__name__}: {str(e).strip().splitlines()[0]}"]
+    return [] if math.isfinite(score) else [f"{where}: scores one example as {score}, not a finite number"]
 
 
 def prompt_and_response(r: RolloutResult) -> tuple[str | list, str]:
