@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.rewards.data import pairs_from_labelled
+from nanorllm.rewards.data import pairs_from_labelled, read_rows
 from nanorllm.rewards.model import RewardModel, reward_model_problems
 from tests.test_reward_model import episodes
 
@@ -37,7 +37,9 @@ def labelled(n: int = 32) -> list[dict]:
     ([{"prompt": "q", "response": "a"}], "rows.jsonl:1: field 'label': missing"),
     ([{"prompt": "q", "chosen": "a", "rejected": 3}], "rows.jsonl:1: field 'rejected': must be text, got int"),
     ([{"prompt": 5, "response": "a", "label": 0}], "rows.jsonl:1: field 'prompt': must be text or a list"),
-    ([{"prompt": "q", "response": "a", "label": 0}, "{not json"], "rows.jsonl:2: not JSON"),
+    ([{"prompt": "q", "response": "a", "label": 0}, "{not json"], "rows.jsonl:2: invalid JSON"),
+    ([{"prompt": "q", "chosen": "same", "rejected": "same"}],
+     "rows.jsonl:1: fields 'chosen' and 'rejected' are the same text"),
     ([{"prompt": "q", "response": "a", "label": 0}, {"prompt": "q", "chosen": "a", "rejected": "b"}],
      "rows.jsonl:2: a pairs row in a file of labelled rows"),
 ])
@@ -46,6 +48,52 @@ def test_bad_rows_are_refused_naming_file_line_and_field_and_nothing_is_written(
     assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "rm").exists()
+
+
+def test_a_line_separator_inside_a_string_is_text_and_bytes_that_are_not_utf8_are_named_by_line(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "one\u2028two", "response": "a", "label": 1}, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    assert read_rows(str(rows)) == ("labelled", [{"prompt": "one\u2028two", "response": "a", "label": 1}])
+    with rows.open("ab") as f:
+        f.write(b'{"prompt": "q\xff", "response": "a", "label": 0}\n')
+    assert script_main(["--data", str(rows), "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
+    assert "rows.jsonl:2: not valid UTF-8 (byte 0xff at offset 13)" in capsys.readouterr().err
+    assert not (tmp_path / "rm").exists()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--lr", "inf"], "lr: must be a finite number > 0, got inf"),
+    (["--lr", "nan"], "lr: must be a finite number > 0, got nan"),
+    (["--out", "{d}/notes"], "is a folder of other files (no fit.json)"),
+])
+def test_non_finite_settings_and_a_folder_a_fit_would_replace_are_refused(tmp_path, capsys, flags, expected):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    data = write_rows(tmp_path / "rows.jsonl", labelled(4))
+    flags = [f.replace("{d}", str(tmp_path)) for f in flags]
+    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), *flags]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "rm").exists() and (tmp_path / "notes" / "mine.txt").read_text() == "keep me"
+
+
+def test_a_folder_written_atomically_is_whole_or_the_old_one_after_a_full_disk(tmp_path):
+    import errno
+
+    from nanorllm.utils.files import write_folder_atomic
+
+    def full_disk(tmp: Path):
+        (tmp / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "rm"
+    with pytest.raises(OSError):
+        write_folder_atomic(out, full_disk)
+    assert list(tmp_path.iterdir()) == []  # neither a folder with config.json only nor its .tmp
+    write_folder_atomic(out, lambda tmp: (tmp / "weights").write_text("old"))
+    with pytest.raises(OSError):
+        write_folder_atomic(out, full_disk)
+    assert [p.name for p in tmp_path.iterdir()] == ["rm"] and (out / "weights").read_text() == "old"
 
 
 @pytest.mark.slow

@@ -83,8 +83,9 @@ def _gsm8k_answer(record: dict, key: str = "answer", *, plain: bool = False) -> 
     return answer, None
 
 
-def _read_records(path: Path, problems: list[tuple[int, str]]) -> list[tuple[int, dict]]:
-    """(line number, object) for every line holding a JSON object; other lines become problems."""
+def read_records(path: Path, problems: list[tuple[int, str]]) -> list[tuple[int, dict]]:
+    """(line number, object) for every line holding a JSON object; other lines become problems. Lines end at
+    newlines alone (a U+2028 inside a string is text), and a line that is not UTF-8 is named, not raised."""
     records = []
     for line_no, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -116,7 +117,7 @@ def _load_file(label: str, fields: dict[str, str] | None = None, *, gold: bool =
         raise TaskFileError(label, [f"{label}: {reason}"])
     problems: list[tuple[int, str]] = []
     try:
-        records = _read_records(path, problems)
+        records = read_records(path, problems)
     except OSError as err:
         raise TaskFileError(label, [f"{label}: cannot read file ({err.strerror or err})"]) from err
     if not records and not problems:

@@ -3,11 +3,16 @@
     {"prompt": ..., "response": ..., "label": 0 or 1}     labelled: a 1-logit head fitted by BCE
     {"prompt": ..., "chosen": ..., "rejected": ...}       preference pairs: Bradley-Terry, -log sigmoid(r_c - r_r)
 
-A prompt is text or a list of chat messages ({"role", "content"}), as a task's question is. Every bad row is
-named with its file, line and field, all at once (RewardDataError), before anything loads.
+A prompt is text or a list of chat messages ({"role", "content"}), as a task's question is. The file is read as a
+tasks file is (datasets/tasks.py read_records: a U+2028 inside a string does not end a line, a line that is not
+UTF-8 is named). Every bad row is named with its file, line and field, all at once (RewardDataError), before
+anything loads; a pair whose chosen and rejected are the same text is one (it ranks nothing).
 """
 
 import json
+from pathlib import Path
+
+from nanorllm.datasets.tasks import read_records
 
 KINDS = {"labelled": ("prompt", "response", "label"), "pairs": ("prompt", "chosen", "rejected")}
 
@@ -22,9 +27,7 @@ def row_kind(row: dict) -> str | None:
     return next((k for k, keys in KINDS.items() if all(f in row for f in keys)), None)
 
 
-def row_problems(row: object, where: str, kind: str | None) -> list[str]:
-    if not isinstance(row, dict):
-        return [f"{where}: a row must be a JSON object, got {type(row).__name__}"]
+def row_problems(row: dict, where: str, kind: str | None) -> list[str]:
     got = row_kind(row)
     if got is None:
         return [f"{where}: field {f!r}: missing (a row is {{prompt, response, label}} or {{prompt, chosen, rejected}})"
@@ -44,34 +47,30 @@ def row_problems(row: object, where: str, kind: str | None) -> list[str]:
                 p.append(f"{where}: field 'label': must be 0 or 1, got {row[f]!r}")
         elif not isinstance(row[f], str):
             p.append(f"{where}: field {f!r}: must be text, got {type(row[f]).__name__}")
+    if got == "pairs" and row["chosen"] == row["rejected"]:
+        p.append(f"{where}: fields 'chosen' and 'rejected' are the same text (a pair must rank two responses)")
     return p
 
 
 def read_rows(path: str) -> tuple[str, list[dict]]:
     """(the rows' kind, the rows) of a JSONL file; RewardDataError naming every bad line and field."""
+    lines: list[tuple[int, str]] = []
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        records = read_records(Path(path), lines)
     except OSError as e:
         raise RewardDataError([f"{path}: cannot be read: {e.strerror}"]) from e
-    rows, problems, kind = [], [], None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.append(f"{where}: not JSON ({e.msg})")
-            continue
-        bad = row_problems(row, where, kind)
-        problems += bad
+    rows, kind = [], None
+    problems = [(n, f"{path}:{n}: {p}") for n, p in lines]
+    for n, row in records:
+        bad = row_problems(row, f"{path}:{n}", kind)
+        problems += [(n, p) for p in bad]
         if not bad:
             kind = kind or row_kind(row)
             rows.append(row)
     if not rows and not problems:
-        problems.append(f"{path}: no rows")
+        problems.append((0, f"{path}: no rows"))
     if problems:
-        raise RewardDataError(problems)
+        raise RewardDataError([p for _, p in sorted(problems, key=lambda item: item[0])])
     return kind, rows
 
 
