@@ -18,7 +18,7 @@ import tyro
 
 from nanorllm.rewards.data import RewardDataError, read_rows
 from nanorllm.rewards.model import reward_model_problems
-from nanorllm.rewards.fit import FitConfig, fit, problems, score_rows, write_pairs
+from nanorllm.rewards.fit import FitConfig, fit, out_problems, problems, score_rows, write_pairs
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +26,8 @@ def main(argv: list[str]) -> int:
     bad = problems(cfg)
     if not bad and cfg.score is not None:
         bad = [f"score: {p}" for p in reward_model_problems(cfg.score)]
+    if not bad and cfg.out is not None:
+        bad = out_problems(cfg)
     if not bad and cfg.data is not None:
         try:
             read_rows(cfg.data)

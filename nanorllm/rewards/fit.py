@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from nanorllm.rewards.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
-from nanorllm.utils.files import write_atomic
+from nanorllm.utils.files import write_atomic, write_folder_atomic
 
 
 @dataclass
@@ -28,7 +28,8 @@ class FitConfig:
     (--to-pairs), or score a fitted one (--score) (docs/rewards.md)."""
 
     out: str | None = None
-    """Fitting: the folder the reward model is saved to. --sample-from / --to-pairs: the JSONL file the rows go to."""
+    """Fitting: the folder the reward model is saved to (whole or not at all; a folder there is replaced only if it
+    holds a fit's fit.json). --sample-from / --to-pairs: the JSONL file the rows go to."""
     data: str | None = None
     """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
     model: str = "smollm2-135m-instruct"
@@ -73,8 +74,8 @@ def problems(cfg: FitConfig) -> list[str]:
     p = [f"{n}: must be >= 1, got {getattr(cfg, n)}" for n in ("epochs", "batch_size", "max_tokens", "limit",
                                                               "samples_per_task", "max_new_tokens", "pairs_per_prompt")
          if getattr(cfg, n) < 1]
-    if not cfg.lr > 0:  # config/checks.py's bound_problems would be an import cycle (config -> envs -> rewards)
-        p.append(f"lr: must be > 0, got {cfg.lr}")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):  # config/checks.py's bound_problems: an import cycle
+        p.append(f"lr: must be a finite number > 0, got {cfg.lr}")
     if not 0 <= cfg.eval_frac < 1:
         p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
     if (cfg.data is None) == (cfg.sample_from is None):
@@ -86,6 +87,18 @@ def problems(cfg: FitConfig) -> list[str]:
     if cfg.out is None and cfg.score is None:
         p.append("out: required (where the model, the rows or the pairs go)")
     return p
+
+
+def out_problems(cfg: FitConfig) -> list[str]:
+    """Why a fit could not save to --out: a file there, or a folder that is not an earlier fit (never replaced)."""
+    out = Path(cfg.out)
+    if cfg.sample_from is not None or cfg.to_pairs or cfg.score is not None or not out.exists():
+        return []
+    if not out.is_dir():
+        return [f"out: {cfg.out!r} is a file; a reward model is a folder"]
+    if any(out.iterdir()) and not (out / "fit.json").exists():
+        return [f"out: {cfg.out!r} is a folder of other files (no fit.json); give a new or empty folder"]
+    return []
 
 
 def write_pairs(cfg: FitConfig, say=print) -> list[dict]:
@@ -163,6 +176,13 @@ def accuracy(model, tokenizer, kind: str, rows: list[dict], cfg: FitConfig) -> f
     return hits / len(rows)
 
 
+def save(model, tokenizer, summary: dict, folder: Path) -> None:
+    """The reward model's folder: weights, tokenizer and fit.json (the summary), fit.json last."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "fit.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def fit(cfg: FitConfig, say=print) -> dict:
     """Fit on cfg.data, save to cfg.out (model, tokenizer, fit.json); the summary fit.json holds."""
     kind, rows = read_rows(cfg.data)
@@ -193,9 +213,7 @@ def fit(cfg: FitConfig, say=print) -> dict:
     summary = {"kind": kind, "train_rows": len(train), "held_out_rows": len(held_out), "losses": losses,
                "held_out_accuracy": accuracy(model, tokenizer, kind, held_out, cfg)}
     out = Path(cfg.out)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "fit.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_folder_atomic(out, lambda tmp: save(model, tokenizer, summary, tmp))
     name = "pairwise accuracy" if kind == "pairs" else "accuracy"
     say(f"[fit] held-out {name}: {summary['held_out_accuracy']} | saved to {out} (--reward-model {out})")
     return summary

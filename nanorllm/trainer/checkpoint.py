@@ -36,6 +36,7 @@ import torch
 from nanorllm.chaos.faults import fault
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.utils.files import fsync_dir
 
 PREFIX = "step_"
 FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
@@ -143,14 +144,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_manifest(ckpt_dir: Path) -> dict:

@@ -17,9 +17,7 @@ optimizer step a stop abandons the step and the weights are still those of the l
 
 import errno
 import json
-import os
 import random
-import shutil
 import time
 from dataclasses import asdict, replace
 from datetime import datetime
@@ -54,7 +52,7 @@ from nanorllm.trainer.step import train_step
 from nanorllm.trainer.step_metrics import derived_metrics
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
-from nanorllm.utils.files import write_atomic
+from nanorllm.utils.files import write_atomic, write_folder_atomic
 from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
 
@@ -478,21 +476,14 @@ class TrainingRun:
         """final_model/ (with merged/ inside under LoRA) written as `final_model.tmp/` and renamed once whole, as a
         checkpoint is: a crash or a full disk mid-write leaves no final_model/ that looks complete (a resume's
         clean_stale removes the .tmp)."""
-        final, tmp = self.run_dir / "final_model", self.run_dir / "final_model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        def write(tmp: Path) -> None:
             self.policy.save(str(tmp))
             if fault("disk_full") == "final":
                 raise OSError(errno.ENOSPC, "No space left on device (injected fault: disk_full final)")
             if self.policy.peft is not None and self.cfg.lora_merged:
                 save_merged(self.policy.model, self.policy.tokenizer, tmp / "merged")
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        checkpoint.fsync_dir(self.run_dir)
+
+        write_folder_atomic(self.run_dir / "final_model", write)
 
     def cleanup(self) -> None:
         if self.logger is not None:
