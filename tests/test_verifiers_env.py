@@ -4,6 +4,7 @@ rubric that raises or returns NaN,
 2 training steps serial and in the pipeline, and launch/eval.py with pass@k."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,18 @@ def test_the_train_and_held_out_splits_are_disjoint_and_cover_the_taskset(on_pat
     assert bundle.load_tasks("vf:all,size=5") == every[:5] and len(bundle.load_tasks("vf:train", limit=3)) == 3
     assert every[0]["question"] == "What is 1 + 1? Reply with the number only." and every[0]["answer"] == "2"
     assert load_env(EXAMPLE, env_args=["size=8"]).load_tasks("vf:all") == every[:8]  # --env-arg reaches the loader
+
+
+def test_a_reward_that_shells_out_to_install_finds_the_installers_offline_unless_the_run_allows_them(
+        on_path, tiny_policy, monkeypatch):
+    monkeypatch.delenv("UV_OFFLINE", raising=False)
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    _, results = _run(tiny_policy, f"{EXAMPLE}:load_installing", lambda b: b.load_tasks("vf:all")[:1], samples=1)
+    assert [r.trajectory.final_reward for r in results] == [1.0]  # the processes a reward starts are offline
+    monkeypatch.setenv("UV_OFFLINE", "0")
+    monkeypatch.setenv("PIP_NO_INDEX", "0")
+    load_env(EXAMPLE)
+    assert (os.environ["UV_OFFLINE"], os.environ["PIP_NO_INDEX"]) == ("0", "0")  # the run's own setting is kept
 
 
 def test_a_verifiers_episode_trains_the_sampled_tokens_and_its_rubric_is_the_reward(on_path, tiny_policy):

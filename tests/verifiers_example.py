@@ -6,10 +6,13 @@ docs: a taskset over an in-memory `datasets.Dataset` (prompt, answer, info), sco
   reply holds the answer or the guesses are spent (an Env's `run` over `interaction.turn`, as verifiers'
   TextArena env is written).
 - `load_raising()`, `load_nan()`: a reward that raises on some tasks, one that returns NaN on some;
-  `load_parity()`: a reward the tiny random model earns about half the time (so its groups carry signal).
+  `load_parity()`: a reward the tiny random model earns about half the time (so its groups carry signal);
+  `load_installing()`: a reward that shells out to install a package (1.0 when the installer would stay offline).
 """
 
 import asyncio
+import subprocess
+import sys
 import datasets
 import verifiers.v1 as vf
 
@@ -94,6 +97,14 @@ async def slow_reward(task, trace) -> float:
     return 1.0
 
 
+async def installing_reward(task, trace) -> float:
+    """Shells out as a reward that installs what it needs with `uv` or pip would: 1.0 when the process it starts
+    would find both offline (UV_OFFLINE, PIP_NO_INDEX)."""
+    seen = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('UV_OFFLINE'), "
+                           "os.environ.get('PIP_NO_INDEX'))"], capture_output=True, text=True, check=True).stdout
+    return float(seen.split() == ["1", "1"])
+
+
 def _plugged(reward: str) -> vf.Env:
     """The sum env with its `correct` reward replaced by `reward` (verifiers' plugged reward functions)."""
     return vf.SingleAgentEnv(vf.SingleAgentEnvConfig(taskset={
@@ -110,6 +121,10 @@ def load_nan() -> vf.Env:
 
 def load_parity() -> vf.Env:
     return _plugged("parity_reward")
+
+
+def load_installing() -> vf.Env:
+    return _plugged("installing_reward")
 
 
 def load_slow() -> vf.Env:

@@ -15,6 +15,10 @@ config `{"taskset": {"id": MODULE, **env_args}}`. `--env-arg key=value` is typed
 (the taskset config's fields). A seat that pins no harness is played by the in-process chat harness
 (envs/verifiers_harness.py) and a seat that names no runtime runs on the local subprocess runtime: verifiers'
 defaults (its `bash` harness, a Prime sandbox) need the package index and a remote service at every rollout.
+For the same reason the env's code installs nothing from the package index mid-run: UV_OFFLINE=1 and
+PIP_NO_INDEX=1 are set for every process that plays its episodes (a reward that shells out to `uv` or pip gets
+what is cached, or fails that episode as an env error), unless the run's environment sets them itself
+(`UV_OFFLINE=0 PIP_NO_INDEX=0` lets it install).
 
 Tasks are the taskset's: `vf:train`, `vf:eval` or `vf:all`, with `,size=N` to read only the first N tasks (an
 infinite taskset needs it). verifiers 0.4.0 tasksets have no held-out split of their own, so `vf:eval` is the tasks
@@ -40,6 +44,7 @@ SPLITS = ("train", "eval", "all")
 EVAL_SHARE = 10  # one task in this many (by key) is held out
 TOKEN_VAR = "NANORLLM_VERIFIERS_API_KEY"  # verifiers reads its client's key from the environment by name
 MODEL_NAME = "policy"
+OFFLINE = {"UV_OFFLINE": "1", "PIP_NO_INDEX": "1"}  # the env's code installs nothing from the package index
 
 
 def held_out(key: str) -> bool:
@@ -159,6 +164,8 @@ class Verifiers(AgentBundle):
 
     def __init__(self, settings=None, **options):
         super().__init__(self.episode, settings, **options)
+        for var, value in OFFLINE.items():  # before the env loads: its loader may install too
+            os.environ.setdefault(var, value)
         self.vf_env = load_vf_env(self.target, self.options)
         self.task_cls = type(self.vf_env.taskset).task_type()
 
