@@ -154,6 +154,38 @@ def test_a_judge_gone_mid_pipeline_run_fails_its_scores_never_trains_them_as_zer
 
 
 @pytest.mark.slow
+def test_a_judge_that_drips_its_replies_is_cut_at_its_deadline_and_the_run_stops_as_failed_with_nothing_left(tmp_path):
+    o, = chaos.judge_drips(tmp_path)  # one byte a second, --judge-timeout-s 2, --worker-timeout-s 5
+    _assert_ok(o)
+    assert o.procs_left == 0 and "hung" not in o.output  # bounded waits are progress, and nothing outlives the run
+    assert o.detected_s is not None and o.detected_s < 10  # at the deadline, not at the reply's ~300th byte
+    scalars = read_scalars(tmp_path / "judge_drips")
+    assert sum(v for _, v in scalars["reward/failed/judge"]) == len(read_rollouts(tmp_path / "judge_drips")) > 0
+
+
+@pytest.mark.slow
+def test_a_judge_that_lies_fails_those_scores_and_its_verdicts_train(tmp_path):
+    o, = chaos.judge_lies(tmp_path)  # 'SCORE: 1e5' / 'SCORE: 7.5.3' for half the prompts, 'SCORE: 2' + a quote
+    _assert_ok(o)
+    assert "does not hold a plain number" in o.output
+    assert [v for _, v in read_scalars(tmp_path / "judge_lies")["reward/judge"]] == [pytest.approx(0.2)] * 3
+
+
+@pytest.mark.slow
+def test_a_loopback_judge_behind_a_proxy_scores_every_episode_and_the_proxy_sees_nothing(tmp_path):
+    o, = chaos.judge_behind_proxy(tmp_path)  # every proxy variable set to a listener that counts connections
+    _assert_ok(o)
+    assert "proxy connections" in o.notes[0] and ", 0 proxy connections" in o.notes[0]
+
+
+@pytest.mark.slow
+def test_a_reward_model_folder_without_its_head_is_refused_at_start_in_one_line(tmp_path):
+    o, = chaos.reward_model_without_head(tmp_path)  # tiny-random's causal-LM weights under a classifier config
+    _assert_ok(o)
+    assert "exit 2" in o.notes[0]
+
+
+@pytest.mark.slow
 def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(tmp_path):
     o, = chaos.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3
     _assert_ok(o)

@@ -27,7 +27,8 @@ from pathlib import Path
 from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers, read_rollouts
 from nanorllm.chaos.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
 from nanorllm.chaos.procs import shm_entries
-from nanorllm.chaos.stub_judge import StubJudge
+from nanorllm.chaos.proxy_trap import ProxyTrap
+from nanorllm.chaos.stub_judge import StubJudge, lying_score
 
 
 @dataclass
@@ -403,6 +404,102 @@ def judge_dies(out: Path) -> list[Outcome]:
     return [_finish(o, run, out / "judge_dies", shm)]
 
 
+def judge_drips(out: Path) -> list[Outcome]:
+    """An LLM judge that sends its replies one byte a second (never idle long enough for a per-read timeout), in a
+    2-worker run scored by it alone: each request is cut at --judge-timeout-s 2, its connection closed, its score
+    failed, never a 0; no worker is reported hung (the wait is bounded, so its beat is progress); past
+    --max-skipped-frac the run stops as failed (exit 1) and every process exits, none kept by a request reading."""
+    shm = shm_entries()
+    judge = StubJudge(drip_s=1.0)
+    try:
+        run = TrainProcess([*PIPELINE, "--judge", judge.url, "--judge-retries", "0", "--judge-timeout-s", "2",
+                            "--worker-timeout-s", "5", "--eval-tasks", "", "--max-steps", "4",
+                            "--run-name", "judge_drips"], out)
+        rc = run.wait()
+    finally:
+        judge.close()
+    text, episodes = run.output(), read_rollouts(out / "judge_drips")
+    t_seen = run.seen("no whole reply within --judge-timeout-s 2 s")
+    o = Outcome("LLM judge drips one byte a second", t_seen and judge.first_at and t_seen - judge.first_at,
+                rc == 1 and "updates trained nothing" in text and "hung" not in text and bool(episodes)
+                and all(e["reward_failed"] == ["judge"] for e in episodes) and judge.hung_up > 0)
+    o.notes.append(f"exit {rc}; {len(episodes)} episodes failed; {judge.hung_up} replies cut mid-drip")
+    return [_finish(o, run, out / "judge_drips", shm)]
+
+
+def judge_lies(out: Path) -> list[Outcome]:
+    """A judge that answers `SCORE: 1e5` or `SCORE: 7.5.3` for half the prompts and `SCORE: 2` followed by the
+    response quoted for the others (chaos/stub_judge.py lying_score): the garbage is a failed score (never read as
+    1 or 7.5), the verdict is 0.2, the failed groups are dropped, the others train; the run finishes."""
+    shm = shm_entries()
+    judge = StubJudge(lying_score)
+    try:
+        run = TrainProcess([*PIPELINE, "--judge", judge.url, "--eval-tasks", "", "--max-steps", "3",
+                            "--no-drop-zero-std-groups", "--run-name", "judge_lies"], out)
+        rc = run.wait()
+    finally:
+        judge.close()
+    episodes = read_rollouts(out / "judge_lies")
+    failed = [e for e in episodes if e["termination_reason"] == "reward_failed"]
+    scored = [e for e in episodes if e["termination_reason"] != "reward_failed"]
+    o = Outcome("LLM judge lies (1e5, 7.5.3)", None, rc == 0 and "step 3/3" in run.output() and bool(failed)
+                and bool(scored) and all(e["reward_failed"] == ["judge"] for e in failed)
+                and all(e["final_reward"] == 0.2 for e in scored))
+    o.notes.append(f"exit {rc}; {len(scored)} episodes scored 0.2, {len(failed)} failed")
+    return [_finish(o, run, out / "judge_lies", shm)]
+
+
+def judge_behind_proxy(out: Path) -> list[Outcome]:
+    """Every proxy variable set (a cluster's), pointing at a listener that counts connections, and a judge on
+    127.0.0.1 with an API key: the judge is reached directly, every episode is scored, the proxy is offered no
+    connection (so never the key) and the judge got the key."""
+    shm = shm_entries()
+    judge, trap = StubJudge(), ProxyTrap()
+    try:
+        run = TrainProcess([*PIPELINE, "--judge", judge.url, "--judge-api-key-env", "NANORLLM_JUDGE_KEY",
+                            "--eval-tasks", "", "--max-steps", "2", "--no-drop-zero-std-groups",
+                            "--run-name", "judge_proxy"], out, env=trap.env() | {"NANORLLM_JUDGE_KEY": "sk-chaos"})
+        rc = run.wait()
+    finally:
+        judge.close()
+        trap.close()
+    episodes = read_rollouts(out / "judge_proxy")
+    o = Outcome("LLM judge on 127.0.0.1 behind a proxy", None,
+                rc == 0 and "step 2/2" in run.output() and trap.connections == 0 and judge.keys == {"Bearer sk-chaos"}
+                and bool(episodes) and all(e["final_reward"] in (0.2, 0.8) for e in episodes))
+    o.notes.append(f"exit {rc}; {judge.requests} judge requests, {trap.connections} proxy connections")
+    return [_finish(o, run, out / "judge_proxy", shm)]
+
+
+def headless_reward_model(folder: Path) -> str:
+    """tiny-random's causal-LM weights and tokenizer in `folder`, under a config naming a sequence classifier: loaded
+    as one, it would score with a random head."""
+    from nanorllm.policy.models import TINY, load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(TINY)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config["architectures"] = [a.replace("ForCausalLM", "ForSequenceClassification") for a in config["architectures"]]
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def reward_model_without_head(out: Path) -> list[Outcome]:
+    """A --reward-model folder of causal-LM weights under a sequence-classifier config: refused at start in one line
+    naming the head its weights lack (exit 2), before the run folder is made; nothing left running."""
+    shm = shm_entries()
+    folder = headless_reward_model(out / "headless_rm")
+    t = time.monotonic()
+    run = TrainProcess([*PIPELINE, "--reward-model", folder, "--max-steps", "2", "--run-name", "rm_headless"], out)
+    rc = run.wait()
+    errors = [line for line in run.output().splitlines() if "reward_model:" in line]
+    o = Outcome("reward-model folder without its head", None, rc == 2 and len(errors) == 1
+                and "its weights lack score.weight" in errors[0] and not (out / "rm_headless").exists())
+    o.notes.append(f"exit {rc} after {time.monotonic() - t:.1f} s; {errors[0].strip()[:90] if errors else 'no error'!r}")
+    return [_finish(o, run, out / "rm_headless", shm)]
+
+
 # Envs a user might write, saved as files of the run (--env path/to/file.py:Name).
 HANGING_ENV = """
 import time
@@ -513,7 +610,8 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "eval_grader_hang": eval_grader_hang, "disk_full": disk_full, "serial_env_hang": serial_env_hang,
           "env_forks": env_forks, "agent_worker_kill": agent_worker_kill,
           "agent_exits": agent_exits, "agent_hangs": agent_hangs, "agent_engine_error": agent_engine_error,
-          "judge_dies": judge_dies}
+          "judge_dies": judge_dies, "judge_drips": judge_drips, "judge_lies": judge_lies,
+          "judge_behind_proxy": judge_behind_proxy, "reward_model_without_head": reward_model_without_head}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:
