@@ -344,6 +344,18 @@ def test_a_judge_that_goes_away_mid_run_fails_its_scores_never_zeros_and_the_run
     assert rc == 1
 
 
+@pytest.mark.slow
+def test_a_serial_run_scored_by_a_judge_that_drips_fails_and_its_process_exits(stub, tmp_path):
+    from tests.procs import processes_with_token, run_train
+
+    drip = stub(drip_s=1.0)  # each reply ~300 s at this pace; a per-read timeout would never fire
+    rc, out, token = run_train([*RUN, "--serial", "--judge", drip.url, "--judge-retries", "0", "--judge-timeout-s",
+                                "1", "--run-name", "d"], tmp_path)
+    assert rc == 1 and "no whole reply within --judge-timeout-s 1 s" in out and "2 of 2 updates trained nothing" in out
+    assert not processes_with_token(token)  # no request still reading kept the process alive
+    assert drip.requests == 16
+
+
 # ---- a frozen model served as the judge ---------------------------------------------------------------
 @pytest.fixture
 def frozen():
