@@ -124,7 +124,7 @@ class JudgeSettings:
     """Retries of a request that timed out, could not connect or got a 5xx/429, with exponential backoff; after
     them its score is failed (NaN), never 0."""
     judge_timeout_s: float = 60.0
-    """Time limit (seconds) of one judge request."""
+    """Deadline (seconds) of one judge request, from connecting to the reply's last byte (not per read)."""
     judge_max_tokens: int = 512
     """Longest judge reply (it runs at temperature 0)."""
 
