@@ -8,7 +8,8 @@
     python launch/train_reward_model.py --score runs/rm/model --data runs/rm/pairs.jsonl   # accuracy, one JSON line
 
 Rows: {"prompt", "response", "label"} (BCE on a 1-logit head) or {"prompt", "chosen", "rejected"} (Bradley-Terry).
-Bad flags or rows: one line each naming the flag, or the file, line and field; exit 2, nothing written.
+Bad flags or rows: one line each naming the flag, or the file, line and field; exit 2, nothing written. A fit
+whose weights go non-finite saves nothing (exit 1).
 """
 
 import json
@@ -18,7 +19,7 @@ import tyro
 
 from nanorllm.rewards.data import RewardDataError, read_rows
 from nanorllm.rewards.model import reward_model_problems
-from nanorllm.rewards.fit import FitConfig, fit, out_problems, problems, score_rows, write_pairs
+from nanorllm.rewards.fit import FitConfig, FitError, fit, out_problems, problems, score_rows, write_pairs
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +50,11 @@ def main(argv: list[str]) -> int:
     elif cfg.score is not None:
         print(json.dumps(score_rows(cfg)))
     else:
-        fit(cfg)
+        try:
+            fit(cfg)
+        except FitError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     return 0
 
 

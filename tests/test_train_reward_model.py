@@ -97,6 +97,15 @@ def test_a_folder_written_atomically_is_whole_or_the_old_one_after_a_full_disk(t
 
 
 @pytest.mark.slow
+def test_a_fit_whose_weights_go_non_finite_saves_nothing(tmp_path, capsys):
+    data = write_rows(tmp_path / "rows.jsonl", labelled(8))
+    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), "--lr", "1e30",
+                        "--batch-size", "2", "--eval-frac", "0", "--max-tokens", "32"]) == 1  # finite, far too large
+    assert "weights non-finite (first: " in capsys.readouterr().err
+    assert not list(tmp_path.glob("rm*"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["labelled", "pairs"])
 def test_a_fit_lowers_the_loss_and_saves_a_folder_that_loads_as_a_reward_model(tmp_path, capsys, kind):
     rows = labelled() if kind == "labelled" else [

@@ -22,6 +22,10 @@ from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 
 
+class FitError(RuntimeError):
+    """A fit whose model cannot be saved (its weights went non-finite)."""
+
+
 @dataclass
 class FitConfig:
     """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
@@ -210,6 +214,9 @@ def fit(cfg: FitConfig, say=print) -> dict:
         epoch_losses = losses[first:] or [math.nan]
         say(f"[fit] epoch {epoch + 1}/{cfg.epochs}: mean loss {sum(epoch_losses) / len(epoch_losses):.4f}")
     model.eval()
+    bad = [name for name, w in model.named_parameters() if not torch.isfinite(w).all()]
+    if bad:
+        raise FitError(f"the fit left {len(bad)} weights non-finite (first: {bad[0]}); nothing saved: lower --lr")
     summary = {"kind": kind, "train_rows": len(train), "held_out_rows": len(held_out), "losses": losses,
                "held_out_accuracy": accuracy(model, tokenizer, kind, held_out, cfg)}
     out = Path(cfg.out)

@@ -60,7 +60,7 @@ class JudgeSpec:
     mode: str = "single"  # "single" (one request per episode) or "group" (one per group)
     concurrency: int = 8
     retries: int = 2
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # each attempt's deadline, from connecting to the reply's last byte
     max_tokens: int = 512
     weight: float = 1.0
     backoff_s: float = BACKOFF_S
