@@ -356,7 +356,31 @@ def check_call(call, tools) -> str | None:
     missing = [k for k in required if k not in call.arguments]
     if missing:
         return f"the call to {call.name!r} lacks its required argument(s): {', '.join(missing)}"
+    properties = schemas[call.name].get("properties") or {}
+    wrong = [f"{k} must be {_JSON_TYPE_WORDS[t] if isinstance(t, str) else ' or '.join(map(_JSON_TYPE_WORDS.get, t))}, "
+             f"got {v!r}" for k, v in call.arguments.items()
+             if (t := properties.get(k, {}).get("type")) is not None and not _of_type(v, t)]
+    if wrong:
+        return f"the call to {call.name!r} has argument(s) of the wrong type: {'; '.join(wrong)}"
     return None
+
+
+# JSON schema types (what transformers' get_json_schema writes from type hints) and what a value must be
+_JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
+               "object": (dict,), "null": (type(None),)}
+_JSON_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
+                    "array": "a list", "object": "an object", "null": "null"}
+
+
+def _of_type(value, json_type: str | list) -> bool:
+    """Whether `value` (parsed JSON) is of the schema's type (or one of its types): a bool is no number, and a
+    string is never read as one ("3" * 4 is "3333"). A type the table does not know passes."""
+    types = [json_type] if isinstance(json_type, str) else list(json_type)
+    if any(t not in _JSON_TYPES for t in types):
+        return True
+    if isinstance(value, bool):
+        return "boolean" in types
+    return isinstance(value, tuple(c for t in types for c in _JSON_TYPES[t]))
 
 
 def to_openai(calls: list[ToolCall]) -> list[dict]:

@@ -1,0 +1,229 @@
+"""A user's code (tools, reward functions, the files that hold them) ends only its own episode, never the run.
+
+Tools run in a helper process (envs/tool_host.py): one that exits, dies, spins or holds the GIL answers an error
+text and the next call gets a fresh process; arguments of another type than the schema's are refused; a tools
+file or a reward function that exits at import is refused in one line naming the file; a reward function that
+exits fails its scores. The real runs (slow) are the fault suite's user-code rows (nanorllm/chaos/suite.py).
+"""
+
+import json
+import os
+import textwrap
+import threading
+import time
+
+import pytest
+
+from nanorllm.chaos.suite import tool_exits, tool_floods, tool_holds_the_gil, tool_spins, reward_exits
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.math_env import MathSelfRefine
+from nanorllm.envs.modules import EnvSpecError
+from nanorllm.envs.registry import load_env
+from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
+from nanorllm.envs.timed import CallExited, call_with_limit
+from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
+from nanorllm.envs.tools import ToolBundle, load_tools
+from nanorllm.run.lifecycle import main
+from tests.runs import TINY_ARGS
+
+TASK = {"task_id": "t", "question": "What is 2 + 3?", "answer": "5"}
+TOOLS_PY = textwrap.dedent('''
+    import os, sys
+
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: the first
+            b: the second
+        """
+        return a * b
+
+
+    def where(x: str) -> int:
+        """The process id that runs the tool.
+
+        Args:
+            x: anything
+        """
+        return os.getpid()
+
+
+    def leave(x: str) -> str:
+        """Calls sys.exit.
+
+        Args:
+            x: anything
+        """
+        sys.exit(3)
+
+
+    def interrupt(x: str) -> str:
+        """Raises KeyboardInterrupt.
+
+        Args:
+            x: anything
+        """
+        raise KeyboardInterrupt
+
+
+    def die(x: str) -> str:
+        """Ends its process.
+
+        Args:
+            x: anything
+        """
+        os._exit(7)
+
+
+    def spin(x: str) -> str:
+        """A busy loop that never returns.
+
+        Args:
+            x: anything
+        """
+        while True:
+            pass
+
+
+    def hold(x: str) -> str:
+        """One C call that holds the GIL for minutes.
+
+        Args:
+            x: anything
+        """
+        return str(len(str(7 ** 10 ** 9)))
+
+
+    def flood(x: str) -> str:
+        """Prints, then returns 10 MB.
+
+        Args:
+            x: anything
+        """
+        print("noise " * 1000)
+        return "y" * (10 << 20)
+''')
+NAMES = "multiply,where,leave,interrupt,die,spin,hold,flood"
+
+
+def call(name, **args) -> str:
+    return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
+
+
+@pytest.fixture
+def tools_spec(tmp_path) -> str:
+    path = tmp_path / "user_tools.py"
+    path.write_text(TOOLS_PY)
+    return f"{path}:{NAMES}"
+
+
+def _results(spec: str, response: str, timeout_s: float = 5.0) -> tuple[list[str], dict]:
+    env = ToolBundle(load_env("math"), load_tools(spec), timeout_s=timeout_s, max_calls=8).make_env()
+    env.reset(TASK)
+    _, _, _, info = env.step(response)
+    return [r["content"] for r in info["tool_results"]], info
+
+
+# ---- tools in their own process -----------------------------------------------------------------------
+
+def test_a_tool_runs_in_a_process_of_its_own(tools_spec):
+    [pid], _ = _results(tools_spec, call("where", x="a"))
+    assert int(pid) != os.getpid()
+
+
+def test_a_tool_that_exits_interrupts_or_ends_its_process_answers_an_error_and_the_next_call_runs(tools_spec):
+    got, info = _results(tools_spec, call("leave", x="a") + call("interrupt", x="a") + call("die", x="a")
+                         + call("multiply", a=6, b=7))
+    assert got[0] == "Error: leave raised SystemExit: 3"
+    assert got[1] == "Error: interrupt raised KeyboardInterrupt: "
+    assert got[2] == "Error: the tool die ended its process (exit code 7)"
+    assert got[3] == "42" and info["tool_errors"] == 3
+
+
+@pytest.mark.parametrize("name", ["spin", "hold"])
+def test_a_tool_that_spins_or_holds_the_gil_is_killed_at_its_timeout_and_the_caller_runs_meanwhile(tools_spec, name):
+    host = ToolHost(tools_spec)
+    ticks, stop = [], threading.Event()
+    ticker = threading.Thread(target=lambda: [ticks.append(1) for _ in iter(lambda: stop.wait(0.01), True)])
+    ticker.start()
+    try:
+        assert host.call("multiply", {"a": 1, "b": 2}, 30.0) == ("2", True)  # started: the timeout is the call's
+        pid = host._proc.pid
+        ticks.clear()
+        t0 = time.monotonic()
+        text, ok = host.call(name, {"x": "a"}, 1.0)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        ticker.join()
+        host.close()
+    assert (text, ok) == (f"Error: the tool {name} did not return within 1 s", False)
+    assert took < 10  # the process is killed at the limit; in a thread `hold` would run for minutes
+    assert ticks  # this process's threads ran while the tool held its own GIL
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, not abandoned
+
+
+def test_a_tool_that_floods_gets_its_result_cut_and_its_prints_kept_out_of_the_reply(tools_spec):
+    [text], info = _results(tools_spec, call("flood", x="a"))
+    assert text == "y" * MAX_RESULT_CHARS and info["tool_errors"] == 0
+
+
+def test_arguments_of_another_type_than_the_schemas_are_refused_not_coerced(tools_spec):
+    got, info = _results(tools_spec, call("multiply", a="3", b=4) + call("multiply", a=True, b=4)
+                         + call("multiply", a=3, b=4))
+    assert got[0] == ("Error: the call to 'multiply' has argument(s) of the wrong type: a must be an integer, "
+                      "got '3'")  # not "3333"
+    assert "a must be an integer, got True" in got[1]
+    assert got[2] == "12" and info["tool_errors"] == 2
+
+
+# ---- at import ------------------------------------------------------------------------------------------
+
+def test_a_tools_list_naming_a_missing_function_names_it(tmp_path):
+    path = tmp_path / "listed.py"
+    path.write_text(TOOLS_PY + '\nTOOLS = ["multiply", "missing_fn"]\n')
+    with pytest.raises(EnvSpecError, match=r"has no function 'missing_fn'"):
+        load_tools(str(path))
+
+
+@pytest.mark.parametrize("flag, spec", [("--tools", "exits_at_import.py:f"), ("--reward", "exits_at_import.py:f")])
+def test_a_file_that_exits_at_import_is_refused_in_one_line_naming_it(tmp_path, capsys, flag, spec):
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(5)\n")
+    with pytest.raises(EnvSpecError, match=r"importing .*exits_at_import.py called sys.exit\(5\)"):
+        load_tools(str(tmp_path / "exits_at_import.py"))
+    rc = main([*TINY_ARGS, flag, str(tmp_path / spec), "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "exits_at_import.py called sys.exit(5)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- reward functions ------------------------------------------------------------------------------------
+
+def test_a_user_function_that_exits_comes_back_as_an_exception_the_caller_catches():
+    with pytest.raises(CallExited, match=r"reward:f raised SystemExit\(3\)"):
+        call_with_limit(lambda: exit(3), 5.0, "reward:f")
+
+
+def test_a_reward_function_that_exits_fails_its_scores_and_the_process_goes_on(tmp_path, capsys):
+    path = tmp_path / "exiting_rewards.py"
+    path.write_text("import sys\n\ndef leaves(completions, **kw):\n    sys.exit(2)\n")
+    task = {"task_id": "t1", "question": "q", "answer": "1"}
+    steps = [Step(observation="q", model_response="\\boxed{1}")]
+    batch = [RolloutResult(trajectory=Trajectory(task_id="t1", steps=steps, task=task), step_samples=[
+        StepSample(task_id="t1", episode_id="e", turn=0, prompt_ids=[1], response_ids=[2], rollout_logprobs=[0.0])])]
+    RewardBundle(MathSelfRefine(EpisodeSettings()), load_reward_functions((f"{path}:leaves",))).score_batch(batch)
+    assert batch[0].trajectory.termination_reason == "reward_failed"
+    assert "raised SystemExit(2)" in capsys.readouterr().err
+
+
+# ---- in real runs: the fault suite's user-code rows ------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [tool_exits, tool_floods, tool_spins, tool_holds_the_gil, reward_exits])
+def test_a_run_whose_user_code_misbehaves_finishes_with_those_calls_counted(tmp_path, fault):
+    [o] = fault(tmp_path)
+    assert o.ok, f"{o.notes}\n{o.output[-3000:]}"
