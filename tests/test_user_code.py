@@ -6,7 +6,6 @@ file or a reward function that exits at import is refused in one line naming the
 exits fails its scores. The real runs (slow) are the fault suite's user-code rows (nanorllm/chaos/suite.py).
 """
 
-import json
 import os
 import textwrap
 import threading
@@ -14,7 +13,8 @@ import time
 
 import pytest
 
-from nanorllm.chaos.suite import tool_exits, tool_floods, tool_holds_the_gil, tool_spins, reward_exits
+from nanorllm.chaos.suite import (MISBEHAVING_CODE, reward_exits, tool_exits, tool_floods, tool_holds_the_gil,
+                                  tool_spins)
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
@@ -26,10 +26,11 @@ from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
 from nanorllm.envs.tools import ToolBundle, load_tools
 from nanorllm.run.lifecycle import main
 from tests.runs import TINY_ARGS
+from tests.test_tools import call
 
 TASK = {"task_id": "t", "question": "What is 2 + 3?", "answer": "5"}
-TOOLS_PY = textwrap.dedent('''
-    import os, sys
+OWN_TOOLS = textwrap.dedent('''
+    import os
 
 
     def multiply(a: int, b: int) -> int:
@@ -42,82 +43,28 @@ TOOLS_PY = textwrap.dedent('''
         return a * b
 
 
-    def where(x: str) -> int:
-        """The process id that runs the tool.
-
-        Args:
-            x: anything
-        """
+    def where() -> int:
+        """The process id that runs the tool."""
         return os.getpid()
 
 
-    def leave(x: str) -> str:
-        """Calls sys.exit.
-
-        Args:
-            x: anything
-        """
-        sys.exit(3)
-
-
-    def interrupt(x: str) -> str:
-        """Raises KeyboardInterrupt.
-
-        Args:
-            x: anything
-        """
+    def interrupt() -> str:
+        """Raises KeyboardInterrupt."""
         raise KeyboardInterrupt
 
 
-    def die(x: str) -> str:
-        """Ends its process.
-
-        Args:
-            x: anything
-        """
+    def die() -> str:
+        """Ends its process."""
         os._exit(7)
-
-
-    def spin(x: str) -> str:
-        """A busy loop that never returns.
-
-        Args:
-            x: anything
-        """
-        while True:
-            pass
-
-
-    def hold(x: str) -> str:
-        """One C call that holds the GIL for minutes.
-
-        Args:
-            x: anything
-        """
-        return str(len(str(7 ** 10 ** 9)))
-
-
-    def flood(x: str) -> str:
-        """Prints, then returns 10 MB.
-
-        Args:
-            x: anything
-        """
-        print("noise " * 1000)
-        return "y" * (10 << 20)
 ''')
-NAMES = "multiply,where,leave,interrupt,die,spin,hold,flood"
-
-
-def call(name, **args) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": args})}</tool_call>'
 
 
 @pytest.fixture
 def tools_spec(tmp_path) -> str:
+    """The fault suite's misbehaving tools (exits, floods, spins, holds) and a few of this file's."""
     path = tmp_path / "user_tools.py"
-    path.write_text(TOOLS_PY)
-    return f"{path}:{NAMES}"
+    path.write_text(MISBEHAVING_CODE + OWN_TOOLS)
+    return f"{path}:multiply,where,interrupt,die,exits,floods,spins,holds"
 
 
 def _results(spec: str, response: str, timeout_s: float = 5.0) -> tuple[list[str], dict]:
@@ -130,20 +77,19 @@ def _results(spec: str, response: str, timeout_s: float = 5.0) -> tuple[list[str
 # ---- tools in their own process -----------------------------------------------------------------------
 
 def test_a_tool_runs_in_a_process_of_its_own(tools_spec):
-    [pid], _ = _results(tools_spec, call("where", x="a"))
+    [pid], _ = _results(tools_spec, call("where"))
     assert int(pid) != os.getpid()
 
 
 def test_a_tool_that_exits_interrupts_or_ends_its_process_answers_an_error_and_the_next_call_runs(tools_spec):
-    got, info = _results(tools_spec, call("leave", x="a") + call("interrupt", x="a") + call("die", x="a")
-                         + call("multiply", a=6, b=7))
-    assert got[0] == "Error: leave raised SystemExit: 3"
+    got, info = _results(tools_spec, call("exits") + call("interrupt") + call("die") + call("multiply", a=6, b=7))
+    assert got[0] == "Error: exits raised SystemExit: 2"
     assert got[1] == "Error: interrupt raised KeyboardInterrupt: "
     assert got[2] == "Error: the tool die ended its process (exit code 7)"
     assert got[3] == "42" and info["tool_errors"] == 3
 
 
-@pytest.mark.parametrize("name", ["spin", "hold"])
+@pytest.mark.parametrize("name", ["spins", "holds"])
 def test_a_tool_that_spins_or_holds_the_gil_is_killed_at_its_timeout_and_the_caller_runs_meanwhile(tools_spec, name):
     host = ToolHost(tools_spec)
     ticks, stop = [], threading.Event()
@@ -154,7 +100,7 @@ def test_a_tool_that_spins_or_holds_the_gil_is_killed_at_its_timeout_and_the_cal
         pid = host._proc.pid
         ticks.clear()
         t0 = time.monotonic()
-        text, ok = host.call(name, {"x": "a"}, 1.0)
+        text, ok = host.call(name, {}, 1.0)
         took = time.monotonic() - t0
     finally:
         stop.set()
@@ -168,7 +114,7 @@ def test_a_tool_that_spins_or_holds_the_gil_is_killed_at_its_timeout_and_the_cal
 
 
 def test_a_tool_that_floods_gets_its_result_cut_and_its_prints_kept_out_of_the_reply(tools_spec):
-    [text], info = _results(tools_spec, call("flood", x="a"))
+    [text], info = _results(tools_spec, call("floods"))
     assert text == "y" * MAX_RESULT_CHARS and info["tool_errors"] == 0
 
 
@@ -185,7 +131,7 @@ def test_arguments_of_another_type_than_the_schemas_are_refused_not_coerced(tool
 
 def test_a_tools_list_naming_a_missing_function_names_it(tmp_path):
     path = tmp_path / "listed.py"
-    path.write_text(TOOLS_PY + '\nTOOLS = ["multiply", "missing_fn"]\n')
+    path.write_text(OWN_TOOLS + '\nTOOLS = ["multiply", "missing_fn"]\n')
     with pytest.raises(EnvSpecError, match=r"has no function 'missing_fn'"):
         load_tools(str(path))
 
