@@ -19,12 +19,15 @@ from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.envs.modules import EnvSpecError
-from nanorllm.envs.registry import load_env
+from nanorllm.envs.registry import EnvSpec, load_bundle, load_env
 from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
 from nanorllm.envs.timed import CallExited, call_with_limit
 from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
 from nanorllm.envs.tools import ToolBundle, load_tools
+from nanorllm.policy.base import Generation, SamplingParams
+from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
+from nanorllm.trainer.metrics import rollout_metrics
 from tests.runs import TINY_ARGS
 from tests.test_tools import call
 
@@ -125,6 +128,74 @@ def test_arguments_of_another_type_than_the_schemas_are_refused_not_coerced(tool
                       "got '3'")  # not "3333"
     assert "a must be an integer, got True" in got[1]
     assert got[2] == "12" and info["tool_errors"] == 2
+
+
+# ---- the row's bound (rollout/row_bound.py) ----------------------------------------------------------
+
+class FloodingEnv:
+    """Answers every reply with 10 MB of text."""
+
+    def __init__(self, *, max_turns):
+        pass
+
+    def reset(self, task):
+        return task["question"]
+
+    def step(self, response):
+        return "z" * (10 << 20), 0.0, False, {}
+
+
+class Flooding(MathSelfRefine):
+    env_class = FloodingEnv
+
+    def make_env(self):
+        return FloodingEnv(max_turns=self.settings.max_turns)
+
+
+class Replies:
+    """The tiny policy's prompts, tokenizer and context, with replies that end (EOS) after `text`: a model that
+    answers in time, as the tiny random one never does (generated turn by turn)."""
+
+    def __init__(self, policy, text: str):
+        self.policy, self.text = policy, text
+        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.first_prompt_ids, self.next_prompt_ids = policy.first_prompt_ids, policy.next_prompt_ids
+
+    def seed(self, seed: int) -> None:
+        pass
+
+    def generate(self, conversations, prompt_ids, params) -> list[Generation]:
+        ids = self.tokenizer(self.text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return [Generation(text=self.text, response_ids=ids, logprobs=[-0.5] * len(ids), truncated=False)
+                for _ in conversations]
+
+
+def _rows(results) -> list[int]:
+    return [len(s.prompt_ids) + len(s.response_ids) for r in results for s in r.step_samples]
+
+
+def test_an_env_turn_past_the_rows_bound_ends_its_episode_counted_and_no_row_passes_the_context(tiny_policy):
+    engine = RolloutEngine(Replies(tiny_policy, "\\boxed{1}"), sampling=SamplingParams(max_new_tokens=64),
+                           env=Flooding(EpisodeSettings(max_turns=3)))
+    results = engine.run([TASK], num_samples=3, seed=0).results
+    context = tiny_policy.model.config.max_position_embeddings
+    assert [r.trajectory.termination_reason for r in results] == ["truncated"] * 3
+    assert [r.trajectory.num_turns for r in results] == [1] * 3  # the turn was refused, not served
+    assert rollout_metrics(results)["rollout/context_overflows"] == 3
+    assert max(_rows(results)) <= context
+
+
+def test_a_tool_result_past_the_rows_room_is_cut_to_fit_counted_and_the_episode_goes_on(tiny_policy, tools_spec):
+    floods = tools_spec.rsplit(":", 1)[0] + ":floods"
+    bundle = load_bundle(EnvSpec(env="math", tools=floods, max_tool_calls=1, settings=EpisodeSettings(max_turns=1)))
+    engine = RolloutEngine(Replies(tiny_policy, call("floods")), sampling=SamplingParams(max_new_tokens=64), env=bundle)
+    results = engine.run([TASK], num_samples=2, seed=0).results
+    m = rollout_metrics(results, env=bundle)
+    assert (m["rollout/tool_results_truncated"], m["rollout/context_overflows"]) == (2, 0)
+    assert [r.trajectory.num_turns for r in results] == [2, 2]  # the cut result was read, then the answer
+    assert max(_rows(results)) <= tiny_policy.model.config.max_position_embeddings
+    cut = results[0].trajectory.steps[0].info["tool_results"][0]["content"]
+    assert cut.startswith("yyy") and cut.endswith("more characters than the row holds]")
 
 
 # ---- at import ------------------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def exits() -> str:
 
 def floods() -> str:
     \"\"\"Prints a flood and returns 10 MB of text.\"\"\"
-    print("noise " * 10000)
+    print("noise " * 200)
     return "y" * (10 << 20)
 
 
