@@ -157,3 +157,7 @@ class EnvBundle:
     def use_tokenizer(self, tokenizer) -> None:
         """Told the policy's tokenizer before any episode runs (the engine does it): a bundle whose episodes
         read the model's own format, as --tools reads its tool calls, resolves it here."""
+
+    def use_tools(self, names: list[str]) -> None:
+        """Told the --tools functions' names when they wrap this bundle (envs/tools.py ToolBundle): a bundle whose
+        prompt teaches a call (CalcTasks) teaches only a call the episodes can make."""

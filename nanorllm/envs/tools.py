@@ -150,6 +150,7 @@ class ToolBundle(EnvBundle):
         self.settings = replace(inner.settings, max_turns=inner.settings.max_turns + max_calls)  # the engine's cap
         self.parser_name = parser
         self.parser, self.rendered_by = tool_format(None, parser)  # until the policy's tokenizer is known
+        inner.use_tools([t.schema["function"]["name"] for t in tools])
 
     def use_tokenizer(self, tokenizer) -> None:
         if tokenizer is not None:
