@@ -253,7 +253,7 @@ def _misbehaving_tool(out: Path, fn: str, label: str, counted: str) -> list[Outc
     code = out / "misbehaving_code.py"
     code.write_text(MISBEHAVING_CODE)
     return _misbehaving_code(out, f"tool_{fn}", label, ["--tools", f"{code}:{fn}", "--tool-timeout-s", "2",
-                                                        "--max-tool-calls", "1", "--eval-tasks", ""], counted,
+                                                        "--max-tool-calls", "1"], counted,
                              fault=f'fixed_answer:<tool_call>{{"name": "{fn}"}}</tool_call>')
 
 
@@ -285,7 +285,7 @@ def reward_exits(out: Path) -> list[Outcome]:
     code = out / "misbehaving_code.py"
     code.write_text(MISBEHAVING_CODE)
     return _misbehaving_code(out, "reward_exits", "--reward function calls sys.exit()",
-                             ["--reward", f"{code}:leaves", "--eval-tasks", ""], "reward/failed/leaves")
+                             ["--reward", f"{code}:leaves"], "reward/failed/leaves")
 
 
 def worker_start_fails(out: Path) -> list[Outcome]:

@@ -109,8 +109,9 @@ class EpisodeSettings:
     grader_timeout_s: float = 5.0
     env_timeout_s: float = 30.0  # --env-timeout-s: one call to an env server (a reset, a step) past this is an env error
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
-    # an --agent episode's row, prompt and completions, holds at most this many tokens (its requests past it get a
-    # 400); None: the model's context. What the memory plan sizes an agent episode at.
+    # an episode's row, prompt and completions, holds at most this many tokens (rollout/row_bound.py: an --agent
+    # request past it gets a 400, an env turn ends its episode); None: the model's context. What the memory plan
+    # sizes an agent episode at.
     max_row_tokens: int | None = None
 
 

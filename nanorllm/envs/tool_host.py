@@ -22,6 +22,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -80,11 +81,16 @@ class ToolHost:
     def __init__(self, spec: str):
         self.spec = spec
         self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one call at a time: two engines of a process may share the helper
 
     def call(self, name: str, arguments: dict, timeout_s: float,
              progress: Callable[[], None] = lambda: None) -> tuple[str, bool]:
         """(the result's text, whether the tool returned); an error text when it raised, ran past `timeout_s`
         (the child is killed) or ended its process. `progress()` is called while it runs."""
+        with self._lock:
+            return self._call(name, arguments, timeout_s, progress)
+
+    def _call(self, name: str, arguments: dict, timeout_s: float, progress) -> tuple[str, bool]:
         try:
             proc = self._child(progress)
         except RuntimeError as e:
