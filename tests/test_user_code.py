@@ -25,6 +25,7 @@ from nanorllm.envs.timed import CallExited, call_with_limit
 from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
 from nanorllm.envs.tools import ToolBundle, load_tools
 from nanorllm.policy.base import Generation, SamplingParams
+from nanorllm.policy.tool_calls import ToolCall, check_call
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.metrics import rollout_metrics
@@ -128,6 +129,17 @@ def test_arguments_of_another_type_than_the_schemas_are_refused_not_coerced(tool
                       "got '3'")  # not "3333"
     assert "a must be an integer, got True" in got[1]
     assert got[2] == "12" and info["tool_errors"] == 2
+
+
+@pytest.mark.parametrize("json_type, value, ok", [("number", 3, True), ("number", 2.5, True), ("number", True, False),
+                                                  ("integer", 3.0, False), (["integer", "null"], None, True),
+                                                  (["integer", "null"], "3", False), ("boolean", 1, False),
+                                                  ("array", [1], True), ("string", 3, False), ("custom", 3, True)])
+def test_an_arguments_type_is_read_off_its_schema(json_type, value, ok):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": json_type}}, "required": ["x"]}}}
+    why = check_call(ToolCall("f", {"x": value}, ""), [tool])
+    assert (why is None) == ok, why
 
 
 # ---- the row's bound (rollout/row_bound.py) ----------------------------------------------------------

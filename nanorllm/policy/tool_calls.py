@@ -336,7 +336,8 @@ def _schemas(tools) -> dict[str, dict]:
 
 
 def check_call(call, tools) -> str | None:
-    """Why `call` cannot run against `tools` (a message for the model), or None when it can.
+    """Why `call` cannot run against `tools` (a message for the model), or None when it can: no such tool, a
+    required argument missing, an argument of another type than its schema's.
 
     `call`: a ToolCall, a ParseFailure (its reason), or an OpenAI tool call
     ({"function": {"name", "arguments": JSON text}}, or that inner object)."""
@@ -357,9 +358,7 @@ def check_call(call, tools) -> str | None:
     if missing:
         return f"the call to {call.name!r} lacks its required argument(s): {', '.join(missing)}"
     properties = schemas[call.name].get("properties") or {}
-    wrong = [f"{k} must be {_JSON_TYPE_WORDS[t] if isinstance(t, str) else ' or '.join(map(_JSON_TYPE_WORDS.get, t))}, "
-             f"got {v!r}" for k, v in call.arguments.items()
-             if (t := properties.get(k, {}).get("type")) is not None and not _of_type(v, t)]
+    wrong = [why for k, v in call.arguments.items() if (why := _type_problem(k, v, properties.get(k, {}).get("type")))]
     if wrong:
         return f"the call to {call.name!r} has argument(s) of the wrong type: {'; '.join(wrong)}"
     return None
@@ -372,15 +371,15 @@ _JSON_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a 
                     "array": "a list", "object": "an object", "null": "null"}
 
 
-def _of_type(value, json_type: str | list) -> bool:
-    """Whether `value` (parsed JSON) is of the schema's type (or one of its types): a bool is no number, and a
-    string is never read as one ("3" * 4 is "3333"). A type the table does not know passes."""
-    types = [json_type] if isinstance(json_type, str) else list(json_type)
-    if any(t not in _JSON_TYPES for t in types):
-        return True
-    if isinstance(value, bool):
-        return "boolean" in types
-    return isinstance(value, tuple(c for t in types for c in _JSON_TYPES[t]))
+def _type_problem(name: str, value, json_type: str | list | None) -> str | None:
+    """Why argument `name`'s `value` (parsed JSON) is not of its schema's type (or one of its types), or None: a
+    bool is no number, and a string is never read as one ("3" * 4 is "3333"). A type the table lacks passes."""
+    types = [json_type] if isinstance(json_type, str) else list(json_type or ())
+    if not types or any(t not in _JSON_TYPES for t in types):
+        return None
+    ok = "boolean" in types if isinstance(value, bool) else isinstance(value, tuple(c for t in types
+                                                                                    for c in _JSON_TYPES[t]))
+    return None if ok else f"{name} must be {' or '.join(_JSON_TYPE_WORDS[t] for t in types)}, got {value!r}"
 
 
 def to_openai(calls: list[ToolCall]) -> list[dict]:
