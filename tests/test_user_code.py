@@ -7,6 +7,7 @@ exits fails its scores. The real runs (slow) are the fault suite's user-code row
 """
 
 import os
+import signal
 import textwrap
 import threading
 import time
@@ -115,6 +116,19 @@ def test_a_tool_that_spins_or_holds_the_gil_is_killed_at_its_timeout_and_the_cal
     assert ticks  # this process's threads ran while the tool held its own GIL
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # gone, not abandoned
+
+
+def test_a_helper_killed_from_outside_between_calls_is_replaced_at_the_next_call(tools_spec):
+    host = ToolHost(tools_spec)
+    try:
+        assert host.call("multiply", {"a": 2, "b": 3}, 30.0) == ("6", True)
+        first = host._proc.pid
+        os.kill(first, signal.SIGKILL)
+        host._proc.wait()
+        assert host.call("multiply", {"a": 2, "b": 4}, 30.0) == ("8", True)
+        assert host._proc.pid != first
+    finally:
+        host.close()
 
 
 def test_a_tool_that_floods_gets_its_result_cut_and_its_prints_kept_out_of_the_reply(tools_spec):

@@ -95,9 +95,12 @@ class ToolHost:
             proc = self._child(progress)
         except RuntimeError as e:
             return f"Error: the tool {name} could not run: {e}", False
-        proc.stdin.write(json.dumps({"name": name, "arguments": arguments}) + "\n")
-        proc.stdin.flush()
-        line = self._line(proc, timeout_s, progress)
+        try:
+            proc.stdin.write(json.dumps({"name": name, "arguments": arguments}) + "\n")
+            proc.stdin.flush()
+            line = self._line(proc, timeout_s, progress)
+        except BrokenPipeError:  # the helper died between calls (killed from outside)
+            line = ""
         if line is None:
             self.close()
             return f"Error: the tool {name} did not return within {timeout_s:g} s", False
