@@ -16,6 +16,7 @@ import pytest
 
 from nanorllm.chaos.suite import (MISBEHAVING_CODE, reward_exits, tool_exits, tool_floods, tool_holds_the_gil,
                                   tool_spins)
+from nanorllm.config import ConfigError, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
@@ -222,6 +223,15 @@ def test_a_tool_result_past_the_rows_room_is_cut_to_fit_counted_and_the_episode_
     assert max(_rows(results)) <= tiny_policy.model.config.max_position_embeddings
     cut = results[0].trajectory.steps[0].info["tool_results"][0]["content"]
     assert cut.startswith("yyy") and cut.endswith("more characters than the row holds]")
+
+
+@pytest.mark.parametrize("field", ["tool_timeout_s", "reward_timeout_s"])
+def test_a_call_limit_past_a_day_is_refused_naming_the_field(field):
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError) as e:
+        parse_config([flag, "1e300"])
+    assert e.value.problems == [f"{field}: must be at most 86400 s (a day), got 1e+300"]
+    assert getattr(parse_config([flag, "86400"]), field) == 86400
 
 
 # ---- at import ------------------------------------------------------------------------------------------
