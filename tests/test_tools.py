@@ -8,6 +8,7 @@ pipeline, and the warning a run that never calls a tool prints once.
 """
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
 from nanorllm.trainer.metrics import rollout_metrics
-from tests.procs import read_scalars, run_train
+from tests.procs import HANG_S, ROOT, read_scalars, run_train, start_train
 from tests.runs import TINY_ARGS
 
 TASK = {"task_id": "t", "question": "What is 2 + 3?", "answer": "5"}
@@ -255,3 +256,30 @@ def test_a_tiny_run_with_tools_trains_two_steps_serially_and_in_the_pipeline_and
     for name in ("rollout/tool_calls_per_episode", "rollout/tool_parse_failures", "rollout/tool_errors"):
         assert [v for _, v in scalars[name]] == [0, 0]
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0]
+
+
+@pytest.mark.slow
+def test_the_first_command_of_the_tools_doc_runs_and_a_run_shorter_than_the_alarm_warns_at_its_end(tmp_path):
+    """The doc's command as written (on the tiny model, 2 steps): it trains; the zero-call warning, due at step 3
+    (--tool-alarm-steps' default), comes at the run's end instead of never."""
+    doc = (ROOT / "docs" / "tools.md").read_text().split("## Python functions as tools", 1)[1]
+    command = next(line.strip() for line in doc.splitlines() if line.strip().startswith("python launch/train.py"))
+    proc, _ = start_train([*shlex.split(command)[2:], "--max-steps", "2", "--eval-limit", "2", "--run-name", "r",
+                           "--no-save-model"], tmp_path / "runs", cwd=ROOT)
+    out, _ = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 0, out
+    assert out.count("[tools] warning: the first 2 steps parsed no tool call") == 1
+    assert out.index("step 2/2") < out.index("[tools] warning")
+
+
+def test_calc_tasks_teach_the_calc_call_only_when_calc_is_among_the_tools(tools_file):
+    def system(tools: str) -> str:
+        agent = load_bundle(EnvSpec(env="nanorllm.envs.calc_tool:CalcTasks", tools=tools)).make_agent()
+        agent.reset(TASK, TASK["question"])
+        return json.dumps(agent.messages)
+
+    with_calc = system("nanorllm/envs/calc_tool.py:calc")
+    assert "call calc with one arithmetic expression" in with_calc and "12 * 34 + 5" in with_calc
+    others = system(f"{tools_file}:add")
+    assert "calc" not in others.replace('"calc-', "") and "12 * 34 + 5" not in others
+    assert "with tools" in others

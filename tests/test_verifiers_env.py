@@ -123,6 +123,7 @@ def test_a_verifiers_episode_past_agent_timeout_s_is_ended_and_counted_and_the_t
     ("verifiers:json", r"'json' has no load_environment and exports no verifiers Taskset"),
     ("verifiers:verifiers_example:missing", r"has no function 'missing'"),
     ("verifiers:verifiers_example:loader_that_raises", r"the loader raised RuntimeError: no such dataset"),
+    ("verifiers:verifiers_example:loader_that_exits", r"the loader raised SystemExit: 3"),
     ("verifiers:verifiers_example:not_an_env", r"returned dict, not a verifiers Env"),
 ])
 def test_a_bad_verifiers_spec_is_refused_with_its_reason(on_path, spec, reason):

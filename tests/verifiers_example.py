@@ -139,4 +139,10 @@ def loader_that_raises():
     raise RuntimeError("no such dataset")
 
 
+def loader_that_exits():
+    import sys
+
+    sys.exit(3)  # as a loader that parses the command line does
+
+
 __all__ = ["SumTaskset"]

@@ -167,16 +167,12 @@ def _scalar_values(run_dir: Path, tag: str) -> list[int]:
     return [int(e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[str], counted: str,
-                       fault: str | None = None) -> list[Outcome]:
-    """A pipeline --agent run of 3 steps whose agent `fn` misbehaves: the run finishes (exit 0, `[done]` last),
-    the faults are counted in `counted`, and every process is gone after it."""
+def _misbehaving_code(out: Path, name: str, label: str, args: list[str], counted: str,
+                      fault: str | None = None) -> list[Outcome]:
+    """A pipeline run of 3 steps with a user's code (`args` name it) that misbehaves: the run finishes (exit 0,
+    `[done]` last), the faults are counted in `counted`, and every process is gone after it."""
     shm = shm_entries()
-    agent = out / "misbehaving_agents.py"
-    agent.write_text(MISBEHAVING_AGENTS)
-    run = TrainProcess([*PIPELINE, "--agent", f"{agent}:{fn}", "--tasks", "calc:count=40,seed=1",
-                        "--eval-tasks", "calc:count=2,seed=2",
-                        "--max-steps", "3", *extra, "--run-name", name], out, fault=fault)
+    run = TrainProcess([*PIPELINE, *args, "--max-steps", "3", "--run-name", name], out, fault=fault)
     rc = run.wait()
     lines = run.output().strip().splitlines()
     counts = _scalar_values(out / name, counted)
@@ -184,6 +180,15 @@ def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[st
                 and any(counts))
     o.notes.append(f"exit {rc}; {counted} by step {counts}; last line {lines[-1][:60] if lines else ''!r}")
     return [_finish(o, run, out / name, shm)]
+
+
+def _misbehaving_agent(out: Path, name: str, label: str, fn: str, extra: list[str], counted: str,
+                       fault: str | None = None) -> list[Outcome]:
+    """An --agent run (`fn` of MISBEHAVING_AGENTS) through `_misbehaving_code`."""
+    agent = out / "misbehaving_agents.py"
+    agent.write_text(MISBEHAVING_AGENTS)
+    return _misbehaving_code(out, name, label, ["--agent", f"{agent}:{fn}", "--tasks", "calc:count=40,seed=1",
+                                                "--eval-tasks", "calc:count=2,seed=2", *extra], counted, fault)
 
 
 def agent_exits(out: Path) -> list[Outcome]:
@@ -204,6 +209,84 @@ def agent_engine_error(out: Path) -> list[Outcome]:
     agents get answers, it is re-run; no later call inherits the failed one's agents."""
     return _misbehaving_agent(out, "agent_engine_error", "engine error mid --agent batch", "answers", [],
                               "pipeline/job_errors", fault="agent_engine_error:worker")
+
+
+# Tools and reward functions a user might write that misbehave (--tools / --reward path/to/file.py:fn).
+MISBEHAVING_CODE = """
+import os, sys
+
+_calls = [0]
+
+
+def exits() -> str:
+    \"\"\"Calls sys.exit, as a script's argument parsing does.\"\"\"
+    sys.exit(2)
+
+
+def floods() -> str:
+    \"\"\"Prints a flood and returns 10 MB of text.\"\"\"
+    print("noise " * 200)
+    return "y" * (10 << 20)
+
+
+def spins() -> str:
+    \"\"\"A busy loop that never returns.\"\"\"
+    while True:
+        pass
+
+
+def holds() -> str:
+    \"\"\"One C call that holds the GIL for minutes.\"\"\"
+    return str(len(str(7 ** 10 ** 9)))
+
+
+def leaves(completions, **kwargs):
+    _calls[0] += 1
+    if _calls[0] == 1:  # each process's first call: the others score
+        sys.exit(2)
+    return [float(len(c) % 2) for c in completions]
+"""
+
+
+def _misbehaving_tool(out: Path, fn: str, label: str, counted: str) -> list[Outcome]:
+    """Every reply calls the tool `fn` (the tiny model is made to write the call): the run finishes, its calls
+    are counted in `counted`."""
+    code = out / "misbehaving_code.py"
+    code.write_text(MISBEHAVING_CODE)
+    return _misbehaving_code(out, f"tool_{fn}", label, ["--tools", f"{code}:{fn}", "--tool-timeout-s", "2",
+                                                        "--max-tool-calls", "1"], counted,
+                             fault=f'fixed_answer:<tool_call>{{"name": "{fn}"}}</tool_call>')
+
+
+def tool_exits(out: Path) -> list[Outcome]:
+    """A tool that calls sys.exit(): each call's result is its error text (rollout/tool_errors); the run goes on."""
+    return _misbehaving_tool(out, "exits", "--tools function calls sys.exit()", "rollout/tool_errors")
+
+
+def tool_floods(out: Path) -> list[Outcome]:
+    """A tool that prints a flood and returns 10 MB: the result is cut to the row's bound and counted
+    (rollout/tool_results_truncated); no row outgrows the model's context."""
+    return _misbehaving_tool(out, "floods", "--tools function returns 10 MB", "rollout/tool_results_truncated")
+
+
+def tool_spins(out: Path) -> list[Outcome]:
+    """A tool in a busy loop: its process is killed at --tool-timeout-s (rollout/tool_errors), nothing piles up."""
+    return _misbehaving_tool(out, "spins", "--tools function spins", "rollout/tool_errors")
+
+
+def tool_holds_the_gil(out: Path) -> list[Outcome]:
+    """A tool in one C call that holds the GIL for minutes: in its own process it freezes nothing of the worker's
+    (the heartbeat goes on), is killed at --tool-timeout-s and counted (rollout/tool_errors)."""
+    return _misbehaving_tool(out, "holds", "--tools function holds the GIL", "rollout/tool_errors")
+
+
+def reward_exits(out: Path) -> list[Outcome]:
+    """A --reward function that calls sys.exit() in each process's first call: those scores fail
+    (reward/failed/leaves), the others train; the run finishes."""
+    code = out / "misbehaving_code.py"
+    code.write_text(MISBEHAVING_CODE)
+    return _misbehaving_code(out, "reward_exits", "--reward function calls sys.exit()",
+                             ["--reward", f"{code}:leaves"], "reward/failed/leaves")
 
 
 def worker_start_fails(out: Path) -> list[Outcome]:
@@ -611,7 +694,9 @@ FAULTS = {"worker_kill": worker_kill, "worker_hang": worker_hang, "worker_start"
           "env_forks": env_forks, "agent_worker_kill": agent_worker_kill,
           "agent_exits": agent_exits, "agent_hangs": agent_hangs, "agent_engine_error": agent_engine_error,
           "judge_dies": judge_dies, "judge_drips": judge_drips, "judge_lies": judge_lies,
-          "judge_behind_proxy": judge_behind_proxy, "reward_model_without_head": reward_model_without_head}
+          "judge_behind_proxy": judge_behind_proxy, "reward_model_without_head": reward_model_without_head,
+          "tool_exits": tool_exits, "tool_floods": tool_floods, "tool_spins": tool_spins,
+          "tool_holds_the_gil": tool_holds_the_gil, "reward_exits": reward_exits}
 
 
 def run_suite(out: Path, names: list[str] | None = None) -> int:

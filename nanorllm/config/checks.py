@@ -225,7 +225,16 @@ def _tool_problems(cfg) -> list[str]:
     if cfg.tools and cfg.agent:
         p.append("tools: --tools gives an --env's episodes tools; an --agent passes its own in each request")
     return p + bound_problems(cfg, {"max_tool_calls": ">= 1", "tool_timeout_s": "> 0",
-                                    "tool_alarm_steps": ">= 0 (0: off)"})
+                                    "tool_alarm_steps": ">= 0 (0: off)"}) + call_limit_problems(cfg)
+
+
+MAX_CALL_LIMIT_S = 86400.0  # a day: a wait longer than any run's step, and one the clock calls can take (1e300 is not)
+
+
+def call_limit_problems(cfg) -> list[str]:
+    """A user-code call's wall-clock limit past MAX_CALL_LIMIT_S: too large to wait on (every call would fail)."""
+    return [f"{name}: must be at most {MAX_CALL_LIMIT_S:g} s (a day), got {getattr(cfg, name):g}"
+            for name in ("tool_timeout_s", "reward_timeout_s") if getattr(cfg, name) > MAX_CALL_LIMIT_S]
 
 
 def _reward_problems(cfg) -> list[str]:

@@ -42,8 +42,8 @@ class Sources:
     max_tool_calls: int = 4
     """Tool calls an episode may make under --tools; after them a reply goes to the env as its answer."""
     tool_timeout_s: float = 10.0
-    """Wall-clock limit (seconds) of one tool call; past it the call is abandoned and its result is an error
-    text (counted in rollout/tool_errors)."""
+    """Wall-clock limit (seconds, at most a day) of one tool call; past it the tools' helper process is killed and
+    the call's result is an error text (counted in rollout/tool_errors)."""
     tool_alarm_steps: int = 3
     """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
     the template and a raw response (a format mismatch shows in a minute). 0: off."""
@@ -58,7 +58,7 @@ class Sources:
     reward_mode: Literal["add", "replace"] = "add"
     """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
     reward_timeout_s: float = 30.0
-    """Wall-clock limit (seconds) of one call of a --reward function; past it the scores of the batch it was given
+    """Wall-clock limit (seconds, at most a day) of one call of a --reward function; past it the scores of the batch it was given
     failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
     reward_model: str | None = None
     """A local HF sequence-classifier folder (num_labels 1: the score; 2: logit[1] - logit[0]) that scores each
@@ -371,7 +371,8 @@ class RunFolder:
     rollout_dump_size: int = 512
     """Most recent episodes kept in runs/<run>/rollouts.jsonl."""
     save_model: bool = True
-    """Save the final model in HF format under runs/<run>/final_model."""
+    """Save the final model in HF format under runs/<run>/final_model. --no-save-model skips only that folder: the
+    last step's checkpoint (weights and optimizer state, what --resume reads) is still written under checkpoints/."""
 
 
 @dataclass

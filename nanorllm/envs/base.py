@@ -109,8 +109,9 @@ class EpisodeSettings:
     grader_timeout_s: float = 5.0
     env_timeout_s: float = 30.0  # --env-timeout-s: one call to an env server (a reset, a step) past this is an env error
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
-    # an --agent episode's row, prompt and completions, holds at most this many tokens (its requests past it get a
-    # 400); None: the model's context. What the memory plan sizes an agent episode at.
+    # an episode's row, prompt and completions, holds at most this many tokens (rollout/row_bound.py: an --agent
+    # request past it gets a 400, an env turn ends its episode); None: the model's context. What the memory plan
+    # sizes an agent episode at.
     max_row_tokens: int | None = None
 
 
@@ -157,3 +158,7 @@ class EnvBundle:
     def use_tokenizer(self, tokenizer) -> None:
         """Told the policy's tokenizer before any episode runs (the engine does it): a bundle whose episodes
         read the model's own format, as --tools reads its tool calls, resolves it here."""
+
+    def use_tools(self, names: list[str]) -> None:
+        """Told the --tools functions' names when they wrap this bundle (envs/tools.py ToolBundle): a bundle whose
+        prompt teaches a call (CalcTasks) teaches only a call the episodes can make."""

@@ -19,6 +19,8 @@ def calc(expression: str) -> str:
     return calculate(expression)
 
 
+TOOLS_PROMPT = ("You are a careful math assistant with tools. Call one when it helps and stop: its result comes "
+                "back. Then give the final answer as a number in \\boxed{}.")
 SYSTEM_PROMPT = ("You are a careful math assistant with a calculator tool. To calculate, call calc with one "
                  "arithmetic expression and stop: its result comes back. Then give the final answer as a number "
                  "in \\boxed{}.")
@@ -31,7 +33,8 @@ EXAMPLE = [{"role": "user", "content": "What is 12 * 34 + 5?"},
 
 class CalcTasks(MathSelfRefine):
     """The math env's \\boxed{} answers and grading on the calculator env's tasks, with a prompt and a worked
-    exchange that call the tool (rendered in the model's tool format: policy/chat_render.py)."""
+    exchange that call the tool (rendered in the model's tool format: policy/chat_render.py). With --tools that
+    hold no `calc`, the prompt names no tool and shows no call: it would teach a call the episodes cannot make."""
 
     name = "calc-tasks"
     system_prompt, example = SYSTEM_PROMPT, EXAMPLE
@@ -39,3 +42,7 @@ class CalcTasks(MathSelfRefine):
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         return CalculatorTool(self.settings).load_tasks(spec, limit=limit)
+
+    def use_tools(self, names: list[str]) -> None:
+        if "calc" not in names:
+            self.system_prompt, self.example = TOOLS_PROMPT, None

@@ -16,6 +16,17 @@ class EnvSpecError(ValueError):
 
 
 def _import_module(where: str, spec: str):
+    """The module `where` names (a file path or a module path); EnvSpecError naming the file when importing it
+    calls sys.exit (a script's argument parsing, say): that would end the run silently with the file's code."""
+    try:
+        return _load(where, spec)
+    except SystemExit as e:
+        raise EnvSpecError(f"{spec!r}: importing {where} called sys.exit({e.code!r}); a file the run imports must "
+                           "define its functions without running a program (guard it with if __name__ == "
+                           "'__main__':)") from None
+
+
+def _load(where: str, spec: str):
     if where.endswith(".py"):
         path = Path(where).resolve()
         if not path.is_file():

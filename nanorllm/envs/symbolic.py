@@ -11,7 +11,8 @@ The child starts on the first symbolic check (numeric golds never need one) and 
 parent. Verdicts are cached per (answer, gold, budget): a policy repeats itself, and a gold that
 times out once would time out again.
 
-Run as a script, this file is the child (it imports only math-verify).
+Run as a script, this file is the child (it imports only math-verify). The two ends of such a helper
+(`stop_helper`, `serve_parent`) are shared with the --tools helper (envs/tool_host.py).
 """
 
 import json
@@ -85,15 +86,33 @@ class SymbolicChecker:
 
     def close(self) -> None:
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGKILL)
-            self._proc.wait()
-            for f in (self._proc.stdin, self._proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+            stop_helper(self._proc)
             self._proc = None
+
+
+def stop_helper(proc: subprocess.Popen) -> None:
+    """SIGKILL a helper child (if it still runs), reap it and close its pipes (this one, envs/tool_host.py's)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        try:
+            f.close()
+        except OSError:
+            pass
+
+
+def serve_parent(parent_pid: int) -> None:
+    """In a helper child: die with `parent_pid` (Linux), exit now if it is gone already, leave Ctrl-C to it."""
+    import ctypes
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the process that started it
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -111,15 +130,7 @@ CHECKER = SymbolicChecker()
 
 def _serve(parent_pid: int) -> None:
     """The child: one JSON [predicted, gold] a line in, one JSON bool a line out."""
-    import ctypes
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the grading process
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    serve_parent(parent_pid)  # dies with the grading process
     import logging
     logging.disable(logging.WARNING)  # math-verify warns that it runs without its own timeout: we are it
     from math_verify import parse, verify

@@ -14,20 +14,20 @@ one goes to the inner env's step, which scores it (or, under `single`, the --rew
 `max_calls` calls an episode run (--max-tool-calls); past them a reply goes to the inner env as its answer,
 whatever it holds, so an episode has at most the inner env's turns + `max_calls` turns.
 
-Nothing a model writes stops the run. A call that does not parse, names no tool or lacks a required argument
-gets the reason as its result (counted in rollout/tool_parse_failures, or rollout/tool_errors for a call that
-parsed); a tool that raises gets its error text (rollout/tool_errors), and so does one still running after
-`timeout_s` (--tool-timeout-s), which is abandoned on its daemon thread (envs/timed.py).
+Nothing a model writes, and nothing a tool does, stops the run. A call that does not parse, names no tool, lacks a
+required argument or gives one of another type than its schema's gets the reason as its result (counted in
+rollout/tool_parse_failures, or rollout/tool_errors for a call that parsed); the tools run in a helper process
+(envs/tool_host.py), so one that raises (sys.exit too) gets its error text (rollout/tool_errors), and so does one
+still running after `timeout_s` (--tool-timeout-s), whose process is killed, or one that ends its process.
 """
 
-import json
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from nanorllm.core.types import RolloutResult, Step
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec
-from nanorllm.envs.timed import CallTimeout, call_with_limit
+from nanorllm.envs.modules import EnvSpecError
+from nanorllm.envs.tool_host import host, tool_functions
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.tool_calls import ToolCall, check_call, parse
 
@@ -39,6 +39,7 @@ class Tool:
     name: str
     fn: Callable
     schema: dict  # {"type": "function", "function": {"name", "description", "parameters"}}
+    spec: str  # the --tools spec it came from: what its helper process imports (envs/tool_host.py)
 
 
 def tool_schema(spec: str, fn) -> dict:
@@ -57,34 +58,11 @@ def tool_schema(spec: str, fn) -> dict:
 
 def load_tools(spec: str) -> list[Tool]:
     """The tools a spec names: where:fn1,fn2, or where alone (a module or .py file whose TOOLS list holds them)."""
-    if ":" in spec:
-        module, where, names = import_spec(spec, "path/to/tools.py:fn1,fn2 or module.path:fn1,fn2")
-        fns = []
-        for name in (n.strip() for n in names.split(",")):
-            if not name or getattr(module, name, None) is None:
-                raise EnvSpecError(f"{spec!r}: {where!r} has no function {name!r}")
-            fns.append(getattr(module, name))
-    else:
-        try:
-            module = _import_module(spec, spec)
-        except EnvSpecError:
-            raise
-        except Exception as e:
-            raise EnvSpecError(f"{spec!r}: cannot import it: {type(e).__name__}: {e}") from e
-        fns = getattr(module, "TOOLS", None)
-        if not isinstance(fns, (list, tuple)) or not fns:
-            raise EnvSpecError(f"{spec!r}: it has no TOOLS list of functions; name them (path/to/tools.py:fn1,fn2)")
-        fns = [getattr(module, f, None) if isinstance(f, str) else f for f in fns]
-    tools = [Tool(getattr(fn, "__name__", ""), fn, tool_schema(spec, fn)) for fn in fns]
+    tools = [Tool(getattr(fn, "__name__", ""), fn, tool_schema(spec, fn), spec) for fn in tool_functions(spec)]
     names = [t.schema["function"]["name"] for t in tools]
     if len(set(names)) < len(names):
         raise EnvSpecError(f"{spec!r}: two tools share a name ({', '.join(names)})")
     return tools
-
-
-def result_text(value) -> str:
-    """A tool's return value as the text of its `tool` message: text as it is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 class ToolEnv:
@@ -95,6 +73,7 @@ class ToolEnv:
         self.tools = {t.schema["function"]["name"]: t for t in tools}
         self.schemas = [t.schema for t in tools]
         self.calls = 0
+        self.progress = lambda: None  # the engine's hang detection hears the calls through it
 
     def reset(self, task: dict):
         self.calls = 0
@@ -123,14 +102,9 @@ class ToolEnv:
         return "\n".join(r["content"] for r in results), 0.0, False, info
 
     def run(self, call: ToolCall) -> tuple[str, bool]:
-        """(the result's text, whether the tool returned): its error text when it raised or timed out."""
-        tool = self.tools[call.name]
-        try:
-            return result_text(call_with_limit(tool.fn, self.timeout_s, f"tool:{call.name}", **call.arguments)), True
-        except CallTimeout:
-            return f"Error: the tool {call.name} did not return within {self.timeout_s:g} s", False
-        except Exception as e:  # the model's arguments or the tool's own fault: the model reads it
-            return f"Error: {call.name} raised {type(e).__name__}: {e}", False
+        """(the result's text, whether the tool returned) from the tools' helper process (envs/tool_host.py): its
+        error text when it raised, ran past the limit or ended its process."""
+        return host(self.tools[call.name].spec).call(call.name, call.arguments, self.timeout_s, self.progress)
 
 
 class ToolAgent:
@@ -176,6 +150,7 @@ class ToolBundle(EnvBundle):
         self.settings = replace(inner.settings, max_turns=inner.settings.max_turns + max_calls)  # the engine's cap
         self.parser_name = parser
         self.parser, self.rendered_by = tool_format(None, parser)  # until the policy's tokenizer is known
+        inner.use_tools([t.schema["function"]["name"] for t in tools])
 
     def use_tokenizer(self, tokenizer) -> None:
         if tokenizer is not None:
@@ -193,9 +168,11 @@ class ToolBundle(EnvBundle):
         return self.inner.load_tasks(spec, limit=limit)
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        """Tool calls parsed per episode; calls that did not parse and calls that failed, in the batch."""
+        """Tool calls parsed per episode; calls that did not parse, calls that failed and results cut to the row's
+        bound (rollout/row_bound.py), in the batch."""
         steps = [s.info for r in results for s in r.trajectory.steps]
         return {**self.inner.metrics(results),
                 "rollout/tool_calls_per_episode": sum(len(i.get("tool_calls", ())) for i in steps) / max(len(results), 1),
                 "rollout/tool_parse_failures": sum(i.get("tool_parse_failures", 0) for i in steps),
-                "rollout/tool_errors": sum(i.get("tool_errors", 0) for i in steps)}
+                "rollout/tool_errors": sum(i.get("tool_errors", 0) for i in steps),
+                "rollout/tool_results_truncated": sum(i.get("tool_results_truncated", 0) for i in steps)}

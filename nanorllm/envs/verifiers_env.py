@@ -76,7 +76,7 @@ def _loader(target: str):
         module = importlib.import_module(name)
     except ModuleNotFoundError as e:
         raise EnvSpecError(f"{spec!r}: no module {e.name!r} (is the environment installed, or on the path?)") from None
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a module that exits while importing is refused like one that raises
         raise EnvSpecError(f"{spec!r}: cannot import {name!r}: {type(e).__name__}: {e}") from e
     fn = getattr(module, loader_name or "load_environment", None)
     if loader_name and not callable(fn):
@@ -120,7 +120,7 @@ def load_vf_env(target: str, options: dict):
             env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": name, **options}}))
         else:
             env = fn(**options)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a loader that exits is refused like one that raises
         raise EnvSpecError(f"{spec!r}: the loader raised {type(e).__name__}: {_first_line(e)}") from e
     if not isinstance(env, vf.Env):
         raise EnvSpecError(f"{spec!r}: the loader returned {type(env).__name__}, not a verifiers Env "

@@ -336,7 +336,8 @@ def _schemas(tools) -> dict[str, dict]:
 
 
 def check_call(call, tools) -> str | None:
-    """Why `call` cannot run against `tools` (a message for the model), or None when it can.
+    """Why `call` cannot run against `tools` (a message for the model), or None when it can: no such tool, a
+    required argument missing, an argument of another type than its schema's.
 
     `call`: a ToolCall, a ParseFailure (its reason), or an OpenAI tool call
     ({"function": {"name", "arguments": JSON text}}, or that inner object)."""
@@ -356,7 +357,29 @@ def check_call(call, tools) -> str | None:
     missing = [k for k in required if k not in call.arguments]
     if missing:
         return f"the call to {call.name!r} lacks its required argument(s): {', '.join(missing)}"
+    properties = schemas[call.name].get("properties") or {}
+    wrong = [why for k, v in call.arguments.items() if (why := _type_problem(k, v, properties.get(k, {}).get("type")))]
+    if wrong:
+        return f"the call to {call.name!r} has argument(s) of the wrong type: {'; '.join(wrong)}"
     return None
+
+
+# JSON schema types (what transformers' get_json_schema writes from type hints) and what a value must be
+_JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
+               "object": (dict,), "null": (type(None),)}
+_JSON_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
+                    "array": "a list", "object": "an object", "null": "null"}
+
+
+def _type_problem(name: str, value, json_type: str | list | None) -> str | None:
+    """Why argument `name`'s `value` (parsed JSON) is not of its schema's type (or one of its types), or None: a
+    bool is no number, and a string is never read as one ("3" * 4 is "3333"). A type the table lacks passes."""
+    types = [json_type] if isinstance(json_type, str) else list(json_type or ())
+    if not types or any(t not in _JSON_TYPES for t in types):
+        return None
+    ok = "boolean" in types if isinstance(value, bool) else isinstance(value, tuple(c for t in types
+                                                                                    for c in _JSON_TYPES[t]))
+    return None if ok else f"{name} must be {' or '.join(_JSON_TYPE_WORDS[t] for t in types)}, got {value!r}"
 
 
 def to_openai(calls: list[ToolCall]) -> list[dict]:

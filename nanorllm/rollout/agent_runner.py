@@ -23,8 +23,8 @@ in the template's format (or --tool-parser's) and returned in OpenAI's `tool_cal
 stops before it); the run's `max_new_tokens` caps every completion.
 
 Bounds (`EpisodeLimits`): an episode serves at most `max_turns` completions, a request's prompt +
-max_tokens fits the model's context, and a request holds at most `MESSAGES_BASE + MESSAGES_PER_TURN x
-max_turns` messages; past them a 400 names the limit.
+max_tokens fits the row's bound (the rule env episodes keep too: rollout/row_bound.py), and a request holds at
+most `MESSAGES_BASE + MESSAGES_PER_TURN x max_turns` messages; past them a 400 names the limit.
 
 Faults, one mechanism each: what an agent raises, `BaseException` included (sys.exit), ends its episode
 as an env error, and so does one still running `agent_timeout_s` after it started (marked
@@ -54,6 +54,7 @@ from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_body
+from nanorllm.rollout.row_bound import row_tokens
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.tool_calls import DEFAULT_PARSER, check_call, parse, to_openai
 
@@ -84,10 +85,9 @@ class EpisodeLimits:
 
 
 def episode_limits(policy, max_turns: int, max_row_tokens: int | None = None) -> EpisodeLimits:
-    """`max_turns` completions; a row of at most `max_row_tokens` (EpisodeSettings) and never past the context."""
-    config = getattr(getattr(policy, "model", None), "config", None)
-    bounds = [n for n in (max_row_tokens, getattr(config, "max_position_embeddings", None)) if n]
-    return EpisodeLimits(turns=max_turns, tokens=min(bounds) if bounds else None)
+    """`max_turns` completions; a row of at most `max_row_tokens` (EpisodeSettings) and never past the context: the
+    row bound env episodes keep too (rollout/row_bound.py)."""
+    return EpisodeLimits(turns=max_turns, tokens=row_tokens(policy, max_row_tokens))
 
 
 @dataclass

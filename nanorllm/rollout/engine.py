@@ -16,7 +16,9 @@ self-refine bundle by default. An episode's reward is the sum of its steps' rewa
 `env.reset` or `env.step`, or a result the protocol does not allow (envs/base.py `check_reset` /
 `check_step`: a reward that is not a finite number, a `done` that is not a bool, ...), ends only that
 episode (reason "error", printed once per distinct error); the trainer leaves such episodes out of
-their groups. `watch` hears "grading" around
+their groups. Every turn keeps the row's bound (rollout/row_bound.py): a tool result is cut to the room the
+row has left, and an env turn that would take the row past the model's context ends its episode (counted in
+rollout/context_overflows). `watch` hears "grading" around
 each env call (reset and step), "reward function <spec>" while a --reward function scores the call's
 episodes, and "generating" after either: a worker's heartbeat.
 
@@ -39,6 +41,7 @@ from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.agent_runner import AgentRunner
+from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
 
 
 @dataclass
@@ -107,6 +110,7 @@ class RolloutEngine:
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
         self.env.use_tokenizer(getattr(policy, "tokenizer", None))  # a bundle that reads the model's tool-call format
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
+        self.row_tokens = row_tokens(policy, self.env.settings.max_row_tokens)  # rollout/row_bound.py
         if hasattr(self.env, "use_device"):  # a reward model scores on this process's device unless told otherwise
             self.env.use_device(getattr(policy, "device", None))
         self.max_batch_episodes = max_batch_episodes
@@ -192,7 +196,7 @@ class RolloutEngine:
                 next_turns = []
                 for ep, gen, state in batch.step():
                     n_generated += len(gen.response_ids)
-                    if self._advance(ep, gen):
+                    if self._advance(ep, gen, params):
                         next_turns.append((ep, state))
                     else:
                         batch.release(state)  # the episode ended: its slot is free
@@ -229,7 +233,7 @@ class RolloutEngine:
                 gen_s += time.perf_counter() - tg
                 for ep, gen in zip(chunk, gens):
                     n_generated += len(gen.response_ids)
-                    if self._advance(ep, gen):
+                    if self._advance(ep, gen, params):
                         still_live.append(ep)
             live = still_live
         return n_generated, gen_s, {}
@@ -247,11 +251,11 @@ class RolloutEngine:
         self.watch("generating", -1)
         return ep.result is None
 
-    def _advance(self, ep: _Episode, gen) -> bool:
+    def _advance(self, ep: _Episode, gen, params: SamplingParams) -> bool:
         """Apply one response to its episode. True if the episode goes on to another turn."""
         agent, env = ep.agent, ep.env
         agent.update_from_model(gen.text)
-        n_messages = len(agent.messages)
+        n_messages, n_steps = len(agent.messages), len(agent.trajectory.steps)
         ep.samples.append(StepSample(
             task_id=ep.task["task_id"], episode_id=ep.episode_id, turn=len(ep.samples),
             prompt_ids=ep.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
@@ -265,6 +269,7 @@ class RolloutEngine:
             self._finish(ep, terminated=False, reason="error")
             return False
         self.watch("generating", -1)
+        feedback, info = self._bounded(ep, gen, params, feedback, info)
         if done:
             agent.update_from_env(feedback, reward, done, info)
             self._finish(ep, terminated=True, reason=info.get("reason") or ("correct" if reward > 0 else "max_turns"))
@@ -276,9 +281,26 @@ class RolloutEngine:
             self._finish(ep, terminated=False, reason="truncated" if gen.truncated else "max_turns")
             return False
         agent.update_from_env(feedback, reward, done, info)
-        ep.prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids, agent.messages[n_messages:],
-                                                    getattr(agent, "tools", None))
+        prompt_ids = self.policy.next_prompt_ids(ep.prompt_ids, gen.response_ids, agent.messages[n_messages:],
+                                                 getattr(agent, "tools", None))
+        if self.row_tokens is not None and len(prompt_ids) + params.max_new_tokens > self.row_tokens:
+            # the next turn would pass the row's bound (rollout/row_bound.py): refused, the episode ends here
+            del agent.messages[n_messages:], agent.trajectory.steps[n_steps:]
+            agent.update_from_env(feedback, reward, True, {**info, "context_overflow": True})
+            self._finish(ep, terminated=False, reason="truncated")
+            return False
+        ep.prompt_ids = prompt_ids
         return True
+
+    def _bounded(self, ep: _Episode, gen, params: SamplingParams, feedback: str | None,
+                 info: dict) -> tuple[str | None, dict]:
+        """The env's turn cut at the row's character bound, and each tool result cut to its share of the tokens the
+        row has left after this response and the next one's max_new_tokens (rollout/row_bound.py)."""
+        chars = feedback_chars(self.row_tokens)
+        room = None if self.row_tokens is None else \
+            self.row_tokens - len(ep.prompt_ids) - len(gen.response_ids) - params.max_new_tokens
+        return (None if feedback is None else cut_text(feedback, chars=chars),
+                cut_tool_results(info, room=room, chars=chars, tokenizer=getattr(self.policy, "tokenizer", None)))
 
     def _finish(self, ep: _Episode, *, terminated: bool, reason: str) -> None:
         """End the episode; its reward is the sum of its steps' rewards."""

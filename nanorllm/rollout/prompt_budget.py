@@ -11,8 +11,7 @@ characters. Rows without a text "question" are the env's own business (its reset
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import longest_episode
-
-CHARS_PER_TOKEN = 32  # more characters than any token holds in practice: what is tokenized of a long question
+from nanorllm.rollout.row_bound import CHARS_PER_TOKEN
 
 
 def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingParams, max_turns: int) -> int | None:

@@ -101,6 +101,8 @@ class TrainingRun:
         self.history: list[dict] = []  # the last HISTORY steps' metrics, for benchmarks and tuning
         self.totals = {"skipped_nan": 0, "dropped_heldout": 0, "env_error_steps": 0}
         self.tool_calls_seen = 0.0  # --tools: calls per episode summed over this process's first steps
+        self.tool_reply: str | None = None  # --tools: a raw response of the first step (None: no --tools step ran)
+        self.tool_alarm_said = False
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
         self.parts: RunParts | None = None  # the run's assembly: env, tasks, devices, LoRA spec
@@ -367,6 +369,7 @@ class TrainingRun:
                 self.evaluate(step + 1)
         bar.close()
         if not self.stop_requested and self.final_step == cfg.max_steps:
+            self.warn_no_tool_calls(self.final_step - self.start_step)  # a run shorter than --tool-alarm-steps
             self.check_trained(at_end=True)
         if self.ranks.parallel == "fsdp":  # the last checkpoint's optimizer state needs the ranks: before they go
             self.save_last()
@@ -396,17 +399,26 @@ class TrainingRun:
 
     def report_no_tool_calls(self, results: list[RolloutResult], metrics: dict, step: int) -> None:
         """With --tools: when the first --tool-alarm-steps steps parsed no tool call at all, one warning names the
-        parser, what rendered the tools and a raw response (the model's format and the parser's may differ)."""
+        parser, what rendered the tools and a raw response (the model's format and the parser's may differ); a run
+        shorter than that warns at its end (`warn_no_tool_calls`)."""
         n = self.cfg.tool_alarm_steps
         if "rollout/tool_calls_per_episode" not in metrics or not n or step - self.start_step > n:
             return
         self.tool_calls_seen += metrics["rollout/tool_calls_per_episode"]
-        if step - self.start_step == n and not self.tool_calls_seen:
-            parser, rendered_by = tool_format(self.policy.tokenizer, self.cfg.tool_parser)
-            raw = next((s.model_response for r in results for s in r.trajectory.steps if s.model_response), "")
-            self.say(f"[tools] warning: the first {n} steps parsed no tool call (parser {parser}, tools rendered by "
-                     f"the {rendered_by}); a response: {raw[:300]!r}. If the model writes calls in another format, "
-                     "set --tool-parser (docs/tools.md)")
+        if self.tool_reply is None:
+            self.tool_reply = next((s.model_response for r in results for s in r.trajectory.steps if s.model_response), "")
+        if step - self.start_step == n:
+            self.warn_no_tool_calls(n)
+
+    def warn_no_tool_calls(self, steps: int) -> None:
+        """The zero-call warning for the first `steps` steps, once, unless a call was parsed (or no --tools step ran)."""
+        if self.tool_reply is None or self.tool_calls_seen or self.tool_alarm_said:
+            return
+        self.tool_alarm_said = True
+        parser, rendered_by = tool_format(self.policy.tokenizer, self.cfg.tool_parser)
+        self.say(f"[tools] warning: the first {steps} steps parsed no tool call (parser {parser}, tools rendered by "
+                 f"the {rendered_by}); a response: {self.tool_reply[:300]!r}. If the model writes calls in another "
+                 "format, set --tool-parser (docs/tools.md)")
 
     def attach_ranks(self) -> None:
         """Every learner rank gets this rank's weights and optimizer state (after the workers' shared

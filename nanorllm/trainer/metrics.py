@@ -51,6 +51,9 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     m["rollout/env_errors"] = reasons["error"]  # episodes the env raised in: left out of training
     m["rollout/prefix_breaks"] = prefix_breaks(results)
     m["rollout/agent_timeouts"] = sum(any(st.info.get("agent_timeout") for st in r.trajectory.steps) for r in results)
+    # episodes ended because their next turn would pass the row's bound (rollout/row_bound.py)
+    m["rollout/context_overflows"] = sum(any(st.info.get("context_overflow") for st in r.trajectory.steps)
+                                         for r in results)
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
         m[f"episode/termination/{reason}"] = reasons[reason] / n
     groups = group_by_task_id(results).values()
