@@ -147,8 +147,8 @@ def load_policy(cfg: EvalConfig):
 
 
 def evaluate_model(cfg: EvalConfig) -> dict:
-    """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}), with pass@k / mean@n
-    under --eval-samples and each --eval-set's summary under "sets". Bad input (a task file, an env or agent
+    """evaluate()'s summary ({"success_rate", ..., "n", "failed", ...}: rates over the scored episodes, the failed
+    ones counted), with pass@k / mean@n under --eval-samples and each --eval-set's summary under "sets". Bad input (a task file, an env or agent
     spec, a flag) raises TaskFileError, EnvSpecError or ValueError, all before the model loads."""
     problems = eval_problems(cfg)
     try:

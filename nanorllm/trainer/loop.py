@@ -295,8 +295,10 @@ class TrainingRun:
                      f"of --grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
                      f"{res['first_timeout_task']}")
         sampled = "".join(f" | {k} {v:.3f}" for k, v in res.items() if k.startswith(("pass@", "mean@")))
+        failed = "".join(f" | {k.replace('_', ' ')} {res[k]} (not scored: left out)"
+                         for k in ("failed", "sampled_failed") if res.get(k))
         self.say(f"[eval{label}] step {step} | success {res['success_rate']:.3f} | first turn "
-                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f}{sampled} | n {res['n']} | "
+                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f}{sampled} | n {res['n']}{failed} | "
                  f"{time.perf_counter() - t0:.1f} s")
         return res
 
