@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
@@ -264,9 +265,19 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
 
 def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:
     """(training, held-out) task specs: the ones given, else the env's own defaults (held-out '' when the env
-    has none)."""
-    return (env.default_tasks if tasks is None else tasks,
-            (env.default_eval_tasks or "") if eval_tasks is None else eval_tasks)
+    has none). Given tasks and no held-out ones, the held-out set is a seeded share of those tasks
+    (datasets/holdout.py), never the env's own set, which may have nothing to do with them."""
+    if eval_tasks is None:
+        eval_tasks = (env.default_eval_tasks or "") if tasks is None else default_holdout(tasks)
+    return (env.default_tasks if tasks is None else tasks), eval_tasks
+
+
+def load_env_tasks(env: EnvBundle, spec: str, limit: int | None = None) -> list[dict]:
+    """`env.load_tasks(spec)`, and for `holdout:...:SPEC` the held-out share of the env's SPEC (at most `limit`)."""
+    if not is_holdout(spec):
+        return env.load_tasks(spec, limit=limit)
+    fraction, seed, inner = parse_holdout(spec)
+    return held_out(env.load_tasks(inner), fraction, seed)[:limit]
 
 
 def describe(bundle: EnvBundle) -> str:

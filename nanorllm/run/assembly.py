@@ -12,7 +12,7 @@ from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec, lora_spec
 from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import load_bundle, resolve_task_specs
+from nanorllm.envs.registry import load_bundle, load_env_tasks, resolve_task_specs
 from nanorllm.ranks.group import learner_spec
 from nanorllm.trainer import fingerprint
 from nanorllm.trainer.parts import RunParts
@@ -54,9 +54,10 @@ def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:
 
 
 def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
-    """`env.load_tasks(spec)`; whatever it raises is bad input (TaskFileError naming the env and the spec)."""
+    """`env.load_tasks(spec)` (envs/registry.py load_env_tasks); whatever it raises is bad input (TaskFileError
+    naming the env and the spec)."""
     try:
-        return env.load_tasks(spec, limit=limit)
+        return load_env_tasks(env, spec, limit)
     except TaskFileError:
         raise
     except Exception as e:
