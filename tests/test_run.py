@@ -216,8 +216,8 @@ def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_pat
 @pytest.mark.slow
 def test_resume_new_data_starts_the_new_order_at_a_new_epoch(tmp_path, length_rule_grader, capsys):
     tasks = _task_file(tmp_path / "tasks.jsonl", 6)
-    run = train(tmp_path, "grow", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1",
-                "--tasks-per-step", "4")
+    run = train(tmp_path, "grow", "--tasks", str(tasks), "--eval-tasks", "", "--max-steps", "1", "--save-every", "1",
+                "--tasks-per-step", "4")  # every task trains: none held out
     _task_file(tasks, 7)
     assert main(["--resume", str(run), "--max-steps", "3", "--resume-new-data"]) == 0
     assert "epoch 0 of it starts at task-stream position 4" in capsys.readouterr().out

@@ -362,8 +362,9 @@ def test_a_task_whose_prompt_does_not_fit_is_refused_at_start_naming_it(tmp_path
 @pytest.mark.slow
 def test_drop_long_prompts_leaves_them_out_counted_and_trains(tmp_path):
     tasks = _tasks_with_a_long_question(tmp_path, 3000)
-    rc, out, _ = run_train(["--serial", "--tasks", str(tasks), "--max-prompt-tokens", "500", "--drop-long-prompts",
-                            "--max-steps", "1", "--run-name", "d", "--no-save-model"], tmp_path / "runs")
+    rc, out, _ = run_train(["--serial", "--tasks", str(tasks), "--eval-tasks", "", "--max-prompt-tokens", "500",
+                            "--drop-long-prompts", "--max-steps", "1", "--run-name", "d", "--no-save-model"],
+                           tmp_path / "runs")
     assert rc == 0, out
     assert "[tasks] left out 1 training task(s) whose prompt is longer than 500 tokens (--drop-long-prompts; first: " \
            "long, " in out
