@@ -253,3 +253,19 @@ def test_threads_flag_holds_alone_in_the_serial_loop_and_beside_workers(serial):
             assert torch.get_num_threads() == beside_n
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_changes_directory_leaves_the_whole_run_in_one_folder(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rewards = tmp_path / "wanders.py"
+    rewards.write_text(f"import os\n\ndef wanders(completions, **kw):\n    os.chdir({str(elsewhere)!r})\n"
+                       "    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)  # put back after the test: the function moves this process
+    assert main([*BASE, "--reward", f"{rewards}:wanders", "--max-steps", "2", "--save-every", "1",
+                 "--output-dir", "runs", "--run-name", "r"]) == 0
+    run = tmp_path / "runs" / "r"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert (run / "final_model").is_dir() and (run / "eval.json").is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing of the run under the directory the function moved to

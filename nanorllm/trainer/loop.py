@@ -135,7 +135,8 @@ class TrainingRun:
         self.totals["dropped_heldout"], self.task_order = parts.dropped_heldout, parts.task_order
         self.eval_sets = parts.eval_sets
         state = None
-        self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
+        run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
+        self.run_dir = run_dir.absolute()  # a user's code that changes directory (a tool, a reward) moves none of it
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
