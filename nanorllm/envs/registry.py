@@ -3,7 +3,7 @@
 
 The spec string, never the class, is what travels: a spawned worker imports the same module again
 from it. `--env-arg key=value` values are typed by the bundle's defaults (int, finite float, bool, str; JSON or
-a comma list for a list or tuple, JSON for a dict).
+a comma list for a list or tuple, JSON for a dict, or one entry of a dict as `key.entry=value`).
 Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason and the valid options,
 raised at start before any model loads.
 """
@@ -148,8 +148,17 @@ def _typed(value: str, default, key: str, spec: str):
                        "from the command line")
 
 
+def _json_or_text(value: str):
+    """A dict option's entry: its JSON value (100, true, [1, 2]), else the text itself."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
 def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | list[str]) -> dict:
-    """{"key": typed value} from "key=value" strings, each key one the bundle declares."""
+    """{"key": typed value} from "key=value" strings, each key one the bundle declares; `key.entry=value` sets one
+    entry of a dict option (JSON, else text)."""
     valid = ", ".join(f"{k}={v!r}" for k, v in cls.args.items()) or "none"
     out = {}
     for pair in pairs:
@@ -157,6 +166,10 @@ def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | lis
         key = key.strip()
         if not sep or not key:
             raise EnvSpecError(f"{spec!r}: --env-arg {pair!r} is not key=value (valid: {valid})")
+        head, dot, sub = key.partition(".")
+        if dot and sub and isinstance(cls.args.get(head), dict):  # one entry of a dict option: reset.size=100
+            out.setdefault(head, dict(cls.args[head]))[sub] = _json_or_text(value.strip())
+            continue
         if key not in cls.args:
             raise EnvSpecError(f"{spec!r}: unknown --env-arg {key!r} (valid: {valid})")
         if key in out:
