@@ -6,11 +6,12 @@ What goes wrong here is bad input (exit 2, nothing written): an env or agent tha
 source that does not load or leaves no training task, devices that do not exist.
 """
 
+import sys
 from dataclasses import replace
 
 from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec, lora_spec
-from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
+from nanorllm.datasets.tasks import OVERLAP_RULE, TaskFileError, check_task_rows, overlap_counts, remove_overlap
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle, load_env_tasks, resolve_task_specs
 from nanorllm.ranks.group import learner_spec
@@ -36,7 +37,11 @@ def assemble(cfg: TrainConfig) -> RunParts:
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
         raise TaskFileError(tasks, [f"{tasks}: no training tasks left after removing the {dropped} that are also "
-                                    f"held out (--eval-tasks {eval_tasks})"])
+                                    f"held out (--eval-tasks {eval_tasks}; {overlap_counts(loaded, heldout)}: "
+                                    f"{OVERLAP_RULE})"])
+    if dropped > len(loaded) // 2:
+        print(f"[tasks] warning: {dropped} of {len(loaded)} training tasks are also held out and were removed "
+              f"({overlap_counts(loaded, heldout)}; {OVERLAP_RULE})", file=sys.stderr, flush=True)
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return RunParts(cfg=cfg, env_spec=spec, env=env, lora=lora_spec(cfg), devices=run_devices(cfg),
