@@ -130,17 +130,21 @@ def test_train_refuses_a_bad_verifiers_env_in_one_line_with_exit_2_and_writes_no
     assert not (tmp_path / "runs").exists()
 
 
+def train_two_steps(tmp_path, mode: list[str], loader: str) -> tuple[str, list[dict], dict]:
+    """(what it printed, its rollouts dump, its scalars) of a 2-step run on the example's `loader`."""
+    rc, out, _ = run_train([*mode, "--env", f"{EXAMPLE}:{loader}", "--max-steps", "2", "--run-name", "v",
+                            "--no-save-model"], tmp_path / "runs")
+    assert rc == 0, out
+    return out, read_rollouts(tmp_path / "runs" / "v"), read_scalars(tmp_path / "runs" / "v")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
 def test_a_verifiers_env_trains_two_steps(on_path, tmp_path, mode):
-    rc, out, _ = run_train([*mode, "--env", f"{EXAMPLE}:load_parity", "--max-steps", "2", "--run-name", "v",
-                            "--no-save-model"], tmp_path / "runs")
-    assert rc == 0, out
+    out, episodes, scalars = train_two_steps(tmp_path, mode, "load_parity")
     assert "[env] verifiers:verifiers_example:load_parity" in out and "step 2/2" in out
     assert "train tasks 17 " in out and "eval tasks 3 " in out  # vf:train and vf:eval by default
-    episodes = read_rollouts(tmp_path / "runs" / "v")
     assert len(episodes) == 2 * TASKS_PER_STEP * SAMPLES and all(e["task_id"].startswith("vf-") for e in episodes)
-    scalars = read_scalars(tmp_path / "runs" / "v")
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0]
     assert all(0 <= v <= 1 for _, v in scalars["verifiers/reward/correct"])
 
@@ -180,11 +184,8 @@ def test_a_verifiers_episode_cut_at_max_new_tokens_ends_truncated(on_path, tiny_
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
 def test_a_promptless_verifiers_env_trains_on_its_whole_split_and_counts_its_cut_responses(on_path, tmp_path, mode):
-    rc, out, _ = run_train([*mode, "--env", f"{EXAMPLE}:load_promptless", "--max-steps", "2", "--run-name", "v",
-                            "--no-save-model"], tmp_path / "runs")
-    assert rc == 0, out
+    out, episodes, scalars = train_two_steps(tmp_path, mode, "load_promptless")
     assert "train tasks 18 (held-out removed: 0)" in out and "eval tasks 2 " in out
-    episodes = read_rollouts(tmp_path / "runs" / "v")
     cut = sum(e["termination_reason"] == "truncated" for e in episodes)
-    truncated = [v for _, v in read_scalars(tmp_path / "runs" / "v")["episode/termination/truncated"]]
+    truncated = [v for _, v in scalars["episode/termination/truncated"]]
     assert cut > 0 and sum(truncated) * TASKS_PER_STEP * SAMPLES == pytest.approx(cut)
