@@ -41,7 +41,7 @@ from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
-from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
+from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
@@ -210,12 +210,17 @@ class TrainingRun:
     def check_prompt_lengths(self) -> None:
         """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
         with --drop-long-prompts leave them out, counted."""
-        limit = prompt_limit(self.policy, max_prompt_tokens=self.cfg.max_prompt_tokens,
-                             sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns)
+        sampling = sampling_params(self.cfg)
+        limit = prompt_limit(self.policy, max_prompt_tokens=self.cfg.max_prompt_tokens, sampling=sampling,
+                             max_turns=self.cfg.max_turns)
         if limit is None:
             return
-        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit)
+        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit) if limit > 0 else tasks
                  for what, tasks in (("training", self.train_tasks), ("held-out", self.eval_tasks))}
+        if self.cfg.max_prompt_tokens is None and len(found["training"]) == len(self.train_tasks):
+            # the turns' room leaves no task a place: --drop-long-prompts would drop them all
+            raise ConfigError([no_room(self.policy, sampling=sampling, max_turns=self.cfg.max_turns, limit=limit)],
+                              "--max-turns / --max-new-tokens")
         if not any(found.values()):
             return
         if not self.cfg.drop_long_prompts:
