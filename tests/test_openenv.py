@@ -452,3 +452,19 @@ def test_an_mcp_environment_is_refused_by_name_with_advice_that_works(name):
     text = str(err.value)
     assert "an OpenEnv MCP environment (its Action is CallToolAction" in text and "\n" not in text
     assert "--tools file.py:fn" in text and "action_field" not in text  # no advice that cannot work
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_a_run_on_an_env_that_ignores_the_seed_warns_once_and_reset_arguments_give_it_distinct_tasks(tmp_path, mode):
+    spec = f"openenv:{FAULTS}:SeedBlindEnv"
+    base = [*mode, "--env", spec, "--max-turns", "1", "--max-steps", "1", "--no-save-model",
+            "--tasks", "openenv:count=40,seed=0", "--eval-tasks", "openenv:count=4,seed=1000000"]
+    rc, out, _ = run_train([*base, "--run-name", "blind"], tmp_path / "runs")
+    assert rc == 0, out
+    assert out.count("[env] warning") == 1 and f"{spec}: all 4 task seeds tried (0-3)" in out
+    assert {e["turns"][0]["observation"] for e in read_rollouts(tmp_path / "runs" / "blind")} == {"What is 1 + 1?"}
+    rc, out, _ = run_train([*base, "--run-name", "told", "--env-arg", "reset.dataset_name=sums"], tmp_path / "runs")
+    assert rc == 0 and "[env] warning" not in out, out
+    openings = {e["turns"][0]["observation"] for e in read_rollouts(tmp_path / "runs" / "told")}
+    assert len(openings) == TASKS_PER_STEP and all(o.startswith("[sums] What is ") for o in openings)
