@@ -63,8 +63,8 @@ def test_a_verifiers_episode_trains_the_sampled_tokens_and_its_rubric_is_the_rew
     assert len(results) == 6
     for r in results:
         (s,) = r.step_samples
-        verdict = "correct" if r.reward > 0 else "wrong"
-        assert r.trajectory.termination_reason == ("truncated" if s.truncated else verdict)  # the env rule
+        verdict = "correct" if r.reward > 0 else "truncated" if s.truncated else "wrong"  # the env rule
+        assert r.trajectory.termination_reason == verdict
         text = tiny_policy.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         assert r.reward == float(sum(map(ord, text.strip())) % 2 == 0)  # the sampled text, as last_reply reads it
         assert "You are a careful calculator." in tiny_policy.tokenizer.decode(s.prompt_ids)  # the task's system prompt
@@ -173,10 +173,10 @@ def test_a_taskset_without_prompts_keeps_every_training_task_the_held_out_split_
     assert "2 by task_id, 0 by question alone" in str(err.value) and "an empty one never" in str(err.value)
 
 
-def test_a_verifiers_episode_cut_at_max_new_tokens_ends_truncated(on_path, tiny_policy):
+def test_an_unrewarded_verifiers_episode_cut_at_max_new_tokens_ends_truncated(on_path, tiny_policy):
     _, results = _run(tiny_policy, f"{EXAMPLE}:load_promptless", lambda b: b.load_tasks("vf:all")[:4], turns=1)
-    cut = [r.step_samples[-1].truncated for r in results]
-    assert any(cut), "the tiny model writes no end of text in 8 tokens: some responses are cut"
+    cut = [r.step_samples[-1].truncated and r.reward == 0 for r in results]  # a rewarded one is "correct"
+    assert any(cut), "the tiny model writes no end of text in 8 tokens, nor the sum: some responses are cut"
     assert [r.trajectory.termination_reason == "truncated" for r in results] == cut
     assert rollout_metrics(results)["episode/termination/truncated"] == sum(cut) / len(results)
 

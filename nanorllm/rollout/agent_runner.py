@@ -466,9 +466,9 @@ class AgentRunner:
         last.reward, last.done = reward, True
         last.info.update({"returned": info, **({"refused_requests": refused} if refused else {})})  # beside the endpoint's own keys
         last.action = info.get("action")
-        cut = ep.samples[-1].truncated  # the env rule: a response cut at --max-new-tokens ends its episode cut
+        cut = self.bundle.cut_ends_truncated and ep.samples[-1].truncated  # AgentBundle.cut_ends_truncated
         traj.final_reward, traj.terminated = reward, not cut
-        traj.termination_reason = str(info.get("reason") or ("truncated" if cut else "correct" if reward > 0
+        traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "truncated" if cut
                                                              else "wrong"))
         for s in ep.samples:
             s.reward = reward
