@@ -188,6 +188,7 @@ def test_an_action_with_two_text_fields_takes_the_one_named():
                                    "fields: guess)"),
     (GUESS, ["observation_field=nope"], "the observation has no text field 'nope'"),
     (GUESS, ["reward=mean"], "reward='mean': expected one of sum, last"),
+    (GUESS, ["reset.seed=3"], "reset.seed: each task's seed is its own (tasks openenv:count=N,seed=S)"),
 ])
 def test_a_bad_spec_or_option_is_refused_in_one_line(spec, args, message):
     with pytest.raises(EnvSpecError) as err:

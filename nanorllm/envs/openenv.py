@@ -251,6 +251,8 @@ class OpenEnvBundle(EnvBundle):
         super().__init__(settings, **options)
         if self.options["reward"] not in REWARDS:
             raise ValueError(f"reward={self.options['reward']!r}: expected one of {', '.join(REWARDS)}")
+        if "seed" in self.options["reset"]:
+            raise ValueError("reset.seed: each task's seed is its own (tasks openenv:count=N,seed=S)")
         where, timeout_s = repr(self.name), self.settings.env_timeout_s
         try:
             schema = fetch_schema(self.url, timeout_s)
