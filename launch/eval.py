@@ -10,8 +10,10 @@
         --eval-set gsm8k=../shared/data/gsm8k/test.jsonl
 
 Prints one JSON line per set ("set": "tasks" for --tasks, then each --eval-set's name): {"set", "success_rate",
-"first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}, and with --eval-samples n
-"pass@k" for each k and "mean@n".
+"first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts", "first_timeout_task"}, and with
+--eval-samples n "pass@k" for each k, "mean@n" and "sampled_failed". As in training, an episode whose score failed (a
+reward function, judge or env that raised, timed out or gave nan) is not a 0: the rates are over the n scored
+episodes and "failed" counts the others.
 """
 
 import json

@@ -38,3 +38,25 @@ class TextlessGuessEnv(GuessEnv):
         obs = super().step(action)
         return MaybeTextObservation(text=None if self.odd and not obs.done else obs.text, reward=obs.reward,
                                     done=obs.done)
+
+
+class NanRewardGuessEnv(GuessEnv):
+    """GuessEnv whose last step on an odd seed scores nan (OpenEnv's server sends it as null), else 1."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.odd = seed is not None and seed % 2 == 1
+        return super().reset(seed=seed, episode_id=episode_id)
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
+        return GuessObservation(text="Scored.", reward=float("nan") if self.odd else 1.0, done=True)
+
+
+class SeedBlindEnv(GuessEnv):
+    """OpenEnv's ReasoningGymEnvironment's way: without `dataset_name` the reset ignores the seed (one question for
+    every task); with it, the seed picks the question."""
+
+    def reset(self, seed=None, episode_id=None, dataset_name=None, **kwargs) -> GuessObservation:
+        super().reset(seed=seed, episode_id=episode_id)
+        if dataset_name is None:
+            return GuessObservation(text="What is 1 + 1?")
+        return GuessObservation(text=f"[{dataset_name}] What is {seed} + {self.target}?")

@@ -191,7 +191,10 @@ def test_task_fields_left_unset_are_the_envs_own_and_given_ones_win(rhyme_file, 
     cfg = parse_config(["--env", spec])
     assert (cfg.tasks, cfg.eval_tasks) == (None, None)
     assert task_specs(cfg) == ("rhymes:train", "rhymes:eval")
-    assert task_specs(parse_config(["--env", spec, "--tasks", "rhymes:eval"])) == ("rhymes:eval", "rhymes:eval")
+    assert task_specs(parse_config(["--env", spec, "--tasks", "rhymes:eval"])) == (  # a share of the given tasks
+        "rhymes:eval", "holdout:frac=0.1,seed=0:rhymes:eval")
+    assert task_specs(parse_config(["--env", spec, "--tasks", "rhymes:eval", "--eval-tasks", ""])) == (
+        "rhymes:eval", "")
     assert task_specs(parse_config([])) == (DEFAULT_TASKS, DEFAULT_EVAL_TASKS)  # math's own
     bare = _module(tmp_path, "bare", """
         class BareEnv:
@@ -203,7 +206,8 @@ def test_task_fields_left_unset_are_the_envs_own_and_given_ones_win(rhyme_file, 
     """) + ":Bare"
     with pytest.raises(ConfigError, match=r"tasks: the env .*bare.py:Bare' has no default tasks .*give --tasks"):
         parse_config(["--env", bare], world=world_problems)
-    assert task_specs(parse_config(["--env", bare, "--tasks", "arith:count=4"])) == ("arith:count=4", "")
+    assert task_specs(parse_config(["--env", bare, "--tasks", "arith:count=4"])) == (
+        "arith:count=4", "holdout:frac=0.1,seed=0:arith:count=4")
 
 
 def test_eval_without_tasks_evaluates_the_envs_own_held_out_set(rhyme_file):

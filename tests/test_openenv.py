@@ -22,6 +22,7 @@ from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
+from openenv.core.env_server import CallToolAction, CallToolObservation, MCPEnvironment  # noqa: E402
 from tests.openenv_example import GuessEnv  # noqa: E402
 from tests.procs import ROOT, child_env, read_rollouts, read_scalars, run_train  # noqa: E402
 
@@ -187,6 +188,7 @@ def test_an_action_with_two_text_fields_takes_the_one_named():
                                    "fields: guess)"),
     (GUESS, ["observation_field=nope"], "the observation has no text field 'nope'"),
     (GUESS, ["reward=mean"], "reward='mean': expected one of sum, last"),
+    (GUESS, ["reset.seed=3"], "reset.seed: each task's seed is its own (tasks openenv:count=N,seed=S)"),
 ])
 def test_a_bad_spec_or_option_is_refused_in_one_line(spec, args, message):
     with pytest.raises(EnvSpecError) as err:
@@ -381,3 +383,89 @@ def test_a_users_server_that_dies_mid_episode_ends_its_episodes_as_env_errors():
     finally:
         server.kill()
         server.wait()
+
+
+# ---- tasks through reset arguments, nan rewards, MCP environments -----------------------------------------------
+
+def test_an_env_that_ignores_the_seed_is_warned_about_once_and_reset_arguments_give_it_its_tasks(capsys):
+    blind = load_env(f"openenv:{FAULTS}:SeedBlindEnv")
+    blind.load_tasks("openenv:count=20,seed=0")
+    blind.load_tasks("openenv:count=5,seed=100")
+    err = capsys.readouterr().err
+    assert err.count("[env] warning") == 1 and "all 4 task seeds tried (0-3) open with the same observation" in err
+    assert "--env-arg reset.KEY=VALUE" in err and "reset.dataset_name=NAME" in err
+    env = load_env(f"openenv:{FAULTS}:SeedBlindEnv", EpisodeSettings(max_turns=1), ["reset.dataset_name=sums"])
+    assert env.options["reset"] == {"dataset_name": "sums"}
+    tasks = env.load_tasks("openenv:count=4,seed=0")
+    assert "[env] warning" not in capsys.readouterr().err
+    results = RolloutEngine(ScriptedPolicy([["1"] * 4]), sampling=SamplingParams(), env=env).run(tasks).results
+    openings = [r.trajectory.steps[0].observation for r in results]
+    assert len(set(openings)) == 4 and all(o.startswith("[sums] What is ") for o in openings)
+
+
+def test_a_nan_reward_on_the_last_step_is_a_failed_score_not_a_zero():
+    env = load_env(f"openenv:{FAULTS}:NanRewardGuessEnv", EpisodeSettings(max_turns=2))
+    tasks = env.load_tasks("openenv:count=4,seed=0")  # seeds 1 and 3 score nan
+    results = RolloutEngine(ScriptedPolicy([["5"] * 4]), sampling=SamplingParams(), env=env).run(tasks).results
+    assert [r.trajectory.termination_reason for r in results] == ["done", "error", "done", "error"]
+    assert "a number on the step that ends the episode" in results[1].trajectory.steps[-1].info["error"]
+    assert [r.reward for r in results if not r.failed] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_a_run_on_an_env_with_nan_rewards_trains_and_evaluates_on_the_scored_episodes_only(tmp_path, mode):
+    rc, out, _ = run_train([*mode, "--env", f"openenv:{FAULTS}:NanRewardGuessEnv", "--max-steps", "2",
+                            "--run-name", "n", "--no-save-model", "--tasks", "openenv:count=40,seed=0",
+                            "--eval-tasks", "openenv:count=4,seed=1000000"], tmp_path / "runs")
+    assert rc == 0, out
+    errors = [v for _, v in read_scalars(tmp_path / "runs" / "n")["rollout/env_errors"]]
+    assert len(errors) == 2 and sum(errors) > 0, out
+    summary = json.loads((tmp_path / "runs" / "n" / "eval.json").read_text())
+    assert (summary["after"]["success_rate"], summary["after"]["n"], summary["after"]["failed"]) == (1.0, 2, 2)
+    assert "held-out success 1.000 -> 1.000 (+0.000) on 2 tasks (2 failed to score, left out)" in out
+
+
+class MCPEcho(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+
+class ToolCallEnv(Environment):
+    """An Environment whose Action is OpenEnv's CallToolAction (OpenEnv's echo example's server)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> CallToolObservation:
+        return CallToolObservation(tool_name="echo_message", result="ready")
+
+    def step(self, action: CallToolAction, timeout_s=None, **kwargs) -> CallToolObservation:
+        return CallToolObservation(tool_name=action.tool_name, result=action.arguments, done=True, reward=1.0)
+
+    @property
+    def state(self):
+        return State()
+
+
+@pytest.mark.parametrize("name", ["MCPEcho", "ToolCallEnv"])
+def test_an_mcp_environment_is_refused_by_name_with_advice_that_works(name):
+    with pytest.raises(EnvSpecError) as err:
+        load_env(f"openenv:{__name__}:{name}")
+    text = str(err.value)
+    assert "an OpenEnv MCP environment (its Action is CallToolAction" in text and "\n" not in text
+    assert "--tools file.py:fn" in text and "action_field" not in text  # no advice that cannot work
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_a_run_on_an_env_that_ignores_the_seed_warns_once_and_reset_arguments_give_it_distinct_tasks(tmp_path, mode):
+    spec = f"openenv:{FAULTS}:SeedBlindEnv"
+    base = [*mode, "--env", spec, "--max-turns", "1", "--max-steps", "1", "--no-save-model",
+            "--tasks", "openenv:count=40,seed=0", "--eval-tasks", "openenv:count=4,seed=1000000"]
+    rc, out, _ = run_train([*base, "--run-name", "blind"], tmp_path / "runs")
+    assert rc == 0, out
+    assert out.count("[env] warning") == 1 and f"{spec}: all 4 task seeds tried (0-3)" in out
+    assert {e["turns"][0]["observation"] for e in read_rollouts(tmp_path / "runs" / "blind")} == {"What is 1 + 1?"}
+    rc, out, _ = run_train([*base, "--run-name", "told", "--env-arg", "reset.dataset_name=sums"], tmp_path / "runs")
+    assert rc == 0 and "[env] warning" not in out, out
+    openings = {e["turns"][0]["observation"] for e in read_rollouts(tmp_path / "runs" / "told")}
+    assert len(openings) == TASKS_PER_STEP and all(o.startswith("[sums] What is ") for o in openings)

@@ -216,8 +216,8 @@ def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_pat
 @pytest.mark.slow
 def test_resume_new_data_starts_the_new_order_at_a_new_epoch(tmp_path, length_rule_grader, capsys):
     tasks = _task_file(tmp_path / "tasks.jsonl", 6)
-    run = train(tmp_path, "grow", "--tasks", str(tasks), "--max-steps", "1", "--save-every", "1",
-                "--tasks-per-step", "4")
+    run = train(tmp_path, "grow", "--tasks", str(tasks), "--eval-tasks", "", "--max-steps", "1", "--save-every", "1",
+                "--tasks-per-step", "4")  # every task trains: none held out
     _task_file(tasks, 7)
     assert main(["--resume", str(run), "--max-steps", "3", "--resume-new-data"]) == 0
     assert "epoch 0 of it starts at task-stream position 4" in capsys.readouterr().out
@@ -253,3 +253,19 @@ def test_threads_flag_holds_alone_in_the_serial_loop_and_beside_workers(serial):
             assert torch.get_num_threads() == beside_n
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_changes_directory_leaves_the_whole_run_in_one_folder(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rewards = tmp_path / "wanders.py"
+    rewards.write_text(f"import os\n\ndef wanders(completions, **kw):\n    os.chdir({str(elsewhere)!r})\n"
+                       "    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)  # put back after the test: the function moves this process
+    assert main([*BASE, "--reward", f"{rewards}:wanders", "--max-steps", "2", "--save-every", "1",
+                 "--output-dir", "runs", "--run-name", "r"]) == 0
+    run = tmp_path / "runs" / "r"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert (run / "final_model").is_dir() and (run / "eval.json").is_file()
+    assert list(elsewhere.iterdir()) == []  # nothing of the run under the directory the function moved to

@@ -14,7 +14,9 @@ from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402
 from nanorllm.envs.textarena import innermost, start_game  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
+from nanorllm.run.lifecycle import main  # noqa: E402
 from tests.procs import read_rollouts, read_scalars, run_train  # noqa: E402
+from tests.runs import TINY_ARGS  # noqa: E402
 
 GAME = "textarena:GuessTheNumber-v0"
 
@@ -177,3 +179,18 @@ def test_guess_the_number_trains_two_steps(tmp_path, mode):
     scalars = read_scalars(run)
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0]
     assert all(1 <= v <= 3 for _, v in scalars["textarena/turns_per_episode"])
+
+
+@pytest.mark.parametrize("turns, new, taken, left", [("11", "32", 1632, 416), ("20", "64", 3712, -1664)])
+def test_turns_that_leave_no_room_for_the_prompt_are_refused_naming_the_flags_that_shrink_them(tmp_path, capsys, turns,
+                                                                                               new, taken, left):
+    """The docs' GuessTheNumber rule (11 turns of 32 tokens) on tiny-random (a byte tokenizer, 2,048 tokens of
+    context): 11 x 32 new tokens and 10 feedback turns of ~128 leave 416 tokens, less than the game's opening; 20
+    turns of 64 leave less than none."""
+    out = tmp_path / "runs"
+    assert main([*TINY_ARGS, "--serial", "--env", "textarena:GuessTheNumber-v0", "--max-turns", turns,
+                 "--max-new-tokens", new, "--output-dir", str(out), "--run-name", "r"]) == 2
+    err = capsys.readouterr().err
+    assert f"take {taken} of the model's 2048-token context, leaving {left} for the first prompt" in err
+    assert "lower --max-turns or --max-new-tokens" in err and "--drop-long-prompts" not in err
+    assert [p.name for p in (out / "r").iterdir()] == [".lock"]  # nothing written

@@ -18,7 +18,10 @@ from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
+from nanorllm.run.assembly import assemble  # noqa: E402
 from nanorllm.run.lifecycle import main  # noqa: E402
+from nanorllm.config import parse_config  # noqa: E402
+from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
 from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
 from nanorllm.trainer.metrics import rollout_metrics  # noqa: E402
 from tests.procs import HANG_S, ROOT, child_env, read_rollouts, read_scalars, run_train  # noqa: E402
@@ -70,9 +73,11 @@ def test_a_reward_that_shells_out_to_install_finds_the_installers_offline_unless
 
 def test_a_verifiers_episode_trains_the_sampled_tokens_and_its_rubric_is_the_reward(on_path, tiny_policy):
     bundle, results = _run(tiny_policy, f"{EXAMPLE}:load_parity", lambda b: b.load_tasks("vf:all")[:3])
-    assert len(results) == 6 and {r.trajectory.termination_reason for r in results} <= {"correct", "wrong"}
+    assert len(results) == 6
     for r in results:
         (s,) = r.step_samples
+        verdict = "correct" if r.reward > 0 else "truncated" if s.truncated else "wrong"  # the env rule
+        assert r.trajectory.termination_reason == verdict
         text = tiny_policy.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         assert r.reward == float(sum(map(ord, text.strip())) % 2 == 0)  # the sampled text, as last_reply reads it
         assert "You are a careful calculator." in tiny_policy.tokenizer.decode(s.prompt_ids)  # the task's system prompt
@@ -139,17 +144,21 @@ def test_train_refuses_a_bad_verifiers_env_in_one_line_with_exit_2_and_writes_no
     assert not (tmp_path / "runs").exists()
 
 
+def train_two_steps(tmp_path, mode: list[str], loader: str) -> tuple[str, list[dict], dict]:
+    """(what it printed, its rollouts dump, its scalars) of a 2-step run on the example's `loader`."""
+    rc, out, _ = run_train([*mode, "--env", f"{EXAMPLE}:{loader}", "--max-steps", "2", "--run-name", "v",
+                            "--no-save-model"], tmp_path / "runs")
+    assert rc == 0, out
+    return out, read_rollouts(tmp_path / "runs" / "v"), read_scalars(tmp_path / "runs" / "v")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
 def test_a_verifiers_env_trains_two_steps(on_path, tmp_path, mode):
-    rc, out, _ = run_train([*mode, "--env", f"{EXAMPLE}:load_parity", "--max-steps", "2", "--run-name", "v",
-                            "--no-save-model"], tmp_path / "runs")
-    assert rc == 0, out
+    out, episodes, scalars = train_two_steps(tmp_path, mode, "load_parity")
     assert "[env] verifiers:verifiers_example:load_parity" in out and "step 2/2" in out
     assert "train tasks 17 " in out and "eval tasks 3 " in out  # vf:train and vf:eval by default
-    episodes = read_rollouts(tmp_path / "runs" / "v")
     assert len(episodes) == 2 * TASKS_PER_STEP * SAMPLES and all(e["task_id"].startswith("vf-") for e in episodes)
-    scalars = read_scalars(tmp_path / "runs" / "v")
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0]
     assert all(0 <= v <= 1 for _, v in scalars["verifiers/reward/correct"])
 
@@ -163,3 +172,34 @@ def test_launch_eval_evaluates_a_verifiers_env_with_pass_at_k(on_path):
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["n"] == 3 and 0 <= row["pass@1"] <= row["pass@2"] <= 1
+
+
+# ---- prompt-less tasksets, responses cut at --max-new-tokens ---------------------------------------------------
+
+def test_a_taskset_without_prompts_keeps_every_training_task_the_held_out_split_does_not_hold(on_path):
+    parts = assemble(parse_config(["--env", f"{EXAMPLE}:load_promptless", "--model", "tiny-random"]))
+    assert {t["question"] for t in parts.train_tasks + parts.eval_tasks} == {""}  # nothing to compare but the id
+    assert (len(parts.train_tasks), len(parts.eval_tasks), parts.dropped_heldout) == (18, 2, 0)
+    with pytest.raises(TaskFileError) as err:  # a set held out whole: the message says which key removed it
+        assemble(parse_config(["--env", f"{EXAMPLE}:load_promptless", "--model", "tiny-random", "--tasks", "vf:eval",
+                               "--eval-tasks", "vf:all"]))
+    assert "no training tasks left after removing the 2" in str(err.value)
+    assert "2 by task_id, 0 by question alone" in str(err.value) and "an empty one never" in str(err.value)
+
+
+def test_an_unrewarded_verifiers_episode_cut_at_max_new_tokens_ends_truncated(on_path, tiny_policy):
+    _, results = _run(tiny_policy, f"{EXAMPLE}:load_promptless", lambda b: b.load_tasks("vf:all")[:4], turns=1)
+    cut = [r.step_samples[-1].truncated and r.reward == 0 for r in results]  # a rewarded one is "correct"
+    assert any(cut), "the tiny model writes no end of text in 8 tokens, nor the sum: some responses are cut"
+    assert [r.trajectory.termination_reason == "truncated" for r in results] == cut
+    assert rollout_metrics(results)["episode/termination/truncated"] == sum(cut) / len(results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_a_promptless_verifiers_env_trains_on_its_whole_split_and_counts_its_cut_responses(on_path, tmp_path, mode):
+    out, episodes, scalars = train_two_steps(tmp_path, mode, "load_promptless")
+    assert "train tasks 18 (held-out removed: 0)" in out and "eval tasks 2 " in out
+    cut = sum(e["termination_reason"] == "truncated" for e in episodes)
+    truncated = [v for _, v in scalars["episode/termination/truncated"]]
+    assert cut > 0 and sum(truncated) * TASKS_PER_STEP * SAMPLES == pytest.approx(cut)

@@ -8,6 +8,8 @@ docs: a taskset over an in-memory `datasets.Dataset` (prompt, answer, info), sco
 - `load_raising()`, `load_nan()`: a reward that raises on some tasks, one that returns NaN on some;
   `load_parity()`: a reward the tiny random model earns about half the time (so its groups carry signal);
   `load_installing()`: a reward that shells out to install a package (1.0 when the installer would stay offline).
+- `load_promptless()`: tasks with no prompt, the user (the env) opening the conversation, as verifiers'
+  `alphabet_sort` does.
 """
 
 import asyncio
@@ -41,12 +43,14 @@ class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
 
 class SumConfig(vf.TasksetConfig):
     size: int = len(PAIRS)  # the first `size` rows
+    promptless: bool = False  # tasks without a prompt: the env's user opens the conversation
 
 
 class SumTaskset(vf.Taskset[SumTask, SumConfig]):
     def load(self):
         for row in dataset().select(range(self.config.size)):
-            yield SumTask(SumData(prompt=row["prompt"], answer=row["answer"], info=row["info"],
+            yield SumTask(SumData(prompt=None if self.config.promptless else row["prompt"], answer=row["answer"],
+                                  info=row["info"],
                                   system_prompt="You are a careful calculator."), self.config.task)
 
 
@@ -69,6 +73,18 @@ class GuessEnv(vf.Env[GuessConfig]):
                 if segment.terminated or task.data.answer in segment.last_reply:
                     break
                 segment = await interaction.turn("No. Try again: reply with the number only.")
+
+
+class OpeningEnv(vf.Env[GuessConfig]):
+    """The env is the user and speaks first: the task has no prompt of its own."""
+
+    async def run(self, task, agents) -> None:
+        async with agents.player.interaction(task) as interaction:
+            await interaction.turn(f"What is {task.data.info['a']} + {task.data.info['b']}? Reply with the number.")
+
+
+def load_promptless() -> vf.Env:
+    return OpeningEnv(GuessConfig(taskset={"id": "verifiers_example", "promptless": True}))
 
 
 def load_guessing(max_guesses: int = 2) -> vf.Env:

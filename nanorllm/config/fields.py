@@ -86,8 +86,9 @@ class Sources:
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
     records the spec it resolved to."""
     eval_tasks: str | None = None
-    """Held-out tasks, same formats ('': none). None: the env's own default held-out set. Any task that also
-    appears in --tasks is removed from training."""
+    """Held-out tasks, same formats, or holdout:frac=F,seed=S:SPEC ('': none). None: with --tasks, a seeded tenth
+    of them (holdout:frac=0.1,seed=0:TASKS); without, the env's own held-out set. Tasks also held out are removed
+    from training."""
     task_fields: str | None = None
     """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
     (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""

@@ -217,15 +217,21 @@ def check_task_rows(rows: list[dict], source: str) -> list[dict]:
 
 
 def _normalize_question(text) -> str | None:
-    return " ".join(text.lower().split()) if isinstance(text, str) else None
+    """The question as the overlap check compares it; None for no text, or an empty one (a task whose opening is
+    not its question: a verifiers taskset whose scripted user opens the conversation), which says nothing."""
+    return (" ".join(text.lower().split()) or None) if isinstance(text, str) else None
+
+
+OVERLAP_RULE = ("a training task is held out when its task_id, or its question (case and spacing aside; an empty "
+                "one never), is a held-out task's")
 
 
 def remove_overlap(train: list[dict], heldout: list[dict]) -> tuple[list[dict], int]:
-    """Training tasks that share neither question nor task_id with the held-out set.
+    """Training tasks that share neither question nor task_id with the held-out set (`OVERLAP_RULE`).
 
     Questions are compared lowercased with whitespace collapsed, so a held-out problem copied
     with different spacing or capitals is still dropped. Returns (kept tasks, number dropped).
-    Rows without a question compare by task_id alone.
+    Rows without a question, or with an empty one, compare by task_id alone.
     """
     held_questions = {_normalize_question(t.get("question")) for t in heldout} - {None}
     held_ids = {t["task_id"] for t in heldout}
@@ -235,3 +241,12 @@ def remove_overlap(train: list[dict], heldout: list[dict]) -> tuple[list[dict], 
         if t["task_id"] not in held_ids and _normalize_question(t.get("question")) not in held_questions
     ]
     return kept, len(train) - len(kept)
+
+
+def overlap_counts(train: list[dict], heldout: list[dict]) -> str:
+    """Which key removed training tasks: "N by task_id, M by question alone" (for a message)."""
+    held_ids = {t["task_id"] for t in heldout}
+    kept = {id(t) for t in remove_overlap(train, heldout)[0]}
+    by_id = sum(t["task_id"] in held_ids for t in train)
+    by_question = sum(id(t) not in kept and t["task_id"] not in held_ids for t in train)
+    return f"{by_id} by task_id, {by_question} by question alone"

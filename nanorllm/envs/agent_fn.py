@@ -24,6 +24,10 @@ from nanorllm.envs.base import EnvBundle, EnvProtocolError, EpisodeSettings, che
 
 class AgentBundle(EnvBundle):
     name: ClassVar[str] = "agent"
+    # an env's episodes played on the endpoint (verifiers) keep the env rule: one whose last completion was cut at
+    # --max-new-tokens ends "truncated" unless rewarded; an --agent says how its own episode ended (its "reason",
+    # else its reward)
+    cut_ends_truncated: ClassVar[bool] = False
 
     def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
                  tool_parser: str = "auto", **options):

@@ -5,16 +5,23 @@ the run on 127.0.0.1 by OpenEnv's own app, envs/openenv_serve.py).
 Episodes go through OpenEnv's own client (`GenericEnvClient`, a WebSocket session per episode, so the server keeps
 one env instance for the whole episode; its HTTP /reset and /step make a fresh env per request):
 - `reset(task)` opens the session and resets with the task's seed (OpenEnv's server passes it only to a reset
-  that takes a `seed`); the observation's text is the user turn;
+  that takes a `seed`) and the `--env-arg reset.KEY=VALUE` arguments (an env that takes its task through them:
+  OpenEnv's own ReasoningGymEnvironment ignores the seed without `dataset_name` and `size`); the observation's text
+  is the user turn. When the first task seeds of a set all open with the same observation, one warning says so;
 - `step(reply)` sends the model's reply as the Action's one text field (`--env-arg action_field=NAME` picks one
   when the Action has several); the result's observation is the next user turn, its `done` ends the episode
   ("done"), and so does --max-turns ("max_turns");
 - an observation's text is its field `--env-arg observation_field=NAME`, else the first of `text`, `message`,
   `prompt`, `content`, `observation`, `question` that it has as text, else its only text field, else the whole
   observation as JSON (sorted keys). The choice is made once, from the server's /schema, at start;
-- rewards: each step's reward is the result's (null: 0), and the episode's is their sum (`reward=sum`, the
-  engine's rule) or the last step's alone (`reward=last`, for an env whose reward is a running score); the
-  server's own value of each step is in its info (`env_reward`, with `env_done`).
+- rewards: each step's reward is the result's (null on a step the env does not end: no reward yet, 0), and the
+  episode's is their sum (`reward=sum`, the engine's rule) or the last step's alone (`reward=last`, for an env whose
+  reward is a running score); the server's own value of each step is in its info (`env_reward`, with `env_done`).
+  The step that ends the episode must carry a number: OpenEnv serialises a nan reward as null, so a null there is a
+  score that failed, and the episode is an env error (left out of training and of evaluation's rates), never a 0.
+
+MCP environments (an Action of OpenEnv's `CallToolAction` / `ListToolsAction`, an `MCPEnvironment` class) take a
+tool name and arguments, not text: they are refused by name at start (`MCP_REFUSAL`).
 
 Faults: one call (connect and reset, or a step) that takes longer than --env-timeout-s, a server that is down or
 closes the session, a server error, or a result that is not an observation (not a JSON object, a reward that is
@@ -32,6 +39,7 @@ import inspect
 import json
 import math
 import numbers
+import sys
 import typing
 import weakref
 from typing import ClassVar
@@ -44,6 +52,12 @@ from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_s
 from nanorllm.utils.aio import client_loop, is_loopback
 
 PREFIX = "openenv"
+PROBE_SEEDS = 4  # the first task seeds of a set whose openings are compared (warn_same_openings)
+MCP_ACTIONS = ("CallToolAction", "ListToolsAction")
+MCP_REFUSAL = ("an OpenEnv MCP environment (its Action is CallToolAction: a tool name and JSON arguments, not text) "
+               "cannot be played by this adapter, which sends the model's reply as the Action's text field. Serve an "
+               "Environment whose Action has a text field, or give the model the env's tools as Python functions "
+               "(--tools file.py:fn, docs/tools.md) in an env that takes text")
 TEXT_FIELDS = ("text", "message", "prompt", "content", "observation", "question")
 NOT_OBSERVED = ("done", "reward", "metadata")  # what OpenEnv's server leaves out of a serialized observation
 REWARDS = ("sum", "last")
@@ -80,6 +94,13 @@ def fetch_schema(url: str, timeout_s: float) -> dict:
             and isinstance(schema.get("observation"), dict)):
         raise ValueError(f"GET {url}/schema is not an OpenEnv schema (no action and observation schemas)")
     return schema
+
+
+def is_mcp_action(schema: dict) -> bool:
+    """An Action schema of OpenEnv's MCP actions (one of them, or a union holding one)."""
+    members = [schema, *schema.get("anyOf", ()), *schema.get("oneOf", ()), *schema.get("$defs", {}).values()]
+    return any(m.get("title") in MCP_ACTIONS or {"tool_name", "arguments"} <= set(m.get("properties", {}))
+               for m in members)
 
 
 def text_fields(schema: dict) -> list[str]:
@@ -130,12 +151,16 @@ def observation_text(observation: object, field: str | None) -> str:
 
 
 def step_values(result) -> tuple[float, bool]:
-    """(reward, done) of a StepResult; a null reward is 0 (OpenEnv allows a bool reward: 1 or 0)."""
+    """(reward, done) of a StepResult; a null reward is 0 before the end and a failed score on the step that ends the
+    episode (module docstring). OpenEnv allows a bool reward: 1 or 0."""
     reward, done = result.reward, result.done
     if reward is not None and not (isinstance(reward, numbers.Real) and math.isfinite(reward)):
         raise EnvProtocolError("reward", "a finite number or null", reward)
     if not isinstance(done, bool):
         raise EnvProtocolError("done", "true or false", done)
+    if reward is None and done:
+        raise EnvProtocolError("reward", "a number on the step that ends the episode (a nan reward reaches the "
+                                         "client as null: the score failed)", reward)
     return float(reward or 0.0), done
 
 
@@ -143,9 +168,10 @@ class OpenEnvEnv:
     """One episode: one WebSocket session of the server at `url` (see the module docstring)."""
 
     def __init__(self, *, url: str, action_field: str, observation_field: str | None, reward: str = "sum",
-                 max_turns: int = 2, timeout_s: float = 30.0):
+                 max_turns: int = 2, timeout_s: float = 30.0, reset_args: dict | None = None):
         self.url, self.action_field, self.observation_field = url, action_field, observation_field
         self.reward, self.max_turns, self.timeout_s = reward, max_turns, timeout_s
+        self.reset_args = reset_args or {}  # --env-arg reset.KEY=VALUE: passed to every reset beside the seed
         self.client = None
         self.turn = 0
 
@@ -158,7 +184,8 @@ class OpenEnvEnv:
         self._finalizer = weakref.finalize(self, close_soon, self.client)  # an episode the engine ended
         self.turn = 0
         try:
-            result = call(self.client.reset(seed=int(task["seed"])), self.timeout_s, "reset", self.url)
+            result = call(self.client.reset(**self.reset_args, seed=int(task["seed"])), self.timeout_s, "reset",
+                          self.url)
             return observation_text(result.observation, self.observation_field)
         except BaseException:
             self.close()
@@ -198,7 +225,8 @@ class OpenEnvBundle(EnvBundle):
     action_cls: ClassVar[type | None] = None
     observation_cls: ClassVar[type | None] = None
     system_prompt = SYSTEM_PROMPT
-    args = {"action_field": "", "observation_field": "", "reward": "sum"}  # "": chosen from the server's schema
+    # "": chosen from the server's schema; reset: keyword arguments of every reset (--env-arg reset.KEY=VALUE)
+    args = {"action_field": "", "observation_field": "", "reward": "sum", "reset": {}}
     default_tasks = seed_spec(PREFIX, TRAIN_SEEDS)
     default_eval_tasks = seed_spec(PREFIX, EVAL_SEEDS)
 
@@ -206,23 +234,25 @@ class OpenEnvBundle(EnvBundle):
         super().__init__(settings, **options)
         if self.options["reward"] not in REWARDS:
             raise ValueError(f"reward={self.options['reward']!r}: expected one of {', '.join(REWARDS)}")
+        if "seed" in self.options["reset"]:
+            raise ValueError("reset.seed: each task's seed is its own (tasks openenv:count=N,seed=S)")
         where, timeout_s = repr(self.name), self.settings.env_timeout_s
         try:
             schema = fetch_schema(self.url, timeout_s)
         except Exception as e:
             raise EnvSpecError(f"{where}: the OpenEnv server at {self.url} does not answer GET /schema within "
                                f"--env-timeout-s {timeout_s:g} s: {one_line(e)}") from None
+        if is_mcp_action(schema["action"]):
+            raise EnvSpecError(f"{where}: {MCP_REFUSAL}")
         self.action_field = choose_action_field(schema["action"], self.options["action_field"], where)
         self.observation_field = choose_observation_field(schema["observation"], self.options["observation_field"],
                                                           where)
-        probe = self.make_env()
+        self.warned = False  # warn_same_openings has spoken
         try:
-            self.opening = probe.reset({"seed": TRAIN_SEEDS[0]})  # what the prompt-size checks measure
+            self.opening = self.opening_of(TRAIN_SEEDS[0])  # what the prompt-size checks measure
         except Exception as e:
             raise EnvSpecError(f"{where}: the OpenEnv server at {self.url} cannot start an episode: "
                                f"{one_line(e)}") from None
-        finally:
-            probe.close()
 
     @property
     def url(self) -> str:
@@ -236,15 +266,37 @@ class OpenEnvBundle(EnvBundle):
     def make_env(self) -> OpenEnvEnv:
         return OpenEnvEnv(url=self.url, action_field=self.action_field, observation_field=self.observation_field,
                           reward=self.options["reward"], max_turns=self.settings.max_turns,
-                          timeout_s=self.settings.env_timeout_s)
+                          timeout_s=self.settings.env_timeout_s, reset_args=self.options["reset"])
 
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         if spec != PREFIX and not spec.startswith(f"{PREFIX}:"):
             raise ValueError(f"{spec!r}: OpenEnv tasks are seeds, {PREFIX}:count=N,seed=S")
         first, count = parse_seed_spec(spec)
         count = count if limit is None else min(count, limit)
+        self.warn_same_openings(range(first, first + min(count, PROBE_SEEDS)))
         return [{"task_id": f"openenv-seed{s}", "seed": s, "question": f"{self.opening}\n\n[{PREFIX} seed {s}]"}
                 for s in range(first, first + count)]
+
+    def warn_same_openings(self, seeds: range) -> None:
+        """One warning (once per bundle) when every one of `seeds` opens with the same observation: an env that
+        ignores the seed trains and evaluates one task, whatever the task count says."""
+        if len(seeds) < 2 or self.warned:
+            return
+        openings = [self.opening_of(seed) for seed in seeds]
+        if len(set(openings)) == 1:
+            self.warned = True
+            print(f"[env] warning: {self.name}: all {len(seeds)} task seeds tried ({seeds[0]}-{seeds[-1]}) open with the "
+                  "same observation, so every task may be the same one. An env that takes its task through reset "
+                  "arguments needs them: --env-arg reset.KEY=VALUE (OpenEnv's ReasoningGymEnvironment: "
+                  "reset.dataset_name=NAME, reset.size=N); a game whose seed changes only hidden state can ignore "
+                  "this", file=sys.stderr, flush=True)
+
+    def opening_of(self, seed: int) -> str:
+        probe = self.make_env()
+        try:
+            return probe.reset({"seed": seed})
+        finally:
+            probe.close()
 
     def metrics(self, results: list[RolloutResult]) -> dict:
         """Turns per episode, and the episodes the env itself ended (its `done`) rather than the turn limit."""
@@ -282,7 +334,7 @@ def served_class(spec: str, target: str) -> dict:
     """The class attributes of a bundle that serves the Environment class `target` names, refused at start when
     it is no concrete OpenEnv Environment, its Action and Observation classes cannot be told, or OpenEnv would
     serve it only one session at a time."""
-    from openenv.core.env_server import Action, Environment, Observation
+    from openenv.core.env_server import Action, Environment, MCPEnvironment, Observation
 
     module, where, name = import_spec(spec, FORMS, target=target)
     cls = getattr(module, name, None)
@@ -291,6 +343,8 @@ def served_class(spec: str, target: str) -> dict:
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise EnvSpecError(f"{spec!r}: {name} is not an OpenEnv Environment (a subclass of "
                            "openenv.core.env_server.Environment)")
+    if MCPEnvironment is not None and issubclass(cls, MCPEnvironment):  # None: OpenEnv without its MCP extra
+        raise EnvSpecError(f"{spec!r}: {name} is {MCP_REFUSAL}")
     if inspect.isabstract(cls):
         raise EnvSpecError(f"{spec!r}: {name} does not implement {', '.join(sorted(cls.__abstractmethods__))}")
     action, observation = model_classes(cls)

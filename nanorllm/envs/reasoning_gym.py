@@ -6,7 +6,7 @@ default: its answers are often lists, words or grids, which braces in a box woul
 `\\boxed{}` (`answer_format=boxed`). A wrong answer with turns left gets a user turn asking for another try; the
 episode's reward is its last answer's score (partial scores count), 1.0 ends it. As in the math env, one worked
 exchange comes before the question (`--no-worked-example` drops it): the first item of the target's first dataset
-drawn with seed 0 (the default sets use seeds 1 and 2), answered in the answer format, which is what teaches a small
+drawn with seed 0 (in neither default set: `DEFAULT_SETS`), answered in the answer format, which is what teaches a small
 model to write the tags or the box at all.
 
 Tasks are specs `rg:NAME,size=N,seed=S[,key=value...]`: `size` items of dataset NAME drawn with `seed`, every other
@@ -33,6 +33,10 @@ from nanorllm.envs.modules import EnvSpecError
 
 PREFIX = "rg:"
 FORMATS = ("tags", "boxed")
+# (size, seed) of the default training and held-out sets. reasoning-gym draws item i of seed S with Random(S + i),
+# so the sets drawn with seeds S and T share items unless their ranges [S, S + size) never meet: held-out seed 2
+# was training items 1-200 of seed 1. The worked exchange is item 0 of seed 0, in neither.
+DEFAULT_SETS = ((2000, 1), (200, 1_000_000))
 BOXED_PROMPT = ("Given a problem, think step by step, then give only the final answer in \\boxed{}, "
                 "written exactly in the format the question asks for.")
 RETRY_FEEDBACK = {"tags": "Your answer is incorrect. Check your work and try again. "
@@ -269,10 +273,11 @@ def worked_example(target: str, answer_format: str) -> tuple[str, str]:
 
 
 def bundle_class(target: str) -> type[ReasoningGym]:
-    """The bundle of `--env reasoning-gym:NAME` (or `NAME1=W1+NAME2=W2`): 2000 training items drawn with seed 1,
-    200 held-out ones with seed 2."""
+    """The bundle of `--env reasoning-gym:NAME` (or `NAME1=W1+NAME2=W2`): the default training and held-out sets
+    (`DEFAULT_SETS`)."""
     _weighted_names(target, f"reasoning-gym:{target}", EnvSpecError)
+    (train_size, train_seed), (eval_size, eval_seed) = DEFAULT_SETS
     return type(f"ReasoningGym[{target}]", (ReasoningGym,), {
         "name": f"reasoning-gym:{target}", "target": target,
-        "default_tasks": f"{PREFIX}{target},size=2000,seed=1",
-        "default_eval_tasks": f"{PREFIX}{target},size=200,seed=2"})
+        "default_tasks": f"{PREFIX}{target},size={train_size},seed={train_seed}",
+        "default_eval_tasks": f"{PREFIX}{target},size={eval_size},seed={eval_seed}"})

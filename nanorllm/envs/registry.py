@@ -3,7 +3,7 @@
 
 The spec string, never the class, is what travels: a spawned worker imports the same module again
 from it. `--env-arg key=value` values are typed by the bundle's defaults (int, finite float, bool, str; JSON or
-a comma list for a list or tuple, JSON for a dict).
+a comma list for a list or tuple, JSON for a dict, or one entry of a dict as `key.entry=value`).
 Everything wrong with a spec is an `EnvSpecError` naming the spec, the reason and the valid options,
 raised at start before any model loads.
 """
@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
@@ -147,8 +148,17 @@ def _typed(value: str, default, key: str, spec: str):
                        "from the command line")
 
 
+def _json_or_text(value: str):
+    """A dict option's entry: its JSON value (100, true, [1, 2]), else the text itself."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
 def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | list[str]) -> dict:
-    """{"key": typed value} from "key=value" strings, each key one the bundle declares."""
+    """{"key": typed value} from "key=value" strings, each key one the bundle declares; `key.entry=value` sets one
+    entry of a dict option (JSON, else text)."""
     valid = ", ".join(f"{k}={v!r}" for k, v in cls.args.items()) or "none"
     out = {}
     for pair in pairs:
@@ -156,6 +166,10 @@ def parse_env_args(spec: str, cls: type[EnvBundle], pairs: tuple[str, ...] | lis
         key = key.strip()
         if not sep or not key:
             raise EnvSpecError(f"{spec!r}: --env-arg {pair!r} is not key=value (valid: {valid})")
+        head, dot, sub = key.partition(".")
+        if dot and sub and isinstance(cls.args.get(head), dict):  # one entry of a dict option: reset.size=100
+            out.setdefault(head, dict(cls.args[head]))[sub] = _json_or_text(value.strip())
+            continue
         if key not in cls.args:
             raise EnvSpecError(f"{spec!r}: unknown --env-arg {key!r} (valid: {valid})")
         if key in out:
@@ -264,9 +278,19 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
 
 def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:
     """(training, held-out) task specs: the ones given, else the env's own defaults (held-out '' when the env
-    has none)."""
-    return (env.default_tasks if tasks is None else tasks,
-            (env.default_eval_tasks or "") if eval_tasks is None else eval_tasks)
+    has none). Given tasks and no held-out ones, the held-out set is a seeded share of those tasks
+    (datasets/holdout.py), never the env's own set, which may have nothing to do with them."""
+    if eval_tasks is None:
+        eval_tasks = (env.default_eval_tasks or "") if tasks is None else default_holdout(tasks)
+    return (env.default_tasks if tasks is None else tasks), eval_tasks
+
+
+def load_env_tasks(env: EnvBundle, spec: str, limit: int | None = None) -> list[dict]:
+    """`env.load_tasks(spec)`, and for `holdout:...:SPEC` the held-out share of the env's SPEC (at most `limit`)."""
+    if not is_holdout(spec):
+        return env.load_tasks(spec, limit=limit)
+    fraction, seed, inner = parse_holdout(spec)
+    return held_out(env.load_tasks(inner), fraction, seed)[:limit]
 
 
 def describe(bundle: EnvBundle) -> str:

@@ -159,6 +159,7 @@ class Verifiers(AgentBundle):
 
     name: ClassVar[str] = "verifiers"
     target: ClassVar[str] = ""
+    cut_ends_truncated: ClassVar[bool] = True  # an env: the env rule of truncation (AgentBundle)
     default_tasks: ClassVar[str] = f"{PREFIX}train"
     default_eval_tasks: ClassVar[str] = f"{PREFIX}eval"
 

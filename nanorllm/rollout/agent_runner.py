@@ -466,8 +466,10 @@ class AgentRunner:
         last.reward, last.done = reward, True
         last.info.update({"returned": info, **({"refused_requests": refused} if refused else {})})  # beside the endpoint's own keys
         last.action = info.get("action")
-        traj.final_reward, traj.terminated = reward, True
-        traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "wrong"))
+        cut = self.bundle.cut_ends_truncated and ep.samples[-1].truncated  # AgentBundle.cut_ends_truncated
+        traj.final_reward, traj.terminated = reward, not cut
+        traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "truncated" if cut
+                                                             else "wrong"))
         for s in ep.samples:
             s.reward = reward
         ep.result = RolloutResult(trajectory=traj, step_samples=ep.samples, group_id=ep.group_id)

@@ -6,13 +6,14 @@ What goes wrong here is bad input (exit 2, nothing written): an env or agent tha
 source that does not load or leaves no training task, devices that do not exist.
 """
 
+import sys
 from dataclasses import replace
 
 from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec, lora_spec
-from nanorllm.datasets.tasks import TaskFileError, check_task_rows, remove_overlap
+from nanorllm.datasets.tasks import OVERLAP_RULE, TaskFileError, check_task_rows, overlap_counts, remove_overlap
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import load_bundle, resolve_task_specs
+from nanorllm.envs.registry import load_bundle, load_env_tasks, resolve_task_specs
 from nanorllm.ranks.group import learner_spec
 from nanorllm.trainer import fingerprint
 from nanorllm.trainer.parts import RunParts
@@ -36,7 +37,11 @@ def assemble(cfg: TrainConfig) -> RunParts:
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
         raise TaskFileError(tasks, [f"{tasks}: no training tasks left after removing the {dropped} that are also "
-                                    f"held out (--eval-tasks {eval_tasks})"])
+                                    f"held out (--eval-tasks {eval_tasks}; {overlap_counts(loaded, heldout)}: "
+                                    f"{OVERLAP_RULE})"])
+    if dropped > len(loaded) // 2:
+        print(f"[tasks] warning: {dropped} of {len(loaded)} training tasks are also held out and were removed "
+              f"({overlap_counts(loaded, heldout)}; {OVERLAP_RULE})", file=sys.stderr, flush=True)
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return RunParts(cfg=cfg, env_spec=spec, env=env, lora=lora_spec(cfg), devices=run_devices(cfg),
@@ -54,9 +59,10 @@ def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:
 
 
 def env_tasks(env: EnvBundle, spec: str, limit: int | None) -> list[dict]:
-    """`env.load_tasks(spec)`; whatever it raises is bad input (TaskFileError naming the env and the spec)."""
+    """`env.load_tasks(spec)` (envs/registry.py load_env_tasks); whatever it raises is bad input (TaskFileError
+    naming the env and the spec)."""
     try:
-        return env.load_tasks(spec, limit=limit)
+        return load_env_tasks(env, spec, limit)
     except TaskFileError:
         raise
     except Exception as e:

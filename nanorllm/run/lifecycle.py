@@ -190,7 +190,9 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     s = out.summary
     if status == "done" and "gain" in s and not quiet:  # a held-out set (not only --eval-set ones) before and after
         b, a = s["before"]["success_rate"], s["after"]["success_rate"]
-        print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {s['after']['n']} tasks | {run.run_dir}")
+        failed = s["after"].get("failed", 0)
+        print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {s['after']['n']} tasks"
+              f"{f' ({failed} failed to score, left out)' if failed else ''} | {run.run_dir}")
     return out
 
 

@@ -22,7 +22,7 @@ from nanorllm.config.checks import agent_env_problems, bound_problems
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.config.specs import env_spec
-from nanorllm.envs.registry import load_bundle
+from nanorllm.envs.registry import load_bundle, load_env_tasks
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.utils.devices import configure_threads
@@ -147,9 +147,10 @@ def load_policy(cfg: EvalConfig):
 
 
 def evaluate_model(cfg: EvalConfig) -> dict:
-    """evaluate()'s summary ({"success_rate", ..., "grader_timeouts", "first_timeout_task"}), with pass@k / mean@n
-    under --eval-samples and each --eval-set's summary under "sets". Bad input (a task file, an env or agent
-    spec, a flag) raises TaskFileError, EnvSpecError or ValueError, all before the model loads."""
+    """evaluate()'s summary ({"success_rate", ..., "n", "failed", ...}: rates over the scored episodes, the failed
+    ones counted), with pass@k / mean@n under --eval-samples and each --eval-set's summary under "sets". Bad input
+    (a task file, an env or agent spec, a flag) raises TaskFileError, EnvSpecError or ValueError, all before the
+    model loads."""
     problems = eval_problems(cfg)
     try:
         parse_task_fields(cfg.task_fields)
@@ -168,8 +169,8 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     if not spec:
         raise ValueError(f"tasks: the {'agent' if cfg.agent else 'env'} {cfg.agent or cfg.env!r} has no default "
                          "held-out tasks (EnvBundle.default_eval_tasks); give --tasks")
-    tasks = check_task_rows(env.load_tasks(spec, limit=cfg.limit), spec)
-    sets = {name: check_task_rows(env.load_tasks(s, limit=cfg.limit), s)
+    tasks = check_task_rows(load_env_tasks(env, spec, cfg.limit), spec)
+    sets = {name: check_task_rows(load_env_tasks(env, s, cfg.limit), s)
             for name, _, s in (item.partition("=") for item in cfg.eval_set)}
     policy = load_policy(cfg)
     sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens)

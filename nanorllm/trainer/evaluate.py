@@ -6,6 +6,12 @@ was doing and which task, and stops the run instead of hanging it.
 
 With `--eval-samples n` a second pass samples n episodes a task at `--eval-temperature` and reports the
 unbiased pass@k for each k <= n and mean@n (the mean success of all n samples) beside greedy success.
+
+Evaluation keeps training's failed-score rule: an episode the env raised in or whose score failed (a reward function,
+judge or reward model that raised, timed out or gave nan: `RolloutResult.failed`) says nothing about the policy, so
+every rate is over the scored episodes alone and the failed ones are counted beside it (`failed`), never averaged
+in as zeros. pass@k and mean@n count a task's scored samples only; a task with fewer than k of them is left out of
+pass@k (`sampled_failed` counts the failed samples).
 """
 
 import math
@@ -22,9 +28,10 @@ from nanorllm.trainer.watchdog import Watchdog
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle | None = None,
              max_turns: int = 2, max_batch_episodes: int = 64, grader_timeout_s: float = 5.0,
              hang_timeout_s: float = 600.0) -> dict:
-    """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts",
-    "first_timeout_task"} plus the env's own metrics (`env.metrics`). max_turns / grader_timeout_s apply to the default env only (a
-    bundle carries its own)."""
+    """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
+    "first_timeout_task"} plus the env's own metrics (`env.metrics`): the rates over the `n` scored episodes, `failed`
+    the episodes left out (module docstring; every rate is nan when none was scored). max_turns / grader_timeout_s
+    apply to the default env only (a bundle carries its own)."""
     env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns, grader_timeout_s=grader_timeout_s))
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
                            max_batch_episodes=max_batch_episodes)
@@ -34,18 +41,25 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
             results = engine.run(tasks, num_samples=1).results
         finally:
             engine.close()
-    n = len(results)
+    scored = [r for r in results if not r.failed]
     timeouts, first_timeout = grader_timeouts(results)
     return {
-        "success_rate": sum(r.reward > 0 for r in results) / n,
-        "first_turn_success": sum(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0 for r in results) / n,
-        "mean_reward": sum(r.reward for r in results) / n,  # where partial scores count, success alone says little
-        "mean_turns": sum(r.trajectory.num_turns for r in results) / n,
-        "n": n,
+        "success_rate": mean(r.reward > 0 for r in scored),
+        "first_turn_success": mean(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0 for r in scored),
+        "mean_reward": mean(r.reward for r in scored),  # where partial scores count, success alone says little
+        "mean_turns": mean(r.trajectory.num_turns for r in scored),
+        "n": len(scored),
+        "failed": len(results) - len(scored),
         "grader_timeouts": timeouts,
         "first_timeout_task": first_timeout,
-        **env.metrics(results),
+        **env.metrics(scored),
     }
+
+
+def mean(values) -> float:
+    """The mean of `values`; nan when there are none (no scored episode: no rate to report)."""
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else math.nan
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,7 +77,8 @@ def default_ks(samples: int) -> tuple[int, ...]:
 def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle, samples: int,
                      ks: tuple[int, ...] = (), seed: int = 0, max_batch_episodes: int = 64,
                      hang_timeout_s: float = 600.0) -> dict:
-    """{"pass@k" for each k, "mean@n"}: `samples` episodes a task at `sampling`'s temperature. The policy's
+    """{"pass@k" for each k, "mean@n", "sampled_failed"}: `samples` episodes a task at `sampling`'s temperature,
+    counted over each task's scored samples (module docstring). The policy's
     sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step draws
     the same numbers and the training rollouts after it are those a run without it would make."""
     ks = ks or default_ks(samples)
@@ -79,7 +94,10 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
         engine.close()  # an --agent's endpoint
         if saved is not None:
             generator.set_state(saved)
-    passed = [sum(r.reward > 0 for r in results[i * samples:(i + 1) * samples]) for i in range(len(tasks))]
-    out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in passed) / len(tasks) for k in ks}
-    out[f"mean@{samples}"] = sum(passed) / (samples * len(tasks))
+    groups = [[r for r in results[i * samples:(i + 1) * samples] if not r.failed] for i in range(len(tasks))]
+    counts = [(len(g), sum(r.reward > 0 for r in g)) for g in groups]  # (scored samples, passed) a task
+    out = {f"pass@{k}": mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in ks}
+    scored = sum(n for n, _ in counts)
+    out[f"mean@{samples}"] = sum(c for _, c in counts) / scored if scored else math.nan
+    out["sampled_failed"] = len(results) - scored
     return out

@@ -39,7 +39,7 @@ from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
-from nanorllm.rollout.prompt_budget import describe_long, long_prompts, prompt_limit
+from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
@@ -135,7 +135,8 @@ class TrainingRun:
         self.totals["dropped_heldout"], self.task_order = parts.dropped_heldout, parts.task_order
         self.eval_sets = parts.eval_sets
         state = None
-        self.run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
+        run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
+        self.run_dir = run_dir.absolute()  # a user's code that changes directory (a tool, a reward) moves none of it
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -209,12 +210,17 @@ class TrainingRun:
     def check_prompt_lengths(self) -> None:
         """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
         with --drop-long-prompts leave them out, counted."""
-        limit = prompt_limit(self.policy, max_prompt_tokens=self.cfg.max_prompt_tokens,
-                             sampling=sampling_params(self.cfg), max_turns=self.cfg.max_turns)
+        sampling = sampling_params(self.cfg)
+        limit = prompt_limit(self.policy, max_prompt_tokens=self.cfg.max_prompt_tokens, sampling=sampling,
+                             max_turns=self.cfg.max_turns)
         if limit is None:
             return
-        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit)
+        found = {what: long_prompts(tasks, policy=self.policy, env=self.env, limit=limit) if limit > 0 else tasks
                  for what, tasks in (("training", self.train_tasks), ("held-out", self.eval_tasks))}
+        if self.cfg.max_prompt_tokens is None and len(found["training"]) == len(self.train_tasks):
+            # the turns' room leaves no task a place: --drop-long-prompts would drop them all
+            raise ConfigError([no_room(self.policy, sampling=sampling, max_turns=self.cfg.max_turns, limit=limit)],
+                              "--max-turns / --max-new-tokens")
         if not any(found.values()):
             return
         if not self.cfg.drop_long_prompts:
@@ -295,8 +301,10 @@ class TrainingRun:
                      f"of --grader-timeout-s {self.cfg.grader_timeout_s:g} (scored 0); first: task "
                      f"{res['first_timeout_task']}")
         sampled = "".join(f" | {k} {v:.3f}" for k, v in res.items() if k.startswith(("pass@", "mean@")))
+        failed = "".join(f" | {k.replace('_', ' ')} {res[k]} (not scored: left out)"
+                         for k in ("failed", "sampled_failed") if res.get(k))
         self.say(f"[eval{label}] step {step} | success {res['success_rate']:.3f} | first turn "
-                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f}{sampled} | n {res['n']} | "
+                 f"{res['first_turn_success']:.3f} | turns {res['mean_turns']:.2f}{sampled} | n {res['n']}{failed} | "
                  f"{time.perf_counter() - t0:.1f} s")
         return res
 

@@ -1,0 +1,130 @@
+"""Held-out numbers are computed on the data they name: an episode whose score failed is left out of every rate and
+counted beside it (greedy, pass@k, mean@n, launch/eval.py), and a user's own --tasks without --eval-tasks are
+evaluated on a seeded share of themselves, never on another env's set."""
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from nanorllm.config import parse_config
+from nanorllm.config.specs import env_spec
+from nanorllm.datasets.holdout import held_out, parse_holdout
+from nanorllm.envs.registry import load_bundle
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.run.assembly import assemble
+from nanorllm.run.lifecycle import main
+from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, with_run_settings
+from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
+from tests.runs import TINY_ARGS
+
+REWARDS = textwrap.dedent('''
+    import math
+
+    def fails_on_odd(completions, task_id, **kw):  # 1.0 where it scores; no score at all for the odd tasks
+        return [math.nan if int(t[1:]) % 2 else 1.0 for t in task_id]
+''')
+
+
+@pytest.fixture
+def rewards(tmp_path):
+    path = tmp_path / "rewards.py"
+    path.write_text(REWARDS)
+    return f"{path}:fails_on_odd"
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"Say {i}."}) + "\n" for i in range(6)))
+    return str(path)
+
+
+def single_turn_bundle(rewards: str):
+    return load_bundle(env_spec(parse_config(["--env", "single", "--reward", rewards, "--model", "tiny-random"])))
+
+
+def test_held_out_success_is_over_the_scored_episodes_and_the_failed_ones_are_counted(rewards, task_file):
+    env = single_turn_bundle(rewards)
+    tasks = env.load_tasks(task_file)
+    policy = HFCausalPolicy.from_name("tiny-random")
+    out = evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=2), env=env)
+    assert (out["success_rate"], out["mean_reward"], out["n"], out["failed"]) == (1.0, 1.0, 3, 3)  # not 0.5
+
+
+def test_pass_at_k_and_mean_at_n_count_each_tasks_scored_samples_only(rewards, task_file):
+    env = single_turn_bundle(rewards)
+    policy = HFCausalPolicy.from_name("tiny-random")
+    sampling = SamplingParams(max_new_tokens=2, temperature=1.0)
+    out = evaluate_sampled(policy, env.load_tasks(task_file), sampling=sampling, env=env, samples=2)
+    assert out == {"pass@1": 1.0, "pass@2": 1.0, "mean@2": 1.0, "sampled_failed": 6}
+
+
+def test_every_rate_is_nan_when_no_episode_was_scored(rewards, tmp_path):
+    env = single_turn_bundle(rewards)
+    tasks = [{"task_id": "t1", "question": "Say 1."}, {"task_id": "t3", "question": "Say 3."}]
+    out = evaluate(HFCausalPolicy.from_name("tiny-random"), tasks, sampling=SamplingParams(max_new_tokens=2), env=env)
+    assert math.isnan(out["success_rate"]) and (out["n"], out["failed"]) == (0, 2)
+
+
+def test_launch_eval_reports_the_failed_scores_beside_a_success_rate_over_the_scored_ones(rewards, task_file):
+    cfg = EvalConfig(model="tiny-random", env="single", reward=(rewards,), tasks=task_file, max_new_tokens=2,
+                     eval_samples=2)
+    out = evaluate_model(cfg)
+    assert (out["success_rate"], out["n"], out["failed"]) == (1.0, 3, 3)
+    assert (out["pass@2"], out["mean@2"], out["sampled_failed"]) == (1.0, 1.0, 6)
+
+
+def rows(n: int) -> list[dict]:
+    return [{"task_id": f"u{i}", "question": f"Say {i}."} for i in range(n)]
+
+
+def test_a_held_out_share_depends_on_each_tasks_id_alone_and_is_never_empty():
+    chosen = {r["task_id"] for r in held_out(rows(400), 0.1, 0)}
+    assert 25 <= len(chosen) <= 55  # about a tenth
+    assert {r["task_id"] for r in held_out(rows(400)[::-1], 0.1, 0)} == chosen  # order does not matter
+    assert {r["task_id"] for r in held_out(rows(200), 0.1, 0)} == {t for t in chosen if int(t[1:]) < 200}  # growth
+    assert {r["task_id"] for r in held_out(rows(400), 0.1, 1)} != chosen  # the seed does
+    assert len(held_out(rows(3), 0.1, 0)) == 1
+
+
+@pytest.mark.parametrize("spec", ["holdout:frac=1.5:x.jsonl", "holdout:frac=0.1", "holdout:size=3:x.jsonl"])
+def test_a_bad_holdout_spec_names_its_form(spec):
+    with pytest.raises(ValueError, match="expected holdout:frac=F,seed=S:SPEC"):
+        parse_holdout(spec)
+
+
+def users_file(tmp_path, n: int = 40) -> str:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(n)))
+    return str(path)
+
+
+def test_a_users_own_tasks_without_eval_tasks_are_evaluated_on_a_share_of_themselves_left_out_of_training(
+        rewards, tmp_path):
+    path = users_file(tmp_path)
+    parts = assemble(parse_config(["--env", "single", "--reward", rewards, "--tasks", path, "--model", "tiny-random"]))
+    held = {t["task_id"] for t in parts.eval_tasks}
+    assert parts.cfg.eval_tasks == f"holdout:frac=0.1,seed=0:{path}"  # what config.json records
+    assert held == {r["task_id"] for r in held_out(rows(40), 0.1, 0)} and held  # the user's tasks, not arith:...
+    assert not held & {t["task_id"] for t in parts.train_tasks} and len(parts.train_tasks) == 40 - len(held)
+    assert parts.dropped_heldout == len(held)
+
+
+@pytest.mark.slow
+def test_a_reward_run_on_its_own_tasks_reports_held_out_success_on_them_and_launch_eval_agrees(tmp_path,
+                                                                                                monkeypatch):
+    path, scorer = users_file(tmp_path), tmp_path / "always.py"
+    scorer.write_text("def always(completions, **kw):\n    return [1.0] * len(completions)\n")
+    out = tmp_path / "runs"
+    assert main([*TINY_ARGS, "--serial", "--env", "single", "--reward", f"{scorer}:always", "--tasks", path,
+                 "--eval-limit", "100", "--max-steps", "1", "--output-dir", str(out), "--run-name", "r"]) == 0
+    held = held_out(rows(40), 0.1, 0)
+    summary = json.loads((out / "r" / "eval.json").read_text())
+    assert (summary["after"]["n"], summary["after"]["failed"], summary["after"]["success_rate"]) == (len(held), 0, 1.0)
+    trained = {json.loads(line)["task_id"] for line in (out / "r" / "rollouts.jsonl").read_text().splitlines()}
+    assert trained and not trained & {t["task_id"] for t in held}
+    result = evaluate_model(with_run_settings(EvalConfig(model=str(out / "r" / "final_model")), set())[0])
+    assert (result["n"], result["success_rate"]) == (len(held), 1.0)  # the same held-out tasks
