@@ -2,16 +2,17 @@
 
     python launch/eval.py --model runs/<run>/final_model      # the run's env, turns, rewards and held-out tasks
     python launch/eval.py --model runs/<run>/final_model --tasks arith:digits=1,terms=3,count=200,seed=2
-    python launch/eval.py --model smollm2-135m-instruct --tasks ../shared/data/gsm8k/train.jsonl --limit 100
+    python launch/eval.py --model smollm2-135m-instruct --tasks ../shared/data/gsm8k/train.jsonl --eval-limit 100
     GEMINI_API_KEY=... python launch/eval.py --model gemini:gemini-2.5-flash --tasks tasks.jsonl
     python launch/eval.py --env calc --tasks calc:count=200,seed=2 --max-turns 3 --max-new-tokens 48
 
     python launch/eval.py --tasks data.parquet --task-fields question=problem,answer=solution --eval-samples 8 \
         --eval-set gsm8k=../shared/data/gsm8k/test.jsonl
 
-Prints one JSON line per set ("set": "tasks" for --tasks, then each --eval-set's name): {"set", "success_rate",
-"first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts", "first_timeout_task"}, and with --eval-samples n
-"pass@k" for each k and "mean@n".
+The flags are training's for the same settings (--eval-limit, --threads, --max-turns, --env-arg ...). Prints one
+JSON line per set ("set": the spec of --tasks or of the env's default held-out set, then each --eval-set's name):
+{"set", "spec", "success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "grader_timeouts",
+"first_timeout_task"}, and with --eval-samples n "pass@k" for each k and "mean@n".
 """
 
 import json
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sets = result.pop("sets", {})
-    for name, row in {"tasks": result, **sets}.items():
+    for name, row in {result["spec"]: result, **sets}.items():
         print(json.dumps({"set": name, **row}))
     return 0
 
