@@ -40,8 +40,8 @@ from urllib.parse import urlparse
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError
-from nanorllm.envs.modules import EnvSpecError, import_spec
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
+from nanorllm.utils.modules import EnvSpecError, import_spec
 
 PREFIX = "openenv"
 TEXT_FIELDS = ("text", "message", "prompt", "content", "observation", "question")

@@ -17,7 +17,7 @@ whatever it holds, so an episode has at most the inner env's turns + `max_calls`
 Nothing a model writes stops the run. A call that does not parse, names no tool or lacks a required argument
 gets the reason as its result (counted in rollout/tool_parse_failures, or rollout/tool_errors for a call that
 parsed); a tool that raises gets its error text (rollout/tool_errors), and so does one still running after
-`timeout_s` (--tool-timeout-s), which is abandoned on its daemon thread (envs/timed.py).
+`timeout_s` (--tool-timeout-s), which is abandoned on its daemon thread (utils/timed.py).
 """
 
 import json
@@ -26,10 +26,10 @@ from typing import Callable
 
 from nanorllm.core.types import RolloutResult, Step
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec
-from nanorllm.envs.timed import CallTimeout, call_with_limit
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.tool_calls import ToolCall, check_call, parse
+from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec
+from nanorllm.utils.timed import CallTimeout, call_with_limit
 
 DEFAULT_MAX_CALLS, DEFAULT_TIMEOUT_S = 4, 10.0
 
