@@ -2,7 +2,7 @@
 
 The call runs on a daemon thread of its own and is waited on for the limit: a function that never
 returns cannot stop the caller, and its thread cannot hold up the process's exit. What it raises,
-BaseException included, is handed to the caller. Used for --reward functions (envs/reward_fns.py) and
+BaseException included, is handed to the caller. Used for --reward functions (rewards/functions.py) and
 --tools functions (envs/tools.py).
 """
 
