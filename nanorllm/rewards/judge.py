@@ -130,7 +130,7 @@ def response_text(result: RolloutResult) -> str:
 
 
 class Judge:
-    """A reward source (rewards/functions.py RewardBundle): one score in [0, 1] per episode, NaN where it failed."""
+    """A reward source (rewards/functions.py RewardSources): one score in [0, 1] per episode, NaN where it failed."""
 
     name = "judge"
 
@@ -140,7 +140,7 @@ class Judge:
         self.settings = spec
         self.rubric = load_rubric(spec.rubric) if spec.rubric else DEFAULT_RUBRIC
         self.chat = chat or (GeminiChat(spec) if spec.target.startswith(GEMINI_PREFIX) else OpenAIChat(spec))
-        # called at least every PROGRESS_EVERY_S while requests are in flight (RewardBundle sets it to the hang
+        # called at least every PROGRESS_EVERY_S while requests are in flight (RewardSources sets it to the hang
         # detection's watch): each request is bounded by its timeout and retries, so waiting on them is progress,
         # and a judge slower than --worker-timeout-s fails its scores instead of getting its worker killed as hung
         self.progress: Callable[[], None] = lambda: None
@@ -158,7 +158,7 @@ class Judge:
         return self._map(self._score_one, results)
 
     def missing_columns(self, columns: set[str]) -> list[str]:
-        """The judge reads only the question, which every task has (RewardBundle.load_tasks asks each source)."""
+        """The judge reads only the question, which every task has (RewardSources.check_tasks asks each source)."""
         return []
 
     def _map(self, fn, items: list) -> list:
