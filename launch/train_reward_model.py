@@ -16,9 +16,9 @@ import sys
 
 import tyro
 
-from nanorllm.rewards.data import RewardDataError, read_rows
 from nanorllm.rewards.model import reward_model_problems
-from nanorllm.rewards.fit import FitConfig, fit, problems, score_rows, write_pairs
+from nanorllm.supervised.data import RewardDataError, read_rows
+from nanorllm.supervised.fit import FitConfig, fit, problems, score_rows, write_pairs
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"error: {p}" for p in bad), file=sys.stderr)
         return 2
     if cfg.sample_from is not None:
-        from nanorllm.run.reward_labels import sample_rows
+        from nanorllm.supervised.labels import sample_rows
 
         sample_rows(cfg)
     elif cfg.to_pairs:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.rewards.data import pairs_from_labelled
 from nanorllm.rewards.model import RewardModel, reward_model_problems
+from nanorllm.supervised.data import pairs_from_labelled
 from tests.test_reward_model import episodes
 
 SCRIPT = Path(__file__).resolve().parent.parent / "launch" / "train_reward_model.py"
