@@ -253,6 +253,10 @@ class GRPO:
     max_pad_frac: float | None = None
     """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
     micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
+    packing: bool = False
+    """Lay a micro-batch's rows end to end in one row (no pad tokens computed; attention kept within each row,
+    trainer/collate.py) instead of padding them. Off: the padded rows compute a shared prompt template once
+    (docs/learner-update.md compares the two)."""
     max_batch_episodes: int = 256
     """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
     cuda_graphs: bool = True
