@@ -353,7 +353,9 @@ def test_a_serial_run_scored_by_a_judge_that_drips_fails_and_its_process_exits(s
                                 "1", "--run-name", "d"], tmp_path)
     assert rc == 1 and "no whole reply within --judge-timeout-s 1 s" in out and "2 of 2 updates trained nothing" in out
     assert not processes_with_token(token)  # no request still reading kept the process alive
-    assert drip.requests == 16
+    # no retries: at most one request an episode (2 steps x 8); one whose deadline ends it before it connects
+    # (a busy machine) never reaches the stub
+    assert 1 <= drip.requests <= 16
 
 
 # ---- a frozen model served as the judge ---------------------------------------------------------------
