@@ -20,10 +20,10 @@ from nanorllm.config import ConfigError, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 from nanorllm.envs.registry import EnvSpec, load_bundle, load_env
 from nanorllm.envs.reward_fns import RewardBundle, load_reward_functions
-from nanorllm.envs.timed import CallExited, call_with_limit
+from nanorllm.utils.timed import CallExited, call_with_limit
 from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
 from nanorllm.envs.tools import ToolBundle, load_tools
 from nanorllm.policy.base import Generation, SamplingParams

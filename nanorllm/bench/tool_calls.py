@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-from nanorllm.envs.timed import call_with_limit
+from nanorllm.utils.timed import call_with_limit
 from nanorllm.envs.tool_host import ToolHost
 from nanorllm.envs.tools import load_tools
 

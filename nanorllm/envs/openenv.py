@@ -47,9 +47,9 @@ from urllib.parse import urlparse
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError
-from nanorllm.envs.modules import EnvSpecError, import_spec
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
 from nanorllm.utils.aio import client_loop, is_loopback
+from nanorllm.utils.modules import EnvSpecError, import_spec
 
 PREFIX = "openenv"
 PROBE_SEEDS = 4  # the first task seeds of a set whose openings are compared (warn_same_openings)

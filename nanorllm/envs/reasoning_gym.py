@@ -29,7 +29,7 @@ from nanorllm.datasets.errors import TaskFileError
 from nanorllm.datasets.golds import extract_boxed
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathEnv
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 
 PREFIX = "rg:"
 FORMATS = ("tags", "boxed")

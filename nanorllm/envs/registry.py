@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
-from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
+from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
 
 if TYPE_CHECKING:
     from nanorllm.rewards.judge import JudgeSpec

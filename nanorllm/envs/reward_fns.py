@@ -48,8 +48,8 @@ from nanorllm.core.types import RolloutResult, Step, Trajectory
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.envs.modules import EnvSpecError, import_spec
-from nanorllm.envs.timed import CallTimeout, call_with_limit
+from nanorllm.utils.modules import EnvSpecError, import_spec
+from nanorllm.utils.timed import CallTimeout, call_with_limit
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 DEFAULT_TIMEOUT_S = 30.0
@@ -147,7 +147,7 @@ class RewardFunction:
         return out
 
     def call(self, *args, **kwargs):
-        """self.fn(*args, **kwargs) under its time limit (envs/timed.py): its value, or what it raised;
+        """self.fn(*args, **kwargs) under its time limit (utils/timed.py): its value, or what it raised;
         RewardTimeout past the limit (the call is abandoned: a daemon thread does not hold up the exit)."""
         try:
             return call_with_limit(self.fn, self.timeout_s, f"reward:{self.name}", *args, **kwargs)

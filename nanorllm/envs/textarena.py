@@ -20,8 +20,8 @@ from typing import ClassVar
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.modules import EnvSpecError
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
+from nanorllm.utils.modules import EnvSpecError
 
 SYSTEM_PROMPT = ("You are playing a text game. Read the game's rules and messages, then reply with your move "
                  "in the format the game asks for.")

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable
 
-from nanorllm.envs.modules import EnvSpecError, _import_module, import_spec
+from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec
 from nanorllm.envs.symbolic import serve_parent, stop_helper
 from nanorllm.utils.procs import exit_reason
 

@@ -26,10 +26,12 @@ from typing import Callable
 
 from nanorllm.core.types import RolloutResult, Step
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 from nanorllm.envs.tool_host import host, tool_functions
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.tool_calls import ToolCall, check_call, parse
+from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec
+from nanorllm.utils.timed import CallTimeout, call_with_limit
 
 DEFAULT_MAX_CALLS, DEFAULT_TIMEOUT_S = 4, 10.0
 

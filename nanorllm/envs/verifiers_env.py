@@ -37,7 +37,7 @@ from typing import ClassVar
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.agent_fn import AgentBundle
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 
 PREFIX = "vf:"
 SPLITS = ("train", "eval", "all")

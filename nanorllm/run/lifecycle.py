@@ -31,7 +31,6 @@ import torch
 
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
-from nanorllm.envs.modules import EnvSpecError
 from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, plan_run
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.pipeline.messages import WorkerStart
@@ -46,6 +45,7 @@ from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
 from nanorllm.utils.devices import DeviceError
+from nanorllm.utils.modules import EnvSpecError
 
 BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError,
              EnvSpecError)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec
-from nanorllm.envs.modules import EnvSpecError
 from nanorllm.envs.registry import load_bundle
+from nanorllm.utils.modules import EnvSpecError
 
 
 def unwritable_dir(path: str) -> str | None:
