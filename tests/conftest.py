@@ -19,7 +19,7 @@ def pytest_collection_finish(session):
 
 # the sets behind the package's "printed once per process" error lines, by module
 PRINTED_ONCE = {"nanorllm.rollout.engine": "_reported_errors", "nanorllm.rollout.agent_runner": "_reported",
-                "nanorllm.envs.reward_fns": "_reported", "nanorllm.rewards.judge": "_reported"}
+                "nanorllm.rewards.functions": "_reported", "nanorllm.rewards.judge": "_reported"}
 
 
 @pytest.fixture(autouse=True)

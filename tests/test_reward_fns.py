@@ -9,15 +9,15 @@ import time
 
 import pytest
 
+from nanorllm.chaos.process import PIPELINE
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.run.world import world_problems
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.envs.reward_fns import RewardBundle, RewardFunctionError, load_reward_functions
+from nanorllm.rewards.functions import RewardBundle, RewardFunctionError, load_reward_functions
 from nanorllm.run.lifecycle import main
+from nanorllm.run.world import world_problems
 from nanorllm.trainer.watchdog import Hung
-from nanorllm.chaos.process import PIPELINE
 from tests.procs import read_scalars
 from tests.runs import TINY_ARGS
 

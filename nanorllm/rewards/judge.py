@@ -133,7 +133,7 @@ def response_text(result: RolloutResult) -> str:
 
 
 class Judge:
-    """A reward source (envs/reward_fns.py RewardBundle): one score in [0, 1] per episode, NaN where it failed."""
+    """A reward source (rewards/functions.py RewardBundle): one score in [0, 1] per episode, NaN where it failed."""
 
     name = "judge"
 

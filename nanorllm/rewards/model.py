@@ -11,7 +11,7 @@ score is logit[1] - logit[0] (the log-odds of label 1; P(label 1) is its sigmoid
 It is loaded lazily, once per process that scores (in the pipeline every rollout worker holds its own copy, and
 the learner one when it scores held-out episodes), never with the folder's own code (trust_remote_code=False),
 frozen (eval(), no gradients), on --reward-model-device or else the device of the process's policy. A score that
-is not finite is a failed score (nan), never a 0 (envs/reward_fns.py).
+is not finite is a failed score (nan), never a 0 (rewards/functions.py).
 
 At start the folder is loaded once and scores one example (reward_model_problems), so what does not fit is
 refused in one line before anything trains, instead of failing every scoring call: a head its weights lack (a
@@ -144,7 +144,7 @@ def head_scores(logits):
 
 @dataclass
 class RewardModel:
-    """A reward source (envs/reward_fns.py) scoring with a frozen sequence classifier."""
+    """A reward source (rewards/functions.py) scoring with a frozen sequence classifier."""
 
     path: str
     weight: float = 1.0

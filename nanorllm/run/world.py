@@ -31,7 +31,7 @@ def unwritable_dir(path: str) -> str | None:
 
 def world_problems(cfg: TrainConfig) -> list[str]:
     """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field."""
-    from nanorllm.envs.reward_fns import load_reward_function
+    from nanorllm.rewards.functions import load_reward_function
     from nanorllm.utils.sinks import parse_report_to
 
     p = []

@@ -4,7 +4,7 @@ The call runs on a daemon thread of its own and is waited on for the limit: a fu
 returns cannot stop the caller, and its thread cannot hold up the process's exit. What it raises is
 handed to the caller; a SystemExit or KeyboardInterrupt it raises comes as `CallExited`, an Exception,
 so the caller's `except Exception` ends only that call (a Ctrl-C of the run itself arrives in the
-caller's thread and still stops it). Used for --reward functions (envs/reward_fns.py); --tools
+caller's thread and still stops it). Used for --reward functions (rewards/functions.py); --tools
 functions run in a process of their own (envs/tool_host.py).
 """
 
