@@ -205,7 +205,8 @@ def rewards(tmp_path):
 def scored(rewards, names, *, env="single", mode="add"):
     from nanorllm.envs.base import EpisodeSettings
     from nanorllm.envs.registry import load_env
-    from nanorllm.rewards.functions import RewardBundle, load_reward_functions
+    from nanorllm.envs.scored import RewardBundle
+    from nanorllm.rewards.functions import load_reward_functions
 
     return RewardBundle(load_env(env, EpisodeSettings()), load_reward_functions(tuple(f"{rewards}:{n}" for n in names)),
                         mode)

@@ -262,7 +262,7 @@ def test_judge_flags_travel_in_the_env_spec_and_make_a_single_turn_run_without_a
     assert (spec.target, spec.rubric, spec.mode, spec.concurrency, spec.weight) == (
         "http://127.0.0.1:9/v1", str(rubric), "group", 2, 0.5)
     bundle = load_bundle(env_spec(cfg))
-    assert [f.name for f in bundle.functions] == ["judge"] and bundle.functions[0].rubric.high == 5.0
+    assert [f.name for f in bundle.sources.functions] == ["judge"] and bundle.sources.functions[0].rubric.high == 5.0
     assert parse_config(["--judge", "gemini:gemini-2.5-flash", "--env", "math"]).env == "math"
 
 

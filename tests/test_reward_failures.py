@@ -14,7 +14,8 @@ from nanorllm.config import parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.rewards.functions import RewardBundle, load_reward_functions
+from nanorllm.envs.scored import RewardBundle
+from nanorllm.rewards.functions import load_reward_functions
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.metrics import rollout_metrics
 from tests.procs import read_scalars

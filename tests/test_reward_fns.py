@@ -14,7 +14,8 @@ from nanorllm.config import ConfigError, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
-from nanorllm.rewards.functions import RewardBundle, RewardFunctionError, load_reward_functions
+from nanorllm.envs.scored import RewardBundle
+from nanorllm.rewards.functions import RewardFunctionError, load_reward_functions
 from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
 from nanorllm.trainer.watchdog import Hung

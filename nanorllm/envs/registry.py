@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
                 "calc": "nanorllm.envs.calc_env:CalculatorTool",
-                "single": "nanorllm.rewards.functions:SingleTurn"}  # one turn, scored by --reward functions
+                "single": "nanorllm.envs.single:SingleTurn"}  # one turn, scored by --reward functions
 DEFAULT_ENV = "math"
 
 
@@ -248,7 +248,7 @@ class EnvSpec:
 def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
     """The run's episodes: its agent when the spec names one, else its env; with tools, wrapped so that its
     episodes may call them (envs/tools.py); with reward functions, a reward model or a judge, wrapped so that they
-    score its episodes (rewards/functions.py)."""
+    score its episodes (envs/scored.py)."""
     if spec.agent:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
@@ -262,7 +262,8 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
                             timeout_s=spec.tool_timeout_s, parser=spec.tool_parser)
     if not rewards or not (spec.rewards or spec.reward_model or spec.judge):
         return bundle
-    from nanorllm.rewards.functions import RewardBundle, load_reward_functions
+    from nanorllm.envs.scored import RewardBundle
+    from nanorllm.rewards.functions import load_reward_functions
 
     sources = load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s)
     if spec.reward_model is not None:

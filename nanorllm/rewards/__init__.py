@@ -1,3 +1,5 @@
-"""Reward sources beyond user functions (docs/rewards.md): each file one source scoring a batch of episodes for
-rewards/functions.py's RewardBundle (name, spec, weight, and a call returning one float, None or NaN per episode),
-imported only when a run names it."""
+"""Every reward source, one home (docs/rewards.md): `functions.py` (--reward functions, and RewardSources: how a
+run's sources score a batch of episodes, and the rule that a failed score is no zero), `model.py` + `norm.py` (a
+learned --reward-model), `judge.py` + `rubric.py` (an LLM --judge). A source has a name, a spec, a weight and a
+call returning one float, None or NaN per episode; each file is imported only when a run names it. Below envs/:
+envs/scored.py wraps an env bundle with the sources."""

@@ -9,7 +9,7 @@ Two signatures are recognised, by their parameter names:
   assistant message, as TRL passes them; every task column (question, answer, task_id and a dataset's own
   columns) comes as a list beside them, each one the function names (all of them to a `**kwargs`); `prompts`
   (the questions) and `completion_ids` (the last responses' token ids) only when it asks for them. A name it
-  takes without a default that no task column fills is refused when the tasks load (RewardBundle.load_tasks).
+  takes without a default that no task column fills is refused when the tasks load (RewardSources.check_tasks).
   None for a completion means the function does not apply to it (TRL's NaN, summed with nansum): the other
   functions' values and the env's reward stand; where none is left (every function None, and `replace` or
   `single`), the episode is an env error, counted in rollout/env_errors and left out of its group.
@@ -17,12 +17,13 @@ Two signatures are recognised, by their parameter names:
   "score"), one call per episode: data_source is the task's "data_source" column or the env's name,
   ground_truth its answer, extra_info the whole task.
 
-`RewardBundle` wraps the run's env bundle and holds its reward *sources* (`functions`): these functions, and a
---reward-model (nanorllm/rewards/model.py), anything with a `name`, a `spec`, a `weight` and
+`RewardSources` holds a run's reward *sources* (`functions`): these functions, a --reward-model
+(rewards/model.py) and a --judge (rewards/judge.py), anything with a `name`, a `spec`, a `weight` and
 `__call__(results, env_name) -> list[float | None]`. With an env the sources' weighted sum is added to the env's
-reward (`add`) or takes its place (`replace`); with no `--env` the run uses `single`, one turn whose only
-reward is the sources'. The engine calls `score_batch` once per rollout call, in a worker or in the
-trainer alike (the spec strings travel; each process imports the files again, as it does `--env` files).
+reward (`add`) or takes its place (`replace`); with no `--env` the run uses `single` (envs/single.py), one turn
+whose only reward is the sources'. envs/scored.py's RewardBundle wraps the run's env bundle with them; the engine
+calls its `score_batch` once per rollout call, in a worker or in the trainer alike (the spec strings travel; each
+process imports the files again, as it does `--env` files).
 
 A failed score is not a zero (docs/rewards.md): a source that raises, or a function that does not return within
 `--reward-timeout-s` (one line names it and the limit; the call is left running in a daemon thread, which cannot
@@ -42,12 +43,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from nanorllm.agents.chat_agent import observation_text
-from nanorllm.agents.math_agent import MathAgent
-from nanorllm.core.types import RolloutResult, Step, Trajectory
+from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.errors import TaskFileError
-from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.utils.modules import EnvSpecError, import_spec
 from nanorllm.utils.timed import CallTimeout, call_with_limit
 
@@ -62,54 +59,6 @@ class RewardFunctionError(ValueError):
 
 class RewardTimeout(Exception):
     """A reward function did not return within its time limit: the scores of the batch it was given failed."""
-
-
-class SingleTurnEnv:
-    """One response, no feedback, no reward of its own: the reward functions score it."""
-
-    def __init__(self, *, max_turns: int = 1):
-        self.task: dict | None = None
-
-    def reset(self, task: dict) -> dict:
-        """The question; for a conversational prompt its last message's text (the agent renders them all)."""
-        self.task = task
-        question = task["question"]
-        return {"question": question[-1]["content"] if isinstance(question, list) else question}
-
-    def step(self, response: str) -> tuple[None, float, bool, dict]:
-        return None, 0.0, True, {}
-
-
-class PromptAgent(MathAgent):
-    """The math agent, but a conversational prompt (a task whose question is a list of chat messages, as TRL's
-    conversational datasets hold it) is the conversation as it stands, system turn included: no system prompt
-    or worked example of ours is added."""
-
-    def reset(self, task: dict, observation) -> None:
-        question = task.get("question")
-        if not isinstance(question, list):
-            return super().reset(task, observation)
-        self.trajectory = Trajectory(task_id=task["task_id"], task=dict(task))
-        self.messages = [dict(m) for m in question]
-        self.trajectory.steps.append(Step(observation=observation_text(observation)))
-
-
-class SingleTurn(MathSelfRefine):
-    """The math prompt and tasks, one turn, scored only by --reward functions (`--env single`). Its tasks need
-    no gold answer (a prompt-only dataset: the functions score), and a question may be a list of chat
-    messages (a conversational dataset, TRL's format)."""
-
-    name = "single"
-    env_class = SingleTurnEnv
-    agent_class = PromptAgent
-
-    def make_env(self) -> SingleTurnEnv:
-        return SingleTurnEnv()
-
-    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
-        from nanorllm.datasets.tasks import load_tasks
-
-        return load_tasks(spec, limit=limit, fields=self.settings.task_fields, gold=False, chat=True)
 
 
 @dataclass
@@ -217,42 +166,30 @@ def checked_values(source, out: object, n: int) -> list[float | None]:
     return [None if v is None else float(v) if math.isfinite(v) else math.nan for v in out]
 
 
-class RewardBundle(EnvBundle):
-    """`inner`'s episodes, scored (also) by reward sources (`functions`: RewardFunction objects, a reward model);
-    everything else is `inner`'s."""
+class RewardSources:
+    """A run's reward sources (`functions`: RewardFunction objects, a reward model, a judge) and how their values
+    meet an env's reward (`mode`: add or replace): the scoring of a batch, the failed-score rule, their metrics."""
 
-    def __init__(self, inner: EnvBundle, functions: list, mode: str = "add"):
-        self.inner, self.functions, self.mode = inner, functions, mode
-        self.settings, self.options, self.spec, self.name = inner.settings, inner.options, inner.spec, inner.name
-        self.default_tasks, self.default_eval_tasks = inner.default_tasks, inner.default_eval_tasks
+    def __init__(self, functions: list, mode: str = "add"):
+        self.functions, self.mode = functions, mode
 
-    def make_env(self):
-        return self.inner.make_env()
-
-    def make_agent(self):
-        return self.inner.make_agent()
-
-    def use_tokenizer(self, tokenizer) -> None:
-        self.inner.use_tokenizer(tokenizer)
-
-    def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
-        """`inner`'s tasks, refused (TaskFileError) when a function takes a column they lack: it would fail
-        every batch, each one an env error."""
-        tasks = self.inner.load_tasks(spec, limit=limit)
-        if isinstance(tasks, list) and all(isinstance(t, dict) for t in tasks):
-            columns = {k for t in tasks for k in t}
-            problems = [f"{spec}: reward function {f.spec} takes {p!r}, which is no column of these tasks (columns: "
-                        f"{', '.join(sorted(columns)) or 'none'}); give it a default, or name a column the source has"
-                        for f in self.functions if hasattr(f, "missing_columns") for p in f.missing_columns(columns)]
-            if problems:
-                raise TaskFileError(spec, problems)
-        return tasks
+    def check_tasks(self, spec: str, tasks: list) -> None:
+        """TaskFileError when a function takes a column the tasks lack: it would fail every batch, each one an env
+        error."""
+        if not (isinstance(tasks, list) and all(isinstance(t, dict) for t in tasks)):
+            return
+        columns = {k for t in tasks for k in t}
+        problems = [f"{spec}: reward function {f.spec} takes {p!r}, which is no column of these tasks (columns: "
+                    f"{', '.join(sorted(columns)) or 'none'}); give it a default, or name a column the source has"
+                    for f in self.functions if hasattr(f, "missing_columns") for p in f.missing_columns(columns)]
+        if problems:
+            raise TaskFileError(spec, problems)
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        """`inner`'s, each source's mean over the episodes that trained (reward/<name>), the episodes whose score
-        it failed (reward/failed/<name>, 0 too: curves without gaps) and a source's own (`metrics`, if it has it)."""
+        """Each source's mean over the episodes that trained (reward/<name>), the episodes whose score it failed
+        (reward/failed/<name>, 0 too: curves without gaps) and a source's own (`metrics`, if it has it)."""
         scored = [r for r in results if not r.failed and r.trajectory.steps]
-        out = dict(self.inner.metrics(results))
+        out = {}
         for f in self.functions:
             values = [r.trajectory.steps[-1].info.get(f"reward/{f.name}") for r in scored]
             values = [v for v in values if v is not None and math.isfinite(v)]  # NaN: a failed score
@@ -270,7 +207,7 @@ class RewardBundle(EnvBundle):
             if hasattr(f, "use_device"):
                 f.use_device(device)
 
-    def score_batch(self, results: list[RolloutResult],
+    def score_batch(self, results: list[RolloutResult], env_name: str,
                     watch: Callable[[str], None] = lambda activity: None) -> None:
         """Each source once over the call's episodes (env errors, and those a source before it failed, left out);
         rewards set in place. An episode whose score a source failed (it raised, timed out, or gave nan or inf)
@@ -288,7 +225,7 @@ class RewardBundle(EnvBundle):
             watch(f"reward function {f.spec}")
             if hasattr(f, "progress"):  # a source bounded by its own timeouts (the judge) says it is alive
                 f.progress = lambda spec=f.spec: watch(f"reward function {spec}")
-            values, said = self.score(f, pending)
+            values, said = self.score(f, pending, env_name)
             for r, v in zip(pending, values):
                 if v is None:
                     continue
@@ -309,7 +246,7 @@ class RewardBundle(EnvBundle):
                 last.info[f"reward/{name}"] = value
             if r.trajectory.termination_reason == "reward_failed":
                 continue
-            if not got and (self.mode == "replace" or self.name == "single"):
+            if not got and (self.mode == "replace" or env_name == "single"):
                 _report_once(("none", *(f.spec for f in self.functions)),
                              f"[reward] no reward function scored episode {r.trajectory.task_id} (each returned None) "
                              "and no env reward stands in: such episodes are left out of training as env errors "
@@ -325,14 +262,14 @@ class RewardBundle(EnvBundle):
             r.trajectory.final_reward = total
             for s in r.step_samples:
                 s.reward = total
-            if self.name == "single":
+            if env_name == "single":
                 r.trajectory.termination_reason = "correct" if total > 0 else "max_turns"
 
-    def score(self, source, results: list[RolloutResult]) -> tuple[list[float | None], bool]:
+    def score(self, source, results: list[RolloutResult], env_name: str) -> tuple[list[float | None], bool]:
         """(`source`'s checked values for `results`, whether its failure is said already): all nan (failed scores)
         when it raised or timed out."""
         try:
-            return checked_values(source, source(results, self.name), len(results)), False
+            return checked_values(source, source(results, env_name), len(results)), False
         except RewardFunctionError:
             raise
         except RewardTimeout as e:

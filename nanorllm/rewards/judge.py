@@ -133,7 +133,7 @@ def response_text(result: RolloutResult) -> str:
 
 
 class Judge:
-    """A reward source (rewards/functions.py RewardBundle): one score in [0, 1] per episode, NaN where it failed."""
+    """A reward source (rewards/functions.py RewardSources): one score in [0, 1] per episode, NaN where it failed."""
 
     name = "judge"
 
@@ -144,7 +144,7 @@ class Judge:
         self.chat = chat or self._post  # one attempt: the reply's text
         self.client = None  # the httpx client, made on the network loop by the first request
         self.started: dict[object, float] = {}  # each attempt in flight: when it started
-        # called every PROGRESS_EVERY_S while requests are in flight (RewardBundle sets it to the hang detection's
+        # called every PROGRESS_EVERY_S while requests are in flight (RewardSources sets it to the hang detection's
         # watch): each attempt ends at its deadline, so waiting on them is progress, and a judge slower than
         # --worker-timeout-s fails its scores instead of getting its worker killed as hung; an attempt its
         # deadline did not end is not, so the beat stops and the hang detection sees it
@@ -163,7 +163,7 @@ class Judge:
         return self._map(self._score_one, results)
 
     def missing_columns(self, columns: set[str]) -> list[str]:
-        """The judge reads only the question, which every task has (RewardBundle.load_tasks asks each source)."""
+        """The judge reads only the question, which every task has (RewardSources.check_tasks asks each source)."""
         return []
 
     def stalled(self) -> bool:
