@@ -17,9 +17,9 @@ import sys
 
 import tyro
 
-from nanorllm.rewards.data import RewardDataError, read_rows
 from nanorllm.rewards.model import reward_model_problems
-from nanorllm.rewards.fit import FitConfig, FitError, fit, out_problems, problems, score_rows, write_pairs
+from nanorllm.supervised.data import RewardDataError, read_rows
+from nanorllm.supervised.fit import FitConfig, FitError, fit, out_problems, problems, score_rows, write_pairs
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"error: {p}" for p in bad), file=sys.stderr)
         return 2
     if cfg.sample_from is not None:
-        from nanorllm.run.reward_labels import sample_rows
+        from nanorllm.supervised.labels import sample_rows
 
         sample_rows(cfg)
     elif cfg.to_pairs:

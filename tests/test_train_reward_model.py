@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.rewards.data import pairs_from_labelled, read_rows
+from nanorllm.supervised.data import pairs_from_labelled, read_rows
 from nanorllm.rewards.model import RewardModel, reward_model_problems
 from tests.test_reward_model import episodes
 

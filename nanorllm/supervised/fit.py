@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanorllm.rewards.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
+from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 
 
