@@ -45,3 +45,8 @@ def test_train_and_eval_help_name_their_entry_flags(capsys):
     assert "--config FILE" in text and "--resume RUN_DIR" in text and "--max-steps" in text
     text = help_text("eval.py", ["--help"], capsys)
     assert "--tasks" in text and "--env" in text and "gemini" in text
+
+
+def test_train_reward_model_help_names_each_mode(capsys):
+    text = help_text("train_reward_model.py", ["--help"], capsys)
+    assert all(flag in text for flag in ("--data", "--sample-from", "--to-pairs", "--score"))

@@ -1,7 +1,7 @@
-"""launch/train_reward_model.py: fits a tiny classifier on labelled rows or preference pairs (the loss falls, the
-folder it saves is a --reward-model), makes labelled rows from a policy, and refuses bad rows by file, line, field."""
+"""The reward-model program (launch/train_reward_model.py): fits a tiny classifier on labelled rows or preference
+pairs (the loss falls, the folder it saves is a --reward-model), makes labelled rows from a policy, and refuses bad
+rows by file, line, field."""
 
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -10,16 +10,8 @@ import pytest
 
 from nanorllm.supervised.data import pairs_from_labelled, read_rows
 from nanorllm.rewards.model import RewardModel, reward_model_problems
+from nanorllm.supervised.reward_model import main
 from tests.test_reward_model import episodes
-
-SCRIPT = Path(__file__).resolve().parent.parent / "launch" / "train_reward_model.py"
-
-
-def script_main(argv: list[str]) -> int:
-    spec = importlib.util.spec_from_file_location("train_reward_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
 
 
 def write_rows(path: Path, rows: list) -> str:
@@ -45,7 +37,7 @@ def labelled(n: int = 32) -> list[dict]:
 ])
 def test_bad_rows_are_refused_naming_file_line_and_field_and_nothing_is_written(tmp_path, capsys, rows, expected):
     data = write_rows(tmp_path / "rows.jsonl", rows)
-    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "rm").exists()
 
@@ -112,7 +104,7 @@ def test_a_fit_lowers_the_loss_and_saves_a_folder_that_loads_as_a_reward_model(t
         {"prompt": f"is {i} even?", "chosen": "yes it is", "rejected": "no"} for i in range(32)]
     data = write_rows(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "rm"
-    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "8", "--lr", "1e-2",
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "8", "--lr", "1e-2",
                         "--batch-size", "8", "--eval-frac", "0.25", "--max-tokens", "64"]) == 0
     summary = json.loads((out / "fit.json").read_text())
     losses = summary["losses"]
@@ -127,7 +119,7 @@ def test_a_fit_lowers_the_loss_and_saves_a_folder_that_loads_as_a_reward_model(t
 @pytest.mark.slow
 def test_sampling_labels_the_policys_responses_by_the_grader_on_the_training_tasks(tmp_path):
     out = tmp_path / "data.jsonl"
-    assert script_main(["--sample-from", "tiny-random", "--out", str(out), "--limit", "3", "--samples-per-task", "2",
+    assert main(["--sample-from", "tiny-random", "--out", str(out), "--limit", "3", "--samples-per-task", "2",
                         "--max-new-tokens", "4"]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 6 and all(r["label"] in (0, 1) and isinstance(r["response"], str) for r in rows)
@@ -137,7 +129,7 @@ def test_sampling_labels_the_policys_responses_by_the_grader_on_the_training_tas
     env = load_env("math", EpisodeSettings())
     held = {t["question"] for t in env.load_tasks(env.default_eval_tasks)}
     assert not {r["prompt"] for r in rows} & held
-    assert script_main(["--sample-from", "tiny-random", "--out", str(tmp_path / "again.jsonl"), "--limit", "3",
+    assert main(["--sample-from", "tiny-random", "--out", str(tmp_path / "again.jsonl"), "--limit", "3",
                         "--samples-per-task", "2", "--max-new-tokens", "4"]) == 0
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # a fixed seed: the same rows
 
@@ -152,20 +144,20 @@ def test_labelled_rows_become_pairs_of_the_same_prompt_capped_and_without_repeat
         {"prompt": "a?", "chosen": "4", "rejected": "2"},
         {"prompt": [{"role": "user", "content": "c?"}], "chosen": "y", "rejected": "z"}]
     out = tmp_path / "pairs.jsonl"
-    assert script_main(["--data", write_rows(tmp_path / "rows.jsonl", rows), "--to-pairs", "--out", str(out),
+    assert main(["--data", write_rows(tmp_path / "rows.jsonl", rows), "--to-pairs", "--out", str(out),
                         "--pairs-per-prompt", "1"]) == 0
     assert [json.loads(x)["chosen"] for x in out.read_text().splitlines()] == ["1", "y"]
     assert "[pairs] 2 pairs from 2 prompts (8 labelled rows)" in capsys.readouterr().out
     one_label = write_rows(tmp_path / "one.jsonl", rows[5:6])
-    assert script_main(["--data", one_label, "--to-pairs", "--out", str(tmp_path / "none.jsonl")]) == 2
+    assert main(["--data", one_label, "--to-pairs", "--out", str(tmp_path / "none.jsonl")]) == 2
     assert "no prompt has both" in capsys.readouterr().err and not (tmp_path / "none.jsonl").exists()
 
 
 def test_score_without_a_reward_model_folder_or_with_to_pairs_is_refused(tmp_path, capsys):
     data = write_rows(tmp_path / "rows.jsonl", labelled(4))
-    assert script_main(["--score", str(tmp_path / "nothing"), "--data", data]) == 2
+    assert main(["--score", str(tmp_path / "nothing"), "--data", data]) == 2
     assert "error: score: " in capsys.readouterr().err
-    assert script_main(["--score", str(tmp_path), "--to-pairs", "--data", data, "--out", "x"]) == 2
+    assert main(["--score", str(tmp_path), "--to-pairs", "--data", data, "--out", "x"]) == 2
     assert "one of them" in capsys.readouterr().err
 
 
@@ -173,12 +165,20 @@ def test_score_without_a_reward_model_folder_or_with_to_pairs_is_refused(tmp_pat
 def test_score_gives_the_accuracy_a_fit_reports_on_the_same_rows(tmp_path, capsys):
     rows = labelled()
     data, out = write_rows(tmp_path / "rows.jsonl", rows), tmp_path / "rm"
-    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "2", "--lr", "1e-2",
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(out), "--epochs", "2", "--lr", "1e-2",
                         "--eval-frac", "0.25", "--max-tokens", "64", "--seed", "3"]) == 0
     random.Random(3).shuffle(rows)  # the fit's held-out split: the first quarter after its seeded shuffle
     held = write_rows(tmp_path / "held.jsonl", rows[:8])
     capsys.readouterr()
-    assert script_main(["--score", str(out), "--data", held, "--max-tokens", "64"]) == 0
+    assert main(["--score", str(out), "--data", held, "--max-tokens", "64"]) == 0
     got = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (got["kind"], got["rows"]) == ("labelled", 8)
     assert got["accuracy"] == json.loads((out / "fit.json").read_text())["held_out_accuracy"]
+
+
+def test_bad_numbers_are_refused_together_each_naming_its_flag_and_bound(tmp_path, capsys):
+    data = write_rows(tmp_path / "rows.jsonl", labelled(4))
+    assert main(["--data", data, "--out", str(tmp_path / "rm"), "--epochs", "0", "--lr", "0", "--limit", "-1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: epochs: must be >= 1, got 0", "error: limit: must be >= 1, got -1", "error: lr: must be > 0, got 0.0"]
+    assert not (tmp_path / "rm").exists()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from nanorllm.config.checks import bound_problems
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.utils.files import write_atomic, write_folder_atomic
@@ -75,11 +76,10 @@ class FitConfig:
 
 
 def problems(cfg: FitConfig) -> list[str]:
-    p = [f"{n}: must be >= 1, got {getattr(cfg, n)}" for n in ("epochs", "batch_size", "max_tokens", "limit",
-                                                              "samples_per_task", "max_new_tokens", "pairs_per_prompt")
-         if getattr(cfg, n) < 1]
-    if not (math.isfinite(cfg.lr) and cfg.lr > 0):  # config/checks.py's bound_problems: an import cycle
-        p.append(f"lr: must be a finite number > 0, got {cfg.lr}")
+    counts = ("epochs", "batch_size", "max_tokens", "limit", "samples_per_task", "max_new_tokens", "pairs_per_prompt")
+    p = bound_problems(cfg, {**dict.fromkeys(counts, ">= 1"), "lr": "> 0"})
+    if not math.isfinite(cfg.lr):  # bound_problems lets inf through
+        p = [q for q in p if not q.startswith("lr:")] + [f"lr: must be a finite number > 0, got {cfg.lr}"]
     if not 0 <= cfg.eval_frac < 1:
         p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
     if (cfg.data is None) == (cfg.sample_from is None):

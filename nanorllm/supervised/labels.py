@@ -1,6 +1,6 @@
 """Labelled rows for a reward model from the base policy itself (launch/train_reward_model.py --sample-from):
 each response sampled on the math env's tasks and labelled by the env's real grader (1 correct, 0 not). It wires a
-policy, the math env and the engine together, so it sits in run/ with the other wiring.
+policy, the math env and the engine together, so it sits on top, beside the program that uses it.
 
 The rule, fixed before any run: one turn, temperature 1.0, the given seed, the env's default training tasks
 (never its held-out set: a task that is in it is left out), the first --limit of them, --samples-per-task each.
