@@ -16,30 +16,9 @@ reward function, judge or env that raised, timed out or gave nan) is not a 0: th
 episodes and "failed" counts the others.
 """
 
-import json
 import sys
 
-import tyro
-
-from nanorllm.datasets.tasks import TaskFileError
-from nanorllm.envs.registry import EnvSpecError
-from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, given_fields, with_run_settings
-
-
-def main(argv: list[str]) -> int:
-    cfg, line = with_run_settings(tyro.cli(EvalConfig, args=argv, description=__doc__), given_fields(argv))
-    if line:
-        print(line, file=sys.stderr)
-    try:
-        result = evaluate_model(cfg)
-    except (TaskFileError, EnvSpecError, ValueError) as e:  # bad task spec or env: before the model loads
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    sets = result.pop("sets", {})
-    for name, row in {"tasks": result, **sets}.items():
-        print(json.dumps({"set": name, **row}))
-    return 0
-
+from nanorllm.run.evaluation import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], description=__doc__))

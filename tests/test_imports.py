@@ -105,3 +105,22 @@ def test_no_import_cycle_between_the_package_folders():
     assert cycle is None, "folder import cycle: " + " -> ".join(cycle)
     # the wiring is on top: only the benchmarks, which drive whole runs, use it
     assert {folder for folder, imports in folders.items() if "run" in imports} == {"bench"}
+
+
+def imports_launch(path: Path) -> bool:
+    """Whether `path` imports a launch/ script (`import launch.eval`, `from launch import eval`, ...)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(name == "launch" or name.startswith("launch.") for name in names):
+            return True
+    return False
+
+
+def test_the_launch_scripts_are_imported_by_nothing_so_they_stay_thin(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    import launch.eval as e\n")
+    (tmp_path / "b.py").write_text("from launcher import x\nimport nanorllm.run\n")
+    assert imports_launch(tmp_path / "a.py") and not imports_launch(tmp_path / "b.py")
+    tests = Path(__file__).resolve().parent
+    offenders = [str(p) for p in [*PACKAGE.rglob("*.py"), *tests.rglob("*.py")] if imports_launch(p)]
+    assert offenders == [], "a launch/ script imported (call the package function it calls): " + ", ".join(offenders)

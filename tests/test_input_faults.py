@@ -114,10 +114,10 @@ def test_resuming_into_adapters_of_another_rank_is_a_lora_error_not_a_size_misma
 
 
 def test_eval_of_a_foreign_adapter_exits_2_naming_the_file(tmp_path, capsys):
-    import launch.eval as eval_script
+    from nanorllm.run import evaluation
 
     for case, (path, line) in foreign_adapters(tmp_path).items():
-        assert eval_script.main(["--model", str(path), "--tasks", "arith:count=2,seed=1", "--max-new-tokens", "2"]
+        assert evaluation.main(["--model", str(path), "--tasks", "arith:count=2,seed=1", "--max-new-tokens", "2"]
                                 ) == 2, case
         assert line in capsys.readouterr().err, case
 
@@ -470,7 +470,7 @@ def test_a_conversational_run_scored_by_trls_docs_function_trains_every_update(r
 
 @pytest.mark.slow
 def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_otherwise(rewards, tmp_path, capsys):
-    import launch.eval as eval_script
+    from nanorllm.run import evaluation
 
     assert main([*TINY_ARGS, "--serial", "--reward", f"{rewards}:by_length", "--max-steps", "1",
                  "--output-dir", str(tmp_path), "--run-name", "s"]) == 0
@@ -478,7 +478,7 @@ def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_other
     model = str(tmp_path / "s" / "final_model")
 
     def run_eval(*flags):
-        assert eval_script.main(["--model", model, "--limit", "4", *flags]) == 0
+        assert evaluation.main(["--model", model, "--limit", "4", *flags]) == 0
         out = capsys.readouterr()
         return json.loads(out.out.splitlines()[0]), out.err
 
@@ -492,7 +492,7 @@ def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_other
     assert run_eval(*explicit)[0] == own
     math, err = run_eval("--env", "math", "--max-new-tokens", "4")
     assert "max_new_tokens" not in err and "env=" not in err  # flags win
-    plain = eval_script.main(["--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"])
+    plain = evaluation.main(["--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"])
     assert plain == 0 and "the run's settings" not in capsys.readouterr().err  # no run wrote it
 
 
@@ -522,13 +522,13 @@ def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_
 
 
 def test_eval_of_a_run_scored_only_by_its_reward_model_is_refused_naming_the_env_to_grade_it_with(tmp_path, capsys):
-    import launch.eval as eval_script
+    from nanorllm.run import evaluation
 
     run = tmp_path / "rm"
     (run / "final_model").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"max_steps": 2, "tasks_per_step": 4, "env": "single",
                                                  "reward": [], "reward_model": "runs/rm/model"}))
-    assert eval_script.main(["--model", str(run / "final_model")]) == 2  # before any model loads
+    assert evaluation.main(["--model", str(run / "final_model")]) == 2  # before any model loads
     err = capsys.readouterr().err
     assert "env='single'" in err and "error: env: 'single' episodes are scored by --reward functions" in err
     assert "--env math" in err
