@@ -1,4 +1,5 @@
-"""The README's data-flow block runs as printed, from the names the package root exports (lazily)."""
+"""The README's data-flow block runs as printed, from the names the package root exports (lazily); its folder table
+is the tree's: every folder once, every module named in its folder's row."""
 
 import re
 import subprocess
@@ -9,7 +10,8 @@ import torch
 
 import nanorllm
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def test_the_readme_data_flow_runs_as_printed():
@@ -41,3 +43,25 @@ def test_the_package_root_exports_the_design_names_lazily():
     probe = "import sys, nanorllm; print('torch' in sys.modules, nanorllm.TrainConfig().max_steps)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "24"]  # importing the package loads no torch; a config needs none either
+
+
+def folder_rows(text: str) -> list[tuple[str, str]]:
+    """(folder, what) of each row of the README's folder table."""
+    table = text[text.index("| folder | what |"):].split("\n\n")[0]
+    return re.findall(r"^\| `([^`]+/)` \| (.*) \|$", table, re.M)
+
+
+def unnamed_modules(folder: str, what: str) -> list[str]:
+    return sorted(p.name for p in (ROOT / folder).iterdir()
+                  if p.suffix in (".py", ".sh") and p.name != "__init__.py" and f"`{p.name}`" not in what)
+
+
+def test_the_readme_folder_table_lists_every_folder_once_and_names_every_module_in_its_row():
+    rows = folder_rows(README.read_text())
+    folders = [folder for folder, _ in rows]
+    assert sorted(f for f in set(folders) if folders.count(f) > 1) == [], "a folder listed twice"
+    package = Path(nanorllm.__file__).resolve().parent
+    assert sorted(folders) == sorted([f"nanorllm/{p.name}/" for p in package.iterdir() if p.is_dir() and
+                                      any(p.glob("*.py"))] + ["launch/"])
+    assert {folder: unnamed_modules(folder, what) for folder, what in rows if unnamed_modules(folder, what)} == {}
+    assert unnamed_modules("nanorllm/trainer/", "`loop.py`, `update.py`")[:2] == ["checkpoint.py", "collate.py"]
