@@ -1,5 +1,5 @@
 """The floors below the trainer take small typed specs, never the whole TrainConfig: an untyped `cfg.field`
-read in policy/, envs/, rollout/, core/, datasets/ or algos/ would tie a lower floor to the config's field
+read in policy/, envs/, rewards/, rollout/, core/, datasets/ or algos/ would tie a lower floor to the config's field
 names with no import to show it (the specs are read off the config in one place, nanorllm/config/specs.py)."""
 
 import ast
@@ -10,7 +10,7 @@ import nanorllm
 from nanorllm.config import TrainConfig
 
 PACKAGE = Path(nanorllm.__file__).resolve().parent
-LOWER_FLOORS = ("policy", "envs", "rollout", "core", "datasets", "algos")
+LOWER_FLOORS = ("policy", "envs", "rewards", "rollout", "core", "datasets", "algos")
 FIELDS = {f.name for f in fields(TrainConfig)}
 CONFIG_NAMES = ("cfg", "config", "train_cfg", "train_config")  # what a TrainConfig is called in this package
 
