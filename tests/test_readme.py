@@ -1,5 +1,5 @@
 """The README's data-flow block runs as printed, from the names the package root exports (lazily); its folder table
-is the tree's: every folder once, every module named in its folder's row."""
+is the tree's: every folder once, every module named in its folder's row, no module named that is not there."""
 
 import re
 import subprocess
@@ -56,6 +56,11 @@ def unnamed_modules(folder: str, what: str) -> list[str]:
                   if p.suffix in (".py", ".sh") and p.name != "__init__.py" and f"`{p.name}`" not in what)
 
 
+def absent_modules(folder: str, what: str) -> list[str]:
+    """Modules a row names by their bare file name (`x.py`) that its folder does not hold."""
+    return [name for name in re.findall(r"`(\w+\.(?:py|sh))`", what) if not (ROOT / folder / name).exists()]
+
+
 def test_the_readme_folder_table_lists_every_folder_once_and_names_every_module_in_its_row():
     rows = folder_rows(README.read_text())
     folders = [folder for folder, _ in rows]
@@ -64,4 +69,6 @@ def test_the_readme_folder_table_lists_every_folder_once_and_names_every_module_
     assert sorted(folders) == sorted([f"nanorllm/{p.name}/" for p in package.iterdir() if p.is_dir() and
                                       any(p.glob("*.py"))] + ["launch/"])
     assert {folder: unnamed_modules(folder, what) for folder, what in rows if unnamed_modules(folder, what)} == {}
+    assert {folder: absent_modules(folder, what) for folder, what in rows if absent_modules(folder, what)} == {}
     assert unnamed_modules("nanorllm/trainer/", "`loop.py`, `update.py`")[:2] == ["checkpoint.py", "collate.py"]
+    assert absent_modules("nanorllm/trainer/", "`loop.py` (and `launch/eval.py`), `gone.py`") == ["gone.py"]
