@@ -49,7 +49,7 @@ def test_a_line_separator_inside_a_string_is_text_and_bytes_that_are_not_utf8_ar
     assert read_rows(str(rows)) == ("labelled", [{"prompt": "one\u2028two", "response": "a", "label": 1}])
     with rows.open("ab") as f:
         f.write(b'{"prompt": "q\xff", "response": "a", "label": 0}\n')
-    assert script_main(["--data", str(rows), "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
+    assert main(["--data", str(rows), "--model", "tiny-random", "--out", str(tmp_path / "rm")]) == 2
     assert "rows.jsonl:2: not valid UTF-8 (byte 0xff at offset 13)" in capsys.readouterr().err
     assert not (tmp_path / "rm").exists()
 
@@ -64,7 +64,7 @@ def test_non_finite_settings_and_a_folder_a_fit_would_replace_are_refused(tmp_pa
     (tmp_path / "notes" / "mine.txt").write_text("keep me")
     data = write_rows(tmp_path / "rows.jsonl", labelled(4))
     flags = [f.replace("{d}", str(tmp_path)) for f in flags]
-    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), *flags]) == 2
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), *flags]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "rm").exists() and (tmp_path / "notes" / "mine.txt").read_text() == "keep me"
 
@@ -91,7 +91,7 @@ def test_a_folder_written_atomically_is_whole_or_the_old_one_after_a_full_disk(t
 @pytest.mark.slow
 def test_a_fit_whose_weights_go_non_finite_saves_nothing(tmp_path, capsys):
     data = write_rows(tmp_path / "rows.jsonl", labelled(8))
-    assert script_main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), "--lr", "1e30",
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "rm"), "--lr", "1e30",
                         "--batch-size", "2", "--eval-frac", "0", "--max-tokens", "32"]) == 1  # finite, far too large
     assert "weights non-finite (first: " in capsys.readouterr().err
     assert not list(tmp_path.glob("rm*"))

@@ -22,7 +22,8 @@ from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.math_env import MathSelfRefine
 from nanorllm.utils.modules import EnvSpecError
 from nanorllm.envs.registry import EnvSpec, load_bundle, load_env
-from nanorllm.rewards.functions import RewardBundle, load_reward_functions
+from nanorllm.envs.scored import RewardBundle
+from nanorllm.rewards.functions import load_reward_functions
 from nanorllm.utils.timed import CallExited, call_with_limit
 from nanorllm.envs.tool_host import MAX_RESULT_CHARS, ToolHost
 from nanorllm.envs.tools import ToolBundle, load_tools
