@@ -2,18 +2,19 @@
 
     python launch/eval.py --model runs/<run>/final_model      # the run's env, turns, rewards and held-out tasks
     python launch/eval.py --model runs/<run>/final_model --tasks arith:digits=1,terms=3,count=200,seed=2
-    python launch/eval.py --model smollm2-135m-instruct --tasks ../shared/data/gsm8k/train.jsonl --limit 100
+    python launch/eval.py --model smollm2-135m-instruct --tasks ../shared/data/gsm8k/train.jsonl --eval-limit 100
     GEMINI_API_KEY=... python launch/eval.py --model gemini:gemini-2.5-flash --tasks tasks.jsonl
     python launch/eval.py --env calc --tasks calc:count=200,seed=2 --max-turns 3 --max-new-tokens 48
 
     python launch/eval.py --tasks data.parquet --task-fields question=problem,answer=solution --eval-samples 8 \
         --eval-set gsm8k=../shared/data/gsm8k/test.jsonl
 
-Prints one JSON line per set ("set": "tasks" for --tasks, then each --eval-set's name): {"set", "success_rate",
-"first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts", "first_timeout_task"}, and with
---eval-samples n "pass@k" for each k, "mean@n" and "sampled_failed". As in training, an episode whose score failed (a
-reward function, judge or env that raised, timed out or gave nan) is not a 0: the rates are over the n scored
-episodes and "failed" counts the others.
+The flags are training's for the same settings (--eval-limit, --threads, --max-turns, --env-arg ...). Prints one
+JSON line per set ("set": the spec of --tasks or of the env's default held-out set, then each --eval-set's name):
+{"set", "spec", "success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
+"first_timeout_task"}, and with --eval-samples n "pass@k" for each k, "mean@n" and "sampled_failed". As in training,
+an episode whose score failed (a reward function, judge or env that raised, timed out or gave nan) is not a 0: the
+rates are over the n scored episodes and "failed" counts the others.
 """
 
 import sys

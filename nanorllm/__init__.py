@@ -29,6 +29,7 @@ _HOMES = {
     "collect_rollouts": "nanorllm.trainer.step",
     "collate_train_batch": "nanorllm.trainer.collate",
     "compute_policy_loss": "nanorllm.trainer.loss",
+    "LossSettings": "nanorllm.config.fields",
     "TrainConfig": "nanorllm.config",
     "run_training": "nanorllm.run.lifecycle",
 }

@@ -86,7 +86,7 @@ def test_launch_eval_prints_pass_at_4_on_a_parquet_file_one_row_per_set(tmp_path
                            "--max-new-tokens", "6", "--eval-set", "arith=arith:count=5,seed=1"])
     assert rc == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert [(r["set"], r["n"]) for r in rows] == [("tasks", 8), ("arith", 5)]
+    assert [(r["set"], r["spec"], r["n"]) for r in rows] == [(str(path), str(path), 8), ("arith", "arith:count=5,seed=1", 5)]
     for r in rows:
         assert 0 <= r["pass@1"] <= r["pass@2"] <= r["pass@4"] <= 1 and r["mean@4"] == pytest.approx(r["pass@1"])
     assert 0 < rows[0]["pass@4"]  # about half the samples pass the length rule

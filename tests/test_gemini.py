@@ -311,6 +311,6 @@ def test_eval_script_runs_the_self_refine_loop_against_the_api(stub, monkeypatch
     monkeypatch.setenv("GEMINI_BASE_URL", stub.url)
     result = evaluate_model(EvalConfig(model="gemini:test-model", tasks="arith:digits=1,terms=3,count=12,seed=4",
                                        api_concurrency=4))
-    assert result == {"success_rate": 1.0, "first_turn_success": 0.0, "mean_reward": 1.0, "mean_turns": 2.0, "n": 12,
-                      "failed": 0, "grader_timeouts": 0, "first_timeout_task": None}
+    assert result == {"spec": "arith:digits=1,terms=3,count=12,seed=4", "success_rate": 1.0, "first_turn_success": 0.0,
+                      "mean_reward": 1.0, "mean_turns": 2.0, "n": 12, "failed": 0, "grader_timeouts": 0, "first_timeout_task": None}
     assert len(stub.requests) == 24 and 1 < stub.max_in_flight <= 4

@@ -478,7 +478,7 @@ def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_other
     model = str(tmp_path / "s" / "final_model")
 
     def run_eval(*flags):
-        assert evaluation.main(["--model", model, "--limit", "4", *flags]) == 0
+        assert evaluation.main(["--model", model, "--eval-limit", "4", *flags]) == 0
         out = capsys.readouterr()
         return json.loads(out.out.splitlines()[0]), out.err
 
@@ -492,7 +492,7 @@ def test_eval_of_a_runs_own_model_takes_the_runs_settings_unless_flags_say_other
     assert run_eval(*explicit)[0] == own
     math, err = run_eval("--env", "math", "--max-new-tokens", "4")
     assert "max_new_tokens" not in err and "env=" not in err  # flags win
-    plain = evaluation.main(["--model", "tiny-random", "--limit", "2", "--max-new-tokens", "4"])
+    plain = evaluation.main(["--model", "tiny-random", "--eval-limit", "2", "--max-new-tokens", "4"])
     assert plain == 0 and "the run's settings" not in capsys.readouterr().err  # no run wrote it
 
 
@@ -511,7 +511,7 @@ def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_
         argv = ["--model", str(run / model), "--max-turns", "3", "--no-worked-example"]
         cfg, line = with_run_settings(EvalConfig(model=str(run / model), max_turns=3, worked_example=False),
                                       given_fields(argv))
-        assert (cfg.env, cfg.reward, cfg.max_new_tokens, cfg.tasks, cfg.limit) == (
+        assert (cfg.env, cfg.reward, cfg.max_new_tokens, cfg.tasks, cfg.eval_limit) == (
             "single", ("rw.py:f",), 64, "held.jsonl", 10), model
         assert (cfg.max_turns, cfg.worked_example, cfg.dtype, cfg.seed) == (3, False, "float32", 0), model
         assert str(run / "config.json") in line

@@ -5,6 +5,7 @@ import torch
 
 from nanorllm.core.types import StepSample
 from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.config.fields import LossSettings
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
 
 PAD = 99
@@ -105,7 +106,7 @@ def test_make_case_logits_have_the_requested_logprobs():
 
 def test_ratio_one_gives_minus_mean_advantage():
     logits, batch = make_case([-0.5, -1.5, -2.0], [1.0, 1.0, 1.0], [1.0, -2.0, 0.5])
-    loss, m = compute_policy_loss(logits, batch)
+    loss, m = compute_policy_loss(logits, batch, LossSettings())
     assert loss.item() == pytest.approx(0.5 / 3, abs=1e-6)
     assert (m["tokens"], m["clip_low"], m["clip_high"]) == (3.0, 0.0, 0.0)
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
@@ -116,7 +117,7 @@ def test_clipping_values_gradients_and_counts():
     # 2: A>0, ratio 0.5 -> not clipped       3: A<0, ratio 1.5 -> not clipped
     ratios, adv = [1.5, 0.5, 0.5, 1.5], [2.0, -1.0, 1.0, -3.0]
     logits, batch = make_case([-1.0, -1.2, -0.7, -1.6], ratios, adv)
-    loss, m = compute_policy_loss(logits, batch, clip_low=0.2, clip_high=0.2)
+    loss, m = compute_policy_loss(logits, batch, LossSettings(clip_low=0.2, clip_high=0.2))
     per_token = [-2.0 * 1.2, 1.0 * 0.8, -1.0 * 0.5, 3.0 * 1.5]
     assert loss.item() == pytest.approx(sum(per_token) / 4, rel=1e-5)
     loss.backward()
@@ -133,15 +134,15 @@ def test_clipping_values_gradients_and_counts():
 
 def test_asymmetric_clip_bounds():
     logits, batch = make_case([-1.0, -1.0], [1.5, 0.5], [1.0, -1.0])
-    loss, m = compute_policy_loss(logits, batch, clip_low=0.1, clip_high=0.3)
+    loss, m = compute_policy_loss(logits, batch, LossSettings(clip_low=0.1, clip_high=0.3))
     assert loss.item() == pytest.approx((-1.3 + 0.9) / 2, rel=1e-5)
     assert (m["clip_high"], m["clip_low"]) == (1.0, 1.0)
 
 
 def test_token_mean_vs_seq_mean():
     logits, batch = make_case([-1.0] * 4, [1.0] * 4, [1.0, 1.0, 1.0, 3.0], sample_index=[0, 0, 0, 1])
-    token_mean, _ = compute_policy_loss(logits, batch, loss_agg="token-mean")
-    seq_mean, _ = compute_policy_loss(logits, batch, loss_agg="seq-mean")
+    token_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="token-mean"))
+    seq_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean"))
     assert token_mean.item() == pytest.approx((-1 - 1 - 1 - 3) / 4, rel=1e-6)
     assert seq_mean.item() == pytest.approx((-1 + -3) / 2, rel=1e-6)
 
@@ -149,7 +150,7 @@ def test_token_mean_vs_seq_mean():
 def test_unknown_loss_agg_raises():
     logits, batch = make_case([-1.0], [1.0], [1.0])
     with pytest.raises(ValueError, match="loss_agg"):
-        compute_policy_loss(logits, batch, loss_agg="sum")
+        compute_policy_loss(logits, batch, LossSettings(loss_agg="sum"))
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "seq-mean-token-sum-norm"])
@@ -159,7 +160,7 @@ def test_normalizer_makes_micro_batches_add_up(loss_agg):
     adv = [0.5, 0.5, 0.5, -1.0, -1.0, 2.0, 2.0]
     index = [0, 0, 0, 1, 1, 2, 2]
     logits, batch = make_case(new_lp, ratios, adv, sample_index=index)
-    full, _ = compute_policy_loss(logits, batch, loss_agg=loss_agg)
+    full, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg=loss_agg))
     full.backward()
     normalizer = {"token-mean": 7, "seq-mean": 3, "seq-mean-token-sum-norm": 3 * 1}[loss_agg]  # norm_tokens 1
     total, grads = 0.0, []
@@ -167,31 +168,31 @@ def test_normalizer_makes_micro_batches_add_up(loss_agg):
         part_logits = logits.detach()[lo:hi].clone().requires_grad_()
         part = {k: v[lo:hi] for k, v in batch.items()}
         part["sample_index"] = part["sample_index"] - first_sample
-        loss, _ = compute_policy_loss(part_logits, part, loss_agg=loss_agg, normalizer=normalizer)
+        loss, _ = compute_policy_loss(part_logits, part, LossSettings(loss_agg=loss_agg), normalizer=normalizer)
         loss.backward()
         total += loss.item()
         grads.append(part_logits.grad)
     assert total == pytest.approx(full.item(), rel=1e-5)
     torch.testing.assert_close(torch.cat(grads), logits.grad, rtol=1e-5, atol=1e-7)
     part_alone, _ = compute_policy_loss(logits[5:7], {k: v[5:7] - (2 if k == "sample_index" else 0)
-                                                     for k, v in batch.items()}, loss_agg=loss_agg)
+                                                     for k, v in batch.items()}, LossSettings(loss_agg=loss_agg))
     assert part_alone.item() != pytest.approx(full.item(), rel=1e-3)
 
 
 def test_kl_zero_when_ref_equals_new():
     logits, batch = make_case([-0.5, -1.5], [1.2, 0.9], [1.0, -1.0])
-    base, _ = compute_policy_loss(logits, batch)
+    base, _ = compute_policy_loss(logits, batch, LossSettings())
     new_lp, _ = token_logprobs(logits.detach(), batch["targets"])
-    with_kl, m = compute_policy_loss(logits, batch, kl_coef=0.5, ref_logprobs=new_lp)
+    with_kl, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=0.5), ref_logprobs=new_lp)
     assert with_kl.item() == pytest.approx(base.item(), abs=1e-7)
     assert m["kl"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_kl_positive_when_ref_differs():
     logits, batch = make_case([-0.5, -1.5], [1.0, 1.0], [1.0, -1.0])
-    base, _ = compute_policy_loss(logits, batch)
+    base, _ = compute_policy_loss(logits, batch, LossSettings())
     ref = torch.tensor([-0.7, -1.0])
-    with_kl, m = compute_policy_loss(logits, batch, kl_coef=0.5, ref_logprobs=ref)
+    with_kl, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=0.5), ref_logprobs=ref)
     d = ref - torch.tensor([-0.5, -1.5])
     k3 = torch.exp(d) - d - 1
     assert m["kl"] == pytest.approx(float(k3.sum()), rel=1e-5)
@@ -202,7 +203,7 @@ def test_kl_positive_when_ref_differs():
 def test_kl_coef_without_ref_raises():
     logits, batch = make_case([-0.5], [1.0], [1.0])
     with pytest.raises(ValueError, match="ref_logprobs"):
-        compute_policy_loss(logits, batch, kl_coef=0.1)
+        compute_policy_loss(logits, batch, LossSettings(kl_coef=0.1))
 
 
 def test_entropy_metric_and_temperature():
@@ -218,22 +219,22 @@ def test_entropy_metric_and_temperature():
 def test_kl_term_is_clamped_like_the_standard_implementations():
     logits, batch = make_case([-1.0, -1.0], [1.0, 1.0], [0.0, 0.0])
     ref = torch.tensor([-1.0 + 50.0, -1.0 - 50.0])  # log-ratios far beyond +-20
-    loss, m = compute_policy_loss(logits, batch, kl_coef=1.0, ref_logprobs=ref)
+    loss, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=1.0), ref_logprobs=ref)
     assert m["kl"] == pytest.approx(20.0)  # each token's k3 capped at 10 (unclamped: e^50 and 49)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
     # inside the clamps the k3 value is exact
     ref = torch.tensor([-1.0 + 0.5, -1.0 - 0.5])
-    _, m = compute_policy_loss(logits, batch, kl_coef=1.0, ref_logprobs=ref)
+    _, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=1.0), ref_logprobs=ref)
     assert m["kl"] == pytest.approx((math.exp(0.5) - 0.5 - 1) + (math.exp(-0.5) + 0.5 - 1), rel=1e-4)
 
 
 # ---- off-policy correction ------------------------------------------------------------------
 # make_case's ratios are pi / pi_rollout; without prox_logprobs pi_prox = pi, so w = ratio.
 
-def _grads(logits, batch, **kw):
+def _grads(logits, batch, prox_logprobs=None, **settings):
     logits = logits.detach().clone().requires_grad_()
-    loss, m = compute_policy_loss(logits, batch, **kw)
+    loss, m = compute_policy_loss(logits, batch, LossSettings(**settings), prox_logprobs=prox_logprobs)
     loss.backward()
     return loss.item(), logits.grad, m
 
@@ -241,7 +242,7 @@ def _grads(logits, batch, **kw):
 def test_tis_weights_the_policy_gradient_by_the_capped_ratio():
     ratios, adv = [3.0, 0.5, 1.5], [1.0, 1.0, -1.0]
     logits, batch = make_case([-1.0, -0.7, -1.3], ratios, adv)
-    loss, g, m = _grads(logits, batch, correction="tis", is_cap=2.0, clip_low=0.2, clip_high=0.2)
+    loss, g, m = _grads(logits, batch, off_policy_correction="tis", is_cap=2.0, clip_low=0.2, clip_high=0.2)
     assert loss == pytest.approx((-2.0 - 0.5 + 1.5) / 3, rel=1e-5)  # -A * min(w, 2): the PPO ratio is 1
     probs = torch.softmax(logits.detach(), -1)
     for i, w in enumerate([2.0, 0.5, 1.5]):
@@ -258,8 +259,8 @@ def test_decoupled_equals_tis_with_one_step_per_batch():
     logits, batch = make_case([-0.3, -1.1, -0.8, -2.0], [1.7, 0.6, 2.9, 1.0], [0.5, -1.0, 2.0, -0.3])
     prox = torch.tensor([-0.5, -1.0, -0.8, -1.7])  # also when pi_prox differs from pi (dropout on)
     for kw in ({}, {"prox_logprobs": prox}):
-        loss_t, g_t, _ = _grads(logits, batch, correction="tis", **kw)
-        loss_d, g_d, _ = _grads(logits, batch, correction="decoupled", **kw)
+        loss_t, g_t, _ = _grads(logits, batch, off_policy_correction="tis", **kw)
+        loss_d, g_d, _ = _grads(logits, batch, off_policy_correction="decoupled", **kw)
         assert loss_t == loss_d
         assert torch.equal(g_t, g_d)
 
@@ -269,7 +270,7 @@ def test_tis_clips_around_the_proximal_policy_when_it_differs():
     # w = pi_prox / pi_rollout = 1.5
     logits, batch = make_case([-1.0], [1.0], [1.0])
     batch["old_logprobs"] = torch.tensor([-1.5 - math.log(1.5)])
-    loss, g, m = _grads(logits, batch, correction="tis", prox_logprobs=torch.tensor([-1.5]), clip_high=0.2)
+    loss, g, m = _grads(logits, batch, off_policy_correction="tis", prox_logprobs=torch.tensor([-1.5]), clip_high=0.2)
     assert loss == pytest.approx(-1.2 * 1.5, rel=1e-5)
     assert torch.count_nonzero(g) == 0 and m["clip_high"] == 1.0
 
@@ -277,7 +278,7 @@ def test_tis_clips_around_the_proximal_policy_when_it_differs():
 def test_mis_masks_tokens_outside_the_band():
     ratios, adv = [3.0, 0.4, 1.5, 0.5], [1.0, 1.0, -1.0, 1.0]
     logits, batch = make_case([-1.0, -0.7, -1.3, -0.9], ratios, adv)
-    loss, g, m = _grads(logits, batch, correction="mis", is_band=(0.5, 2.0))
+    loss, g, m = _grads(logits, batch, off_policy_correction="mis", is_band=(0.5, 2.0))
     assert loss == pytest.approx((0 + 0 + 1.5 - 0.5) / 4, rel=1e-5)  # masked tokens still count in the mean
     assert torch.count_nonzero(g[0]) == 0 and torch.count_nonzero(g[1]) == 0
     assert g[2].abs().max() > 1e-3 and g[3].abs().max() > 1e-3
@@ -299,14 +300,14 @@ def test_dual_clip_bounds_negative_advantage_tokens():
 def test_dual_clip_does_not_bind_under_a_correction():
     # with a correction the PPO ratio is 1 (one step per batch); the large w is capped by is_cap instead
     logits, batch = make_case([-1.0], [5.0], [-1.0])
-    loss, _, _ = _grads(logits, batch, correction="tis", is_cap=2.0, dual_clip=3.0)
+    loss, _, _ = _grads(logits, batch, off_policy_correction="tis", is_cap=2.0, dual_clip=3.0)
     assert loss == pytest.approx(2.0, rel=1e-5)
 
 
 def test_mismatch_split_by_lag():
     logits, batch = make_case([-1.0, -1.0, -1.0, -1.0], [1.0, 1.5, 0.5, 2.0], [1.0] * 4)
     batch["lag"] = torch.tensor([0, 0, 1, 2])
-    _, m = compute_policy_loss(logits, batch)
+    _, m = compute_policy_loss(logits, batch, LossSettings())
     k3 = lambda w: w - 1 - math.log(w)  # noqa: E731  (k3 of pi_rollout vs pi, w = pi / pi_rollout)
     assert (m["tokens_same_weights"], m["tokens_lagged"]) == (2.0, 2.0)
     assert m["kl_same_weights"] == pytest.approx(k3(1.5), rel=1e-4)
@@ -317,7 +318,8 @@ def test_mismatch_split_by_lag():
 def test_loss_metrics_stay_detached_tensors_so_micro_batches_add_them_without_a_sync():
     logits, batch = make_case([-1.0, -2.0], [1.0, -1.0], [1.0, 1.0])
     batch["lag"] = torch.tensor([0, 1])
-    _, m = compute_policy_loss(logits.requires_grad_(), batch, kl_coef=0.1, ref_logprobs=torch.tensor([-1.0, -2.0]))
+    _, m = compute_policy_loss(logits.requires_grad_(), batch, LossSettings(kl_coef=0.1),
+                               ref_logprobs=torch.tensor([-1.0, -2.0]))
     assert set(m) >= {"tokens", "clip_low", "approx_kl", "entropy", "kl", "is_weight_max", "kl_lagged"}
     for k, v in m.items():
         assert torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad, k
@@ -327,4 +329,4 @@ def test_loss_metrics_stay_detached_tensors_so_micro_batches_add_them_without_a_
 def test_unknown_correction_raises():
     logits, batch = make_case([-1.0], [1.0], [1.0])
     with pytest.raises(ValueError, match="correction"):
-        compute_policy_loss(logits, batch, correction="ppo2")
+        compute_policy_loss(logits, batch, LossSettings(off_policy_correction="ppo2"))

@@ -1,13 +1,25 @@
-"""TrainConfig's fields, in the groups they are read by: each group is a dataclass, TrainConfig is all of them.
+"""The configs' fields, each declared once in a small group: a dataclass per concern, composed by each program.
 
-The groups only organise the source: every field is still one flat flag (`max_steps` is `--max-steps`) and
-one flat key of a config file or of config.json, in the order below. `EvalSettings` is also the evaluation
-part of `launch/eval.py`'s config (trainer/eval_model.py), so the two mean the same by the same names.
-Checks live in checks.py, the file loader in files.py, the command line in cli.py.
+A program's config is the groups it reads, composed by inheritance: every field stays one flat flag
+(`max_steps` is `--max-steps`), one flat key of a config file and of config.json, and one flat attribute
+(`cfg.max_steps`), while a function that reads one concern takes that group's type (the loss takes a
+`LossSettings`; a TrainConfig, which is one, can be handed to it as it is). Training's `TrainConfig` is all
+of them; `launch/eval.py`'s `EvalConfig` (trainer/eval_model.py) takes the model, env, reward, tool,
+episode-shape, decode, eval and judge groups, so a flag means the same in both by the same name.
+A new program composes its own the same way, adding only the fields no group holds:
+
+    @dataclass
+    class SFTConfig(Program, RunFolder, Learner, Optimizer, Lora, TaskSources, ModelSettings):
+        epochs: int = 1
+        "Passes over the data."
+
+(the first base class's fields come last in its flags and in config.json). `Program` gives every program
+the same reading of a file's lists. Checks live in checks.py, the file loader in
+files.py, the command line in cli.py.
 """
 
-from dataclasses import asdict, dataclass
-from typing import Annotated, Literal
+from dataclasses import asdict, dataclass, fields
+from typing import Annotated, Literal, get_origin, get_type_hints
 
 import tyro
 
@@ -16,11 +28,30 @@ from nanorllm.policy.tool_calls import PARSERS
 
 
 @dataclass
-class Sources:
-    """What to train on: the model, the episodes' env or agent, their rewards and the task sources."""
+class ModelSettings:
+    """The model, its precision and its CPU threads: what every program that loads a model reads."""
 
     model: str = "smollm2-135m-instruct"
     """Built-in name (smollm2-135m-instruct, tiny-random), a local HF model directory or a hub id."""
+    dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
+    """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
+    optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
+    threads: int | None = None
+    """Torch threads per process on CPU; None splits the cores across processes."""
+
+
+@dataclass
+class Seeding:
+    """The seed of a program's randomness."""
+
+    seed: int = 0
+    """Seed for task order, sampling and initialisation."""
+
+
+@dataclass
+class EnvSource:
+    """What an episode is: its env (or agent), the env's options and limits, and the task sources' columns."""
+
     env: str = "math"
     """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
     module.path:Name or path/to/file.py:Name."""
@@ -31,6 +62,20 @@ class Sources:
     agent_timeout_s: float = 300.0
     """An --agent episode (or a verifiers env's, which runs on the same endpoint) still running this long after it
     started is ended as an env error (rollout/agent_timeouts)."""
+    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+    env_timeout_s: float = 30.0
+    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
+    episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
+    task_fields: str | None = None
+    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
+    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
+
+
+@dataclass
+class ToolSettings:
+    """Python functions as the episodes' tools (docs/tools.md)."""
+
     tool_parser: Literal[("auto", *PARSERS)] = "auto"
     """The tool-call format read out of the model's replies, by the --agent endpoint and under --tools
     (docs/tools.md); auto: the one the policy's chat template writes (hermes where the fallback block renders
@@ -44,11 +89,12 @@ class Sources:
     tool_timeout_s: float = 10.0
     """Wall-clock limit (seconds, at most a day) of one tool call; past it the tools' helper process is killed and
     the call's result is an error text (counted in rollout/tool_errors)."""
-    tool_alarm_steps: int = 3
-    """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
-    the template and a raw response (a format mismatch shows in a minute). 0: off."""
-    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+
+
+@dataclass
+class RewardFunctions:
+    """Reward functions as reward sources (docs/rewards.md)."""
+
     reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
     list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
@@ -60,6 +106,12 @@ class Sources:
     reward_timeout_s: float = 30.0
     """Wall-clock limit (seconds, at most a day) of one call of a --reward function; past it the scores of the batch it was given
     failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
+
+
+@dataclass
+class RewardModelSettings:
+    """A reward model as a reward source (docs/rewards.md)."""
+
     reward_model: str | None = None
     """A local HF sequence-classifier folder (num_labels 1: the score; 2: logit[1] - logit[0]) that scores each
     episode's (prompt, last response) as a reward source beside the --reward functions (docs/rewards.md); fit one
@@ -78,9 +130,12 @@ class Sources:
     worker's, or --serial's learner's)."""
     reward_model_max_tokens: int = 1024
     """Longest rendered (prompt, response) the --reward-model reads; a longer one loses its first tokens."""
-    env_timeout_s: float = 30.0
-    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
-    episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
+
+
+@dataclass
+class TaskSources:
+    """The training and held-out task sources."""
+
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
@@ -89,13 +144,17 @@ class Sources:
     """Held-out tasks, same formats, or holdout:frac=F,seed=S:SPEC ('': none). None: with --tasks, a seeded tenth
     of them (holdout:frac=0.1,seed=0:TASKS); without, the env's own held-out set. Tasks also held out are removed
     from training."""
-    task_fields: str | None = None
-    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
-    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
     limit: int | None = None
     """Use only the first N training tasks."""
-    eval_limit: int | None = None
-    """Use only the first N held-out tasks."""
+
+
+@dataclass
+class Sources(TaskSources, RewardModelSettings, RewardFunctions, ToolSettings, EnvSource, ModelSettings):
+    """What to train on: the model, the episodes' env or agent, their tools, rewards and task sources."""
+
+    tool_alarm_steps: int = 3
+    """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
+    the template and a raw response (a format mismatch shows in a minute). 0: off."""
 
 
 @dataclass
@@ -134,6 +193,8 @@ class JudgeSettings:
 class EvalSettings:
     """How held-out sets are evaluated beyond greedy success; `launch/eval.py` takes the same fields."""
 
+    eval_limit: int | None = None
+    """Use only the first N held-out tasks."""
     eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """More held-out sets, name=spec, one flag each (--eval-set gsm8k=../shared/data/gsm8k/test.jsonl): evaluated
     beside --eval-tasks (not removed from training), logged as eval/<name>/... and kept in eval.json."""
@@ -147,22 +208,24 @@ class EvalSettings:
 
 
 @dataclass
-class Episodes:
-    """One episode: its first prompt's limit, its turns and how each response is sampled and graded."""
+class PromptLimit:
+    """How long a first prompt may be."""
 
     max_prompt_tokens: int | None = None
     """Longest first prompt (chat template, system prompt, worked example, question) in tokens; a task over it is
     refused at start, naming it. None: the model's context less the room the turns need (responses, feedback)."""
     drop_long_prompts: bool = False
     """Leave tasks whose prompt is over the limit out (counted, the first named) instead of refusing the run."""
+
+
+@dataclass
+class EpisodeShape:
+    """One episode's turns, its responses' length, its prompt and its grading: the same in training and evaluation."""
+
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
     max_new_tokens: int = 32
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
-    temperature: float = 0.7
-    """Sampling temperature for training rollouts (evaluation is greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass; training needs 1.0 (the learner scores the full distribution), eval may truncate."""
     system_prompt: str | None = None
     """System prompt; None uses the built-in one."""
     worked_example: bool = True
@@ -172,8 +235,99 @@ class Episodes:
 
 
 @dataclass
-class GRPO:
-    """The update: steps and groups, the optimizer, the clipped objective and its variants, micro-batches, precision."""
+class Sampling:
+    """How training rollouts sample."""
+
+    temperature: float = 0.7
+    """Sampling temperature for training rollouts (evaluation is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; training needs 1.0 (the learner scores the full distribution), eval may truncate."""
+
+
+@dataclass
+class Episodes(Sampling, EpisodeShape, PromptLimit):
+    """One episode: its first prompt's limit, its turns and how each response is sampled and graded."""
+
+
+@dataclass
+class Decode:
+    """The running decode batch (training rollouts and evaluation)."""
+
+    max_batch_episodes: int = 256
+    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
+    cuda_graphs: bool = True
+    """On a GPU, replay the decode step from CUDA graphs captured per batch-size bucket (no effect on CPU)."""
+
+
+@dataclass
+class LossSettings:
+    """The clipped objective and its variants: what `compute_policy_loss` reads (trainer/loss.py)."""
+
+    clip_low: float = 0.2
+    """PPO clip: ratio floor is 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO clip: ratio ceiling is 1 + clip_high."""
+    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same;
+    seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
+    kl_coef: float = 0.0
+    """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
+    off_policy_correction: Literal["none", "tis", "mis", "decoupled"] = "none"
+    """'none' (PPO ratio to the sampler's logprobs), 'tis', 'mis' or 'decoupled' (see trainer/loss.py).
+    'none' is the default: the learning benchmark (docs/learning.md) found no correction that helps here."""
+    is_cap: float = 2.0
+    """tis / decoupled: importance weight pi_learner / pi_sampler capped at this."""
+    is_band: tuple[float, float] = (0.5, 2.0)
+    """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
+    dual_clip: float = 0.0
+    """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """token: PPO ratio per token; sequence (GSPO): one ratio per response (turn), the geometric mean of its token
+    ratios, clipped with gspo_clip_low / gspo_clip_high; needs loss_agg seq-mean and no off_policy_correction."""
+    gspo_clip_low: float = 3e-4
+    """ratio_level=sequence: ratio floor is 1 - this (the GSPO paper's 3e-4)."""
+    gspo_clip_high: float = 4e-4
+    """ratio_level=sequence: ratio ceiling is 1 + this (the GSPO paper's 4e-4)."""
+    entropy_coef: float = 0.0
+    """Subtract this x the mean token entropy from the loss (from the training forward's logits; 0: off)."""
+
+
+@dataclass
+class Optimizer:
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = 6e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
+    at max_steps (a function of the step, so a resume continues it exactly)."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from lr / (warmup_steps + 1) to lr, before lr_schedule applies."""
+
+
+@dataclass
+class Learner:
+    """The learner's forward/backward: micro-batches and matmul precision."""
+
+    micro_batch_tokens: int | None = None
+    """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
+    the free memory by the model's size (trainer/micro_batches.py)."""
+    max_pad_frac: float | None = None
+    """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
+    micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
+    tf32: bool = True
+    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
+    Means nothing on CPU."""
+
+
+@dataclass
+class GRPO(Learner, Optimizer, LossSettings, Decode):
+    """The update: steps and groups, advantages, passes over a batch, with the loss, optimizer, learner and decode
+    groups."""
 
     max_steps: int = 24
     """Learner updates."""
@@ -184,21 +338,6 @@ class GRPO:
     min_group_size: int = 2
     """A group left with fewer episodes than this after its failed ones (env errors, reward scores that could not be
     computed) leave it is dropped whole (rollout/groups_dropped); with at least this many it trains on them."""
-    lr: float = 6e-6
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping norm."""
-    clip_low: float = 0.2
-    """PPO clip: ratio floor is 1 - clip_low."""
-    clip_high: float = 0.28
-    """PPO clip: ratio ceiling is 1 + clip_high."""
-    loss_agg: Literal["token-mean", "seq-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """token-mean: the step's response tokens weigh the same; seq-mean: each sample's token mean weighs the same;
-    seq-mean-token-sum-norm (Dr. GRPO): each sample's token sum / max_new_tokens, a constant, averaged over samples."""
-    kl_coef: float = 0.0
-    """KL-to-reference coefficient; > 0 loads a frozen copy of the initial model."""
     adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
@@ -219,51 +358,12 @@ class GRPO:
     turn_gamma: float = 0.5
     """Discount of later turns' outcome under turn_credit='turn'; < 1 so a wrong first answer that a retry
     fixed scores below a first-try success (1.0 would give both the same first-turn return)."""
-    off_policy_correction: Literal["none", "tis", "mis", "decoupled"] = "none"
-    """'none' (PPO ratio to the sampler's logprobs), 'tis', 'mis' or 'decoupled' (see trainer/loss.py).
-    'none' is the default: the learning benchmark (docs/learning.md) found no correction that helps here."""
-    is_cap: float = 2.0
-    """tis / decoupled: importance weight pi_learner / pi_sampler capped at this."""
-    is_band: tuple[float, float] = (0.5, 2.0)
-    """mis: tokens whose importance weight leaves [a, b] are masked (no gradient)."""
-    dual_clip: float = 0.0
-    """For negative advantages bound the PPO term by -A x this (3 is usual; 0: off)."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """token: PPO ratio per token; sequence (GSPO): one ratio per response (turn), the geometric mean of its token
-    ratios, clipped with gspo_clip_low / gspo_clip_high; needs loss_agg seq-mean and no off_policy_correction."""
-    gspo_clip_low: float = 3e-4
-    """ratio_level=sequence: ratio floor is 1 - this (the GSPO paper's 3e-4)."""
-    gspo_clip_high: float = 4e-4
-    """ratio_level=sequence: ratio ceiling is 1 + this (the GSPO paper's 4e-4)."""
-    entropy_coef: float = 0.0
-    """Subtract this x the mean token entropy from the loss (from the training forward's logits; 0: off)."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
-    at max_steps (a function of the step, so a resume continues it exactly)."""
-    warmup_steps: int = 0
-    """Steps of linear warmup from lr / (warmup_steps + 1) to lr, before lr_schedule applies."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch: its groups split into this many mini-batches (by task-stream position
     mod this), one step each. A step (max_steps, checkpoints, published weights, lr_schedule) is still one
     rollout batch."""
     epochs: int = 1
     """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
-    micro_batch_tokens: int | None = None
-    """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
-    the free memory by the model's size (trainer/micro_batches.py)."""
-    max_pad_frac: float | None = None
-    """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
-    micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
-    max_batch_episodes: int = 256
-    """Most rows in one running decode batch (a whole 200-task eval fits; KV memory grows with it)."""
-    cuda_graphs: bool = True
-    """On a GPU, replay the decode step from CUDA graphs captured per batch-size bucket (no effect on CPU)."""
-    dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
-    """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
-    optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
-    tf32: bool = True
-    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
-    Means nothing on CPU."""
 
 
 @dataclass
@@ -337,14 +437,12 @@ class Processes:
     the longest held-out eval or wait for rollouts, which the other ranks spend waiting for rank 0. Until the first
     step's batch is shared (ranks and workers have started) the limit is --worker-start-timeout-s, if longer.
     inf: no limit."""
-    threads: int | None = None
-    """Torch threads per process on CPU; None splits the cores across processes."""
     queue_size: int = 4
     """Most finished episode batches a worker holds while the learner has not taken them (then it waits)."""
 
 
 @dataclass
-class RunFolder:
+class RunFolder(Seeding):
     """The run folder, logging and checkpoints."""
 
     output_dir: str = "runs"
@@ -356,8 +454,6 @@ class RunFolder:
     (pip install -e .[wandb]; WANDB_MODE=offline needs no network)."""
     exp_name: str = "grpo"
     """Experiment name used in the run folder name."""
-    seed: int = 0
-    """Seed for task order, sampling and initialisation."""
     resume_new_data: bool = False
     """With --resume: accept a task order that differs from the checkpoint's (another task file, seed, limit or
     held-out set); it starts at a new epoch. Never saved: each resume decides."""
@@ -400,9 +496,21 @@ class Faults:
     fails."""
 
 
+class Program:
+    """What every program's config shares beyond its groups: the lists a config file or a saved config gives
+    made the tuples its fields hold (an env_arg mapping made key=value items)."""
+
+    def __post_init__(self):
+        for name, hint in get_type_hints(type(self)).items():
+            value = getattr(self, name)
+            if name == "env_arg" and isinstance(value, dict):
+                value = tuple(f"{k}={v}" for k, v in value.items())
+            if get_origin(hint) is tuple:
+                setattr(self, name, tuple(value))
+
 
 @dataclass
-class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, JudgeSettings,
+class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, JudgeSettings,
                   Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
@@ -410,14 +518,6 @@ class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes,
     `validate()` reports every problem a config has on its own terms at once, naming the field; what it
     needs the world for (an env's module, reward files, the output folder, wandb) the run's assembly checks
     (nanorllm/run/world.py), beside these when the command line is parsed."""
-
-    def __post_init__(self):
-        self.is_band = tuple(self.is_band)  # a JSON/YAML file or a saved config gives a list
-        if isinstance(self.env_arg, dict):  # a config file's mapping
-            self.env_arg = tuple(f"{k}={v}" for k, v in self.env_arg.items())
-        self.env_arg = tuple(self.env_arg)
-        self.eval_set, self.eval_k = tuple(self.eval_set), tuple(self.eval_k)
-        self.reward, self.reward_weights = tuple(self.reward), tuple(self.reward_weights)
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field (checks.py)."""
@@ -428,3 +528,8 @@ class TrainConfig(Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes,
     def saved(self) -> dict:
         """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
         return {**asdict(self), "resume_new_data": False}
+
+
+def group_fields(group: type) -> tuple[str, ...]:
+    """The flat names of `group`'s fields (its composed groups' too)."""
+    return tuple(f.name for f in fields(group))

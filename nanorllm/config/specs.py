@@ -3,9 +3,13 @@
 A floor below the trainer never reads a TrainConfig field: the policy gets a `LoraSpec`, the engine its
 `SamplingParams` and turn limit, an env its `EnvSpec` (with the `EpisodeSettings` every bundle may read).
 So policy/, envs/ and rollout/ depend on the types they are handed, which an import shows, not on the
-config's field names, which nothing would.
+config's field names, which nothing would. Each builder takes the config groups it reads (fields.py), whose
+defaults are the specs' (tests/test_config.py checks every one); a group a program does not compose (an
+evaluation has no reward model) gives no part.
 """
 
+from nanorllm.config.fields import (EnvSource, EpisodeShape, JudgeSettings, Lora, PromptLimit, RewardFunctions,
+                                    RewardModelSettings, Sampling, ToolSettings)
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec, RewardModelSpec
 from nanorllm.policy.base import SamplingParams
@@ -13,7 +17,7 @@ from nanorllm.policy.lora import LoraSpec, effective_alpha
 from nanorllm.rewards.judge import JudgeSpec
 
 
-def lora_spec(cfg) -> LoraSpec | None:
+def lora_spec(cfg: Lora) -> LoraSpec | None:
     """The run's LoRA settings (the lora_* fields); None for a full fine-tune."""
     if not cfg.lora_rank:
         return None
@@ -21,59 +25,57 @@ def lora_spec(cfg) -> LoraSpec | None:
                     dropout=cfg.lora_dropout, targets=cfg.lora_targets)
 
 
-def sampling_params(cfg) -> SamplingParams:
+def sampling_params(cfg: Sampling | EpisodeShape) -> SamplingParams:
     """How training rollouts sample (evaluation replaces the temperature or decodes greedily)."""
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
 
 
-def episode_settings(cfg) -> EpisodeSettings:
+def episode_settings(cfg: EnvSource | EpisodeShape) -> EpisodeSettings:
     """The episode fields every bundle may read; a --task-fields the config's checks refuse reads as none."""
     from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 
     try:
-        task_fields = parse_task_fields(getattr(cfg, "task_fields", None))
+        task_fields = parse_task_fields(cfg.task_fields)
     except TaskFieldsError:
         task_fields = None  # config_problems names the field
-    return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=getattr(cfg, "system_prompt", None),
-                           worked_example=cfg.worked_example, grader_timeout_s=getattr(cfg, "grader_timeout_s", 5.0),
-                           env_timeout_s=getattr(cfg, "env_timeout_s", 30.0), task_fields=task_fields,
-                           max_row_tokens=agent_row_tokens(cfg))
+    return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt, worked_example=cfg.worked_example,
+                           grader_timeout_s=cfg.grader_timeout_s, env_timeout_s=cfg.env_timeout_s,
+                           task_fields=task_fields, max_row_tokens=agent_row_tokens(cfg))
 
 
-def agent_row_tokens(cfg) -> int | None:
+def agent_row_tokens(cfg: PromptLimit | EpisodeShape) -> int | None:
     """The most tokens an --agent episode's row may hold: --max-prompt-tokens plus the room its turns need
     (their responses and feedback, as an env episode is sized); None without --max-prompt-tokens (the model's
-    context bounds it)."""
+    context bounds it), or in a program without the PromptLimit group."""
     from nanorllm.rollout.engine import longest_episode
 
-    limit = getattr(cfg, "max_prompt_tokens", None)
-    return None if not limit else longest_episode(limit, sampling_params(cfg), cfg.max_turns)
+    if not isinstance(cfg, PromptLimit) or not cfg.max_prompt_tokens:
+        return None
+    return longest_episode(cfg.max_prompt_tokens, sampling_params(cfg), cfg.max_turns)
 
 
-def env_spec(cfg) -> EnvSpec:
+def env_spec(cfg: EnvSource | ToolSettings | RewardFunctions | EpisodeShape) -> EnvSpec:
     """What names the run's episodes: its --agent, or its --env with its options, --tools, --reward functions,
     --reward-model and --judge."""
-    return EnvSpec(env=cfg.env, env_args=tuple(cfg.env_arg), agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
-                   tool_parser=getattr(cfg, "tool_parser", "auto"),
-                   rewards=tuple(getattr(cfg, "reward", ())), reward_weights=tuple(getattr(cfg, "reward_weights", ())),
-                   reward_mode=getattr(cfg, "reward_mode", "add"),
-                   reward_timeout_s=getattr(cfg, "reward_timeout_s", 30.0), tools=getattr(cfg, "tools", None),
-                   max_tool_calls=getattr(cfg, "max_tool_calls", 4), tool_timeout_s=getattr(cfg, "tool_timeout_s", 10.0),
+    return EnvSpec(env=cfg.env, env_args=cfg.env_arg, agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
+                   tool_parser=cfg.tool_parser, rewards=cfg.reward, reward_weights=cfg.reward_weights,
+                   reward_mode=cfg.reward_mode, reward_timeout_s=cfg.reward_timeout_s, tools=cfg.tools,
+                   max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    reward_model=reward_model_spec(cfg), judge=judge_spec(cfg), settings=episode_settings(cfg))
 
 
 def reward_model_spec(cfg) -> RewardModelSpec | None:
-    """The run's --reward-model and its settings; None without one."""
-    if getattr(cfg, "reward_model", None) is None:
+    """The run's --reward-model and its settings; None without one (or in a program without the group)."""
+    if not isinstance(cfg, RewardModelSettings) or cfg.reward_model is None:
         return None
     return RewardModelSpec(path=cfg.reward_model, weight=cfg.reward_model_weight, norm=cfg.reward_model_norm,
                            batch_size=cfg.reward_model_batch_size, dtype=cfg.reward_model_dtype,
                            device=cfg.reward_model_device, max_tokens=cfg.reward_model_max_tokens)
 
 
-def judge_spec(cfg) -> JudgeSpec | None:
+def judge_spec(cfg: JudgeSettings) -> JudgeSpec | None:
     """The run's LLM judge (the judge_* fields); None without --judge."""
-    if not getattr(cfg, "judge", None):
+    if not cfg.judge:
         return None
     return JudgeSpec(target=cfg.judge, rubric=cfg.judge_rubric, model=cfg.judge_model, api_key_env=cfg.judge_api_key_env,
                      mode=cfg.judge_mode, concurrency=cfg.judge_concurrency, retries=cfg.judge_retries,

@@ -23,6 +23,6 @@ def main(argv: list[str], description: str | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sets = result.pop("sets", {})
-    for name, row in {"tasks": result, **sets}.items():
+    for name, row in {result["spec"]: result, **sets}.items():
         print(json.dumps({"set": name, **row}))
     return 0

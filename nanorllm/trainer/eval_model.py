@@ -11,14 +11,11 @@ otherwise: evaluated with the defaults, a single-turn reward-function run got th
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal
 
-import tyro
-
-from nanorllm.config import EvalSettings, eval_problems
-from nanorllm.config.checks import judge_problems
-from nanorllm.config.fields import JudgeSettings
-from nanorllm.config.checks import agent_env_problems, bound_problems
+from nanorllm.config import eval_problems
+from nanorllm.config.checks import agent_env_problems, bound_problems, judge_problems
+from nanorllm.config.fields import (Decode, EnvSource, EpisodeShape, EvalSettings, JudgeSettings, ModelSettings, Program,
+                                    RewardFunctions, Seeding, ToolSettings)
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.config.specs import env_spec
@@ -29,60 +26,24 @@ from nanorllm.utils.devices import configure_threads
 
 
 @dataclass
-class EvalConfig(JudgeSettings, EvalSettings):
-    """launch/eval.py's flags: the evaluation fields of training (EvalSettings: --eval-set, --eval-samples,
-    --eval-temperature, --eval-k), its judge (JudgeSettings: --judge ...) and what the model, the env and the
-    tasks are."""
+class EvalConfig(Program, Decode, JudgeSettings, EvalSettings, EpisodeShape, RewardFunctions, ToolSettings, EnvSource,
+                 Seeding, ModelSettings):
+    """launch/eval.py's flags: training's groups for the model, the env or agent, its tools and reward functions,
+    the episode's shape, the decode batch, the evaluation (--eval-set, --eval-samples, --eval-limit...) and the
+    judge, each field declared once (config/fields.py), plus what only an evaluation chooses."""
 
     tasks: str | None = None
     """Tasks in the env's format (math: a JSONL file, seed schema or GSM8K format, or an arith:... spec).
     None: the env's own default held-out tasks."""
-    env: str = "math"
-    """The environment bundle: math, calc, module.path:Name or path/to/file.py:Name."""
-    env_arg: tuple[str, ...] = ()
-    """The env's own options, key=value."""
-    agent: str | None = None
-    """An agent function against the OpenAI client instead of an env (path/to/file.py:fn); give --tasks."""
-    agent_timeout_s: float = 300.0
-    """An --agent episode still running this long is ended as an error."""
-    env_timeout_s: float = 30.0
-    """Wall-clock limit (seconds) of one call to an env server (--env openenv:...); past it the episode is an error."""
-    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """Reward functions that score the episodes, as in training (path/to/file.py:fn, one flag each; without
-    --env single-turn: --env single)."""
-    reward_weights: tuple[float, ...] = ()
-    """One weight per --reward (empty: 1 each)."""
-    reward_mode: Literal["add", "replace"] = "add"
-    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
-    system_prompt: str | None = None
-    """System prompt; None uses the env's own."""
-    model: str = "smollm2-135m-instruct"
-    """Built-in name, HF model directory, hub id, or gemini:<model-name> (needs GEMINI_API_KEY)."""
-    task_fields: str | None = None
-    """The sources' own column names, key=column: question=problem,answer=solution,task_id=id."""
-    limit: int | None = None
-    """Evaluate only the first N tasks (of each set)."""
-    seed: int = 0
-    """Seed of the sampled episodes."""
-    max_turns: int = 2
-    """Self-refine turns per episode."""
-    max_new_tokens: int = 32
-    """Longest response per turn."""
-    worked_example: bool = True
-    """Put one worked question/answer pair before the question."""
     device: str = "cpu"
     """Device of a local model."""
-    dtype: str = "float32"
-    """'float32' or 'bfloat16' for a local model."""
     api_concurrency: int = 8
     """Requests in flight at once for an API model."""
-    max_batch_episodes: int = 256
-    """Most rows in a local model's running decode batch (wider is faster on CPU; KV memory grows with it)."""
 
 
 # the run's saved field each evaluation field takes when no flag gives it (the rest keep the same name)
-FROM_RUN = {"tasks": "eval_tasks", "limit": "eval_limit"}
-NOT_FROM_RUN = ("model", "device", "dtype", "seed", "api_concurrency")  # the evaluation's own choices
+FROM_RUN = {"tasks": "eval_tasks"}
+NOT_FROM_RUN = ("model", "device", "dtype", "threads", "seed", "api_concurrency")  # the evaluation's own choices
 
 
 def run_config_of(model: str) -> Path | None:
@@ -142,15 +103,17 @@ def load_policy(cfg: EvalConfig):
         return policy_from_spec(cfg.model, concurrency=cfg.api_concurrency)
     from nanorllm.policy.hf_causal import HFCausalPolicy
 
-    configure_threads(cfg.device, None, 1)
-    return HFCausalPolicy.from_name(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    configure_threads(cfg.device, cfg.threads, 1)
+    policy = HFCausalPolicy.from_name(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    policy.graphs_enabled = cfg.cuda_graphs
+    return policy
 
 
 def evaluate_model(cfg: EvalConfig) -> dict:
-    """evaluate()'s summary ({"success_rate", ..., "n", "failed", ...}: rates over the scored episodes, the failed
-    ones counted), with pass@k / mean@n under --eval-samples and each --eval-set's summary under "sets". Bad input
-    (a task file, an env or agent spec, a flag) raises TaskFileError, EnvSpecError or ValueError, all before the
-    model loads."""
+    """evaluate()'s summary with the set's "spec" ({"spec", "success_rate", ..., "n", "failed", ...}: rates over the
+    scored episodes, the failed ones counted), with pass@k / mean@n under --eval-samples and each --eval-set's summary
+    under "sets". Bad input (a task file, an env or agent spec, a flag) raises TaskFileError, EnvSpecError or
+    ValueError, all before the model loads."""
     problems = eval_problems(cfg)
     try:
         parse_task_fields(cfg.task_fields)
@@ -169,21 +132,22 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     if not spec:
         raise ValueError(f"tasks: the {'agent' if cfg.agent else 'env'} {cfg.agent or cfg.env!r} has no default "
                          "held-out tasks (EnvBundle.default_eval_tasks); give --tasks")
-    tasks = check_task_rows(load_env_tasks(env, spec, cfg.limit), spec)
-    sets = {name: check_task_rows(load_env_tasks(env, s, cfg.limit), s)
+    tasks = check_task_rows(load_env_tasks(env, spec, cfg.eval_limit), spec)
+    sets = {name: (check_task_rows(load_env_tasks(env, s, cfg.eval_limit), s), s)
             for name, _, s in (item.partition("=") for item in cfg.eval_set)}
     policy = load_policy(cfg)
     sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens)
 
-    def one(rows: list[dict]) -> dict:
-        res = evaluate(policy, rows, sampling=sampling, env=env, max_batch_episodes=cfg.max_batch_episodes)
+    def one(rows: list[dict], spec: str) -> dict:
+        res = {"spec": spec, **evaluate(policy, rows, sampling=sampling, env=env,
+                                        max_batch_episodes=cfg.max_batch_episodes)}
         if cfg.eval_samples:
             res.update(evaluate_sampled(policy, rows, sampling=replace(sampling, temperature=cfg.eval_temperature),
                                         env=env, samples=cfg.eval_samples, ks=cfg.eval_k, seed=cfg.seed,
                                         max_batch_episodes=cfg.max_batch_episodes))
         return res
 
-    out = one(tasks)
+    out = one(tasks, spec)
     if sets:
-        out["sets"] = {name: one(rows) for name, rows in sets.items()}
+        out["sets"] = {name: one(rows, s) for name, (rows, s) in sets.items()}
     return out

@@ -48,13 +48,17 @@ token the learner now finds far likelier than the sampler did cannot own the ste
 ratio to pi_rollout (`none`); with a correction the PPO ratio is 1 and only w, already capped, grows.
 """
 
+from typing import get_args, get_type_hints
+
 import torch
 import torch.nn.functional as F
 
+from nanorllm.config.fields import LossSettings
+
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
-CORRECTIONS = ("none", "tis", "mis", "decoupled")
-AGGREGATIONS = ("token-mean", "seq-mean", "seq-mean-token-sum-norm")
+CORRECTIONS = get_args(get_type_hints(LossSettings)["off_policy_correction"])
+AGGREGATIONS = get_args(get_type_hints(LossSettings)["loss_agg"])
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
@@ -64,17 +68,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logp.gather(-1, targets[:, None])[:, 0], entropy
 
 
-def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                        temperature: float = 1.0, loss_agg: str = "token-mean", kl_coef: float = 0.0,
+def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSettings, *, temperature: float = 1.0,
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
-                        correction: str = "none", is_cap: float = 2.0, is_band: tuple[float, float] = (0.5, 2.0),
-                        dual_clip: float = 0.0, prox_logprobs: torch.Tensor | None = None,
-                        ratio_level: str = "token", entropy_coef: float = 0.0, norm_tokens: int = 1):
-    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; metrics (`loss_metrics`) are
-    detached 0-d tensors, sums and counts over this micro-batch, so callers add them up across
-    micro-batches without a host synchronisation. With
+                        prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1):
+    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; `settings` the objective's group (a
+    TrainConfig is one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch,
+    so callers add them up across micro-batches without a host synchronisation. With
     batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
     summed apart for lag-0 and lagged tokens."""
+    s = settings
+    correction, loss_agg, ratio_level = s.off_policy_correction, s.loss_agg, s.ratio_level
+    clip_low, clip_high = (s.gspo_clip_low, s.gspo_clip_high) if ratio_level == "sequence" else (s.clip_low, s.clip_high)
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
     new_lp, entropy = token_logprobs(logits, batch["targets"], temperature)  # (N,), (N,)
@@ -92,22 +96,22 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)  # (N,)
-    if dual_clip > 0:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if s.dual_clip > 0:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * s.dual_clip), per_token)
     if correction in ("tis", "decoupled"):
-        per_token = per_token * is_w.clamp(max=is_cap)
+        per_token = per_token * is_w.clamp(max=s.is_cap)
     elif correction == "mis":
-        keep = ((is_w >= is_band[0]) & (is_w <= is_band[1])).float()
+        keep = ((is_w >= s.is_band[0]) & (is_w <= s.is_band[1])).float()
         per_token = per_token * is_w * keep
     kl = torch.zeros_like(per_token)
-    if kl_coef > 0:
+    if s.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs")
         d = (ref_logprobs - new_lp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl = (torch.exp(d) - d - 1.0).clamp(max=KL_MAX)
-        per_token = per_token + kl_coef * kl
-    if entropy_coef > 0:
-        per_token = per_token - entropy_coef * entropy
+        per_token = per_token + s.kl_coef * kl
+    if s.entropy_coef > 0:
+        per_token = per_token - s.entropy_coef * entropy
 
     if loss_agg == "token-mean":
         norm = normalizer if normalizer is not None else per_token.numel()
@@ -126,7 +130,7 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, *, clip_low: float = 
         raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {loss_agg!r}")
     return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
                               is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
-                              is_cap=is_cap if correction in ("tis", "decoupled") else None)
+                              is_cap=s.is_cap if correction in ("tis", "decoupled") else None)
 
 
 def num_samples(batch: dict) -> int:

@@ -103,14 +103,8 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
                                          batch["shared_columns"])
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
     out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
-    sequence = cfg.ratio_level == "sequence"
-    clip_low, clip_high = (cfg.gspo_clip_low, cfg.gspo_clip_high) if sequence else (cfg.clip_low, cfg.clip_high)
-    return compute_policy_loss(out.logits, batch, clip_low=clip_low, clip_high=clip_high,
-                               temperature=cfg.temperature, loss_agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
-                               ref_logprobs=ref_lp, normalizer=normalizer, correction=cfg.off_policy_correction,
-                               is_cap=cfg.is_cap, is_band=cfg.is_band, dual_clip=cfg.dual_clip, prox_logprobs=prox_lp,
-                               ratio_level="sequence" if sequence else "token",
-                               entropy_coef=cfg.entropy_coef, norm_tokens=cfg.max_new_tokens)
+    return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
+                               normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens)
 
 
 def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:
