@@ -1,0 +1,112 @@
+"""The config's groups: each field declared once, composed per program, flat outside (flags, file keys,
+config.json), and the specs the lower floors take defaulting to what their groups say."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import tyro
+
+from nanorllm.config import TrainConfig, parse_config
+from nanorllm.config import fields as groups
+from nanorllm.config.fields import LossSettings
+from nanorllm.config.specs import env_spec, judge_spec, lora_spec, reward_model_spec
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.registry import EnvSpec, RewardModelSpec
+from nanorllm.policy.lora import LoraSpec
+from nanorllm.rewards.judge import JudgeSpec
+from nanorllm.trainer.eval_model import EvalConfig
+from nanorllm.trainer.loss import compute_policy_loss
+
+# config.json's keys as runs saved them before the fields were grouped: every one still loads and parses
+SAVED_KEYS = """
+    model env agent agent_timeout_s tool_parser tools max_tool_calls tool_timeout_s tool_alarm_steps env_arg reward
+    reward_weights reward_mode reward_timeout_s reward_model reward_model_weight reward_model_norm
+    reward_model_batch_size reward_model_dtype reward_model_device reward_model_max_tokens env_timeout_s tasks
+    eval_tasks task_fields limit eval_limit judge judge_model judge_api_key_env judge_rubric judge_mode judge_weight
+    judge_concurrency judge_retries judge_timeout_s judge_max_tokens eval_set eval_samples eval_temperature eval_k
+    max_prompt_tokens drop_long_prompts max_turns max_new_tokens temperature top_p system_prompt worked_example
+    grader_timeout_s max_steps tasks_per_step num_samples_per_task min_group_size lr weight_decay max_grad_norm
+    clip_low clip_high loss_agg kl_coef adv_estimator adv_normalize_std adv_std adv_eps drop_zero_std_groups
+    turn_credit turn_gamma off_policy_correction is_cap is_band dual_clip ratio_level gspo_clip_low gspo_clip_high
+    entropy_coef lr_schedule warmup_steps updates_per_batch epochs micro_batch_tokens max_pad_frac
+    max_batch_episodes cuda_graphs dtype tf32 lora_rank lora_alpha lora_dropout lora_targets lora_merged
+    disable_dropout mask_truncated fill_batch fill_batch_cap overlong_buffer overlong_penalty grad_checkpointing
+    memory_plan_only serial num_workers max_policy_lag devices learner_devices learner_parallel learner_timeout_s
+    threads queue_size output_dir run_name report_to exp_name seed resume_new_data eval_every sample_every
+    save_every keep_checkpoints rollout_dump_size save_model save_every_minutes worker_timeout_s
+    worker_start_timeout_s restart_backoff_s max_restarts_per_worker max_restarts_per_run max_skipped_frac
+""".split()
+
+
+def group_classes() -> list[type]:
+    return [c for c in vars(groups).values() if dataclasses.is_dataclass(c) and c.__module__ == groups.__name__]
+
+
+def test_no_field_is_declared_in_two_groups_or_again_by_a_program():
+    declared = [name for cls in group_classes() for name in cls.__dict__.get("__annotations__", {})]
+    assert len(declared) == len(set(declared)) == len(dataclasses.fields(TrainConfig))
+    eval_own = set(EvalConfig.__annotations__)
+    assert eval_own == {"tasks", "device", "api_concurrency"}  # the rest are training's groups
+    shared = {f.name for f in dataclasses.fields(EvalConfig)} - eval_own
+    assert {"eval_limit", "threads", "env_arg", "dtype", "grader_timeout_s", "max_batch_episodes"} <= shared
+    assert shared < {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def spec_defaults(spec: type) -> dict:
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(spec)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+
+
+@pytest.mark.parametrize("program", [TrainConfig, EvalConfig])
+def test_every_spec_default_is_its_groups_default(program):
+    cfg = program(judge="http://127.0.0.1:9/v1")
+    built = {EnvSpec: env_spec(cfg), EpisodeSettings: env_spec(cfg).settings, JudgeSpec: judge_spec(cfg)}
+    if program is TrainConfig:
+        cfg = TrainConfig(judge="http://127.0.0.1:9/v1", reward_model="rm", lora_rank=4)
+        built.update({RewardModelSpec: reward_model_spec(cfg), LoraSpec: lora_spec(cfg)})
+    given = {"judge", "settings", "task_fields"}  # set above, a nested spec (checked itself), parsed (none: {})
+    for spec, value in built.items():
+        defaults = spec_defaults(spec)
+        assert defaults, spec
+        differ = {k: (getattr(value, k), v) for k, v in defaults.items() if k not in given and getattr(value, k) != v}
+        assert differ == {}, spec.__name__
+
+
+def test_config_json_keeps_every_saved_key_flat_and_round_trips(tmp_path):
+    cfg = TrainConfig(model="tiny-random", max_steps=3, env_arg=("a=1",), is_band=(0.4, 3.0), reward=("r.py:f",))
+    saved = json.loads(json.dumps(cfg.saved()))
+    assert set(SAVED_KEYS) <= set(saved) and all(not isinstance(v, dict) for v in saved.values())
+    assert TrainConfig(**saved) == dataclasses.replace(cfg, resume_new_data=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(reversed(list(saved.items())))))  # key order means nothing
+    assert parse_config(["--config", str(path)]) == TrainConfig(**saved)
+    path.write_text(json.dumps({"env_arg": {"a": 1, "b": "x"}, "is_band": [0.4, 3.0], "eval_k": [1, 2],
+                                "eval_samples": 2}))  # a file may give env_arg as a mapping
+    cfg = parse_config(["--config", str(path)])
+    assert (cfg.env_arg, cfg.is_band, cfg.eval_k) == (("a=1", "b=x"), (0.4, 3.0), (1, 2))
+
+
+def test_flags_stay_flat_and_eval_takes_trainings_names_for_the_same_settings():
+    cfg = parse_config(["--clip-high", "0.3", "--eval-limit", "5", "--threads", "1", "--env-arg", "a=1",
+                        "--env-arg", "b=2"])
+    assert (cfg.clip_high, cfg.eval_limit, cfg.threads, cfg.env_arg) == (0.3, 5, 1, ("a=1", "b=2"))
+    ev = tyro.cli(EvalConfig, args=["--eval-limit", "5", "--threads", "1", "--env-arg", "a=1", "--env-arg", "b=2",
+                                    "--dtype", "bf16"])
+    assert (ev.eval_limit, ev.threads, ev.env_arg, ev.dtype) == (5, 1, ("a=1", "b=2"), "bf16")
+    with pytest.raises(SystemExit):
+        tyro.cli(EvalConfig, args=["--limit", "5"])
+
+
+def test_the_loss_reads_its_group_off_a_whole_config_as_off_the_group_alone():
+    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    batch = {"targets": torch.tensor([1, 2, 3]), "old_logprobs": torch.tensor([-1.6, -1.2, -2.0]),
+             "advantages": torch.tensor([1.0, -1.0, 0.5]), "sample_index": torch.tensor([0, 0, 1])}
+    cfg = TrainConfig(clip_high=0.1, loss_agg="seq-mean", dual_clip=3.0)
+    group = LossSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossSettings)})
+    whole, _ = compute_policy_loss(logits, batch, cfg)
+    alone, _ = compute_policy_loss(logits, batch, group)
+    default, _ = compute_policy_loss(logits, batch, LossSettings())
+    assert whole.item() == alone.item() != default.item()
