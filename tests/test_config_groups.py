@@ -110,3 +110,16 @@ def test_the_loss_reads_its_group_off_a_whole_config_as_off_the_group_alone():
     alone, _ = compute_policy_loss(logits, batch, group)
     default, _ = compute_policy_loss(logits, batch, LossSettings())
     assert whole.item() == alone.item() != default.item()
+
+
+def test_reward_sources_without_env_mean_one_turn_episodes_in_training_and_evaluation_alike():
+    from nanorllm.config.episode_env import episode_env
+
+    for program in (TrainConfig, EvalConfig):
+        assert episode_env(program(reward=("r.py:f",)), env_given=False) == "single"
+        assert episode_env(program(judge="http://127.0.0.1:9/v1"), env_given=False) == "single"
+        assert episode_env(program(reward=("r.py:f",)), env_given=True) == "math"  # --env math, named
+        assert episode_env(program(agent="a.py:fn", reward=("r.py:f",)), env_given=False) == "math"  # the agent
+        assert episode_env(program(), env_given=False) == "math"
+    assert episode_env(TrainConfig(reward_model="rm"), env_given=False) == "single"
+    assert parse_config(["--reward", "r.py:f"], world=lambda cfg: []).env == "single"

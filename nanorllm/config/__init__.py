@@ -4,12 +4,12 @@ the --config file loader (files.py), the command line (cli.py) and the small spe
 run's assembly's: nanorllm/run/world.py.
 """
 
-from nanorllm.config.checks import DEFAULT_ENV_NAME, NO_LIMIT_FIELDS, eval_problems
+from nanorllm.config.checks import DEFAULT_ENV, NO_LIMIT_FIELDS, eval_problems
 from nanorllm.config.cli import TRAIN_DESCRIPTION, format_config, parse_config
 from nanorllm.config.errors import ConfigError
 from nanorllm.config.fields import EvalSettings, TrainConfig
 from nanorllm.config.files import ConfigFile, convert_field, load_config_file, read_config_file
 
-__all__ = ["DEFAULT_ENV_NAME", "NO_LIMIT_FIELDS", "TRAIN_DESCRIPTION", "ConfigError", "ConfigFile", "EvalSettings",
+__all__ = ["DEFAULT_ENV", "NO_LIMIT_FIELDS", "TRAIN_DESCRIPTION", "ConfigError", "ConfigFile", "EvalSettings",
            "TrainConfig", "convert_field", "eval_problems", "format_config", "load_config_file",
            "parse_config", "read_config_file"]

@@ -11,7 +11,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 
-DEFAULT_ENV_NAME = "math"  # Sources.env's default (envs/registry.py DEFAULT_ENV)
+from nanorllm.envs.registry import DEFAULT_ENV
+
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
 NO_LIMIT_FIELDS = ("worker_timeout_s", "worker_start_timeout_s", "learner_timeout_s")
 
@@ -44,7 +45,7 @@ def bound_problems(cfg, rules: dict[str, str]) -> list[str]:
 
 def agent_env_problems(cfg, *, env_given: bool = False) -> list[str]:
     """--agent and --env name the episode twice (`env_given`: --env was set, even to the default)."""
-    if cfg.agent is not None and (cfg.env != DEFAULT_ENV_NAME or env_given):
+    if cfg.agent is not None and (cfg.env != DEFAULT_ENV or env_given):
         return [f"agent: --agent replaces --env (the agent function is the episode); got --env {cfg.env!r} too"]
     return []
 

@@ -7,7 +7,8 @@ from typing import Callable
 
 import tyro
 
-from nanorllm.config.checks import DEFAULT_ENV_NAME, agent_env_problems, literal_fields
+from nanorllm.config.checks import DEFAULT_ENV, agent_env_problems, literal_fields
+from nanorllm.config.episode_env import episode_env
 from nanorllm.config.errors import ConfigError
 from nanorllm.config.fields import TrainConfig
 from nanorllm.config.files import load_config_file
@@ -36,10 +37,9 @@ def parse_config(argv: list[str] | None = None, *, base: TrainConfig | None = No
     base, rest, off_choice = _set_aside_off_choice(base, rest)
     cfg = tyro.cli(TrainConfig, default=base, args=rest, description=description)
     cfg = replace(cfg, **off_choice)
-    if (cfg.reward or cfg.reward_model or cfg.judge) and cfg.env == DEFAULT_ENV_NAME and not (resumed or env_flag):
-        cfg = replace(cfg, env="single")  # reward sources and no --env: one turn, scored by them alone
+    cfg = replace(cfg, env=episode_env(cfg, env_given=resumed or env_flag))
     problems = cfg.validate()
-    if cfg.env == DEFAULT_ENV_NAME:  # validate() sees only an env other than the default
+    if cfg.env == DEFAULT_ENV:  # validate() sees only an env other than the default
         problems += agent_env_problems(cfg, env_given=env_flag)
     if world is not None:
         problems += world(cfg)

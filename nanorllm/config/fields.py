@@ -24,6 +24,7 @@ from typing import Annotated, Literal, get_origin, get_type_hints
 import tyro
 
 from nanorllm.algos.advantages import ESTIMATORS
+from nanorllm.envs.registry import DEFAULT_ENV
 from nanorllm.policy.tool_calls import PARSERS
 
 
@@ -52,7 +53,7 @@ class Seeding:
 class EnvSource:
     """What an episode is: its env (or agent), the env's options and limits, and the task sources' columns."""
 
-    env: str = "math"
+    env: str = DEFAULT_ENV
     """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
     module.path:Name or path/to/file.py:Name."""
     agent: str | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nanorllm.config import eval_problems
 from nanorllm.config.checks import agent_env_problems, bound_problems, judge_problems
+from nanorllm.config.episode_env import episode_env
 from nanorllm.config.fields import (Decode, EnvSource, EpisodeShape, EvalSettings, JudgeSettings, ModelSettings, Program,
                                     RewardFunctions, Seeding, ToolSettings)
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
@@ -78,8 +79,7 @@ def with_run_settings(cfg: EvalConfig, given: set[str]) -> tuple[EvalConfig, str
     --reward without --env is single-turn (--env single)."""
     config = run_config_of(cfg.model)
     if config is None:
-        single = (cfg.reward or cfg.judge) and "env" not in given and not cfg.agent
-        return (replace(cfg, env="single") if single else cfg), None
+        return replace(cfg, env=episode_env(cfg, env_given="env" in given)), None
     saved = json.loads(config.read_text())
     taken = {}
     for f in fields(EvalConfig):
