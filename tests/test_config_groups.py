@@ -123,3 +123,19 @@ def test_reward_sources_without_env_mean_one_turn_episodes_in_training_and_evalu
         assert episode_env(program(), env_given=False) == "math"
     assert episode_env(TrainConfig(reward_model="rm"), env_given=False) == "single"
     assert parse_config(["--reward", "r.py:f"], world=lambda cfg: []).env == "single"
+
+
+def test_the_startup_check_builds_the_runs_env_once_and_the_assembly_runs_that_same_bundle(tmp_path):
+    from nanorllm.run.args import parse_train_args
+    from nanorllm.run.assembly import assemble
+
+    (tmp_path / "counted_env.py").write_text(
+        "from nanorllm.envs.math_env import MathSelfRefine\n\n\nclass Counted(MathSelfRefine):\n    built = []\n\n"
+        "    def __init__(self, *args, **kwargs):\n        Counted.built.append(1)\n"
+        "        super().__init__(*args, **kwargs)\n")
+    (tmp_path / "rw.py").write_text("def zero(completions, **kw):\n    return [0.0] * len(completions)\n")
+    cfg, _, _, env = parse_train_args(["--model", "tiny-random", "--env", f"{tmp_path / 'counted_env.py'}:Counted",
+                                       "--reward", f"{tmp_path / 'rw.py'}:zero", "--output-dir", str(tmp_path)])
+    parts = assemble(cfg, env=env)
+    assert parts.env is env and [f.name for f in env.functions] == ["zero"]  # its reward sources came with it
+    assert type(env.inner).built == [1]  # the check's bundle is the run's: built once

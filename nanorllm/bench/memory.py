@@ -43,7 +43,7 @@ def children(pid: int) -> list[int]:
 
 def measure(flags: list[str]) -> dict:
     """Plan and peaks of one run of launch/train.py with `flags`."""
-    cfg, _, _ = parse_train_args(flags)
+    cfg = parse_train_args(flags)[0]
     plan = plan_run(assemble(cfg))
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "console.txt", "w+")

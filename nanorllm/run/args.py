@@ -10,15 +10,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nanorllm.config import ConfigError, TrainConfig, parse_config
-from nanorllm.run.world import world_problems
+from nanorllm.envs.base import EnvBundle
+from nanorllm.run.world import World
 
 
-def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
-    """launch/train.py's flags: (config, run dir to resume or None, fields overridden on resume). On
-    resume the run's saved config.json is the base the flags change (when it is unreadable, the newest
-    intact checkpoint's config: checkpoint.saved_config)."""
+def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict, EnvBundle]:
+    """launch/train.py's flags: (config, run dir to resume or None, fields overridden on resume, the run's env
+    bundle as its checks built it). On resume the run's saved config.json is the base the flags change (when it
+    is unreadable, the newest intact checkpoint's config: checkpoint.saved_config)."""
+    world = World()
     if "--resume" not in argv:
-        return parse_config(argv, world=world_problems), None, {}
+        return parse_config(argv, world=world.problems), None, {}, world.env
     from nanorllm.trainer.checkpoint import CheckpointError, saved_config  # torch and transformers: only a resume
 
     i = argv.index("--resume")
@@ -34,6 +36,6 @@ def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict]:
     if source != str(Path(resume_dir) / "config.json"):
         print(f"[resume] config from {source}", flush=True)
     saved = TrainConfig(**saved_fields)
-    cfg = parse_config(rest, base=saved, world=world_problems)
+    cfg = parse_config(rest, base=saved, world=world.problems)
     overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
-    return cfg, resume_dir, overrides
+    return cfg, resume_dir, overrides, world.env

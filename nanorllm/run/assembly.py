@@ -25,11 +25,12 @@ def run_devices(cfg: TrainConfig) -> DeviceMap:
     return resolve_devices(cfg.devices, cfg.num_workers, serial=cfg.serial, learner_spec=learner_spec(cfg))
 
 
-def assemble(cfg: TrainConfig) -> RunParts:
-    """Everything of the run that needs no model: `cfg`'s env (built once), its tasks (loaded once, held-out ones
-    removed from training), its devices and its LoRA spec."""
+def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
+    """Everything of the run that needs no model: `cfg`'s env (built once: `env`, the bundle the command line's
+    checks built, or here), its tasks (loaded once, held-out ones removed from training), its devices and its
+    LoRA spec."""
     spec = env_spec(cfg)
-    env = load_bundle(spec)
+    env = env if env is not None else load_bundle(spec)
     tasks, eval_tasks = resolve_task_specs(cfg.tasks, cfg.eval_tasks, env)
     cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
     loaded = check_task_rows(env_tasks(env, tasks, cfg.limit), tasks)

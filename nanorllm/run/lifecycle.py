@@ -31,6 +31,7 @@ import torch
 
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
+from nanorllm.envs.base import EnvBundle
 from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, plan_run
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.pipeline.messages import WorkerStart
@@ -106,16 +107,17 @@ def _attempt(what: str, fn: Callable[[], object]) -> None:
 def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
                  quiet: bool = False, evaluate_first: bool = True, checkpoints: bool = True,
                  on_step: Callable[[TrainingRun, int], None] | None = None,
-                 finish: Callable[[TrainingRun], dict] | None = None) -> RunOutcome:
+                 finish: Callable[[TrainingRun], dict] | None = None, env: EnvBundle | None = None) -> RunOutcome:
     """Train `cfg` (or continue the run in `resume_dir`, `overrides` changed) to its end.
 
     quiet: no console output but errors. evaluate_first: the held-out eval at step 0. checkpoints:
     False for a run whose folder is thrown away (benchmarks) -- no save at shutdown. on_step(run, n):
     called once before the first step (n = start step) and after each step n is on record. finish(run):
-    what a finished run does once its workers are gone (default: final eval and final_model/)."""
+    what a finished run does once its workers are gone (default: final eval and final_model/). env: the run's
+    bundle as the command line's checks built it (run/world.py), so it is not built again (None: built here)."""
     plan = None
     try:
-        parts = assemble(cfg)  # env, tasks, devices, LoRA spec: once, for the plan, the run and its workers
+        parts = assemble(cfg, env=env)  # env, tasks, devices, LoRA spec: once, for the plan, the run and its workers
         if resume_dir is None:  # a resumed run was planned when it started
             go, plan = check_memory(parts, quiet=quiet)
             if not go:
@@ -201,8 +203,8 @@ def main(argv: list[str]) -> int:
     if under_torchrun() and int(os.environ["RANK"]) > 0:
         return follow_torchrun(argv)
     try:
-        cfg, resume_dir, overrides = parse_train_args(argv)
+        cfg, resume_dir, overrides, env = parse_train_args(argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_training(cfg, resume_dir=resume_dir, overrides=overrides).exit_code
+    return run_training(cfg, resume_dir=resume_dir, overrides=overrides, env=env).exit_code

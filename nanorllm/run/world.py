@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec
+from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle
 from nanorllm.utils.modules import EnvSpecError
 
@@ -29,14 +30,61 @@ def unwritable_dir(path: str) -> str | None:
     return None
 
 
+class World:
+    """The checks of a run's config that need the machine, and what they built: the run's env bundle, with its
+    tools and reward sources, which the assembly takes (`assemble(cfg, env=world.env)`) so that the process
+    resolves them once and the run uses the very object its startup check saw."""
+
+    def __init__(self):
+        self.env: EnvBundle | None = None
+
+    def problems(self, cfg: TrainConfig) -> list[str]:
+        """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field;
+        `self.env` is the run's bundle when none stands in its way."""
+        sources = source_problems(cfg)
+        p = folder_problems(cfg) + sources
+        whole = not sources  # the tools and reward files load: build the bundle with them, else check the env alone
+        spec = env_spec(cfg) if whole else replace(env_spec(cfg), tools=None)
+        self.env = None
+        try:
+            env = load_bundle(spec, rewards=whole)  # imports the env's module
+        except EnvSpecError as e:
+            p.append(f"{'agent' if cfg.agent else 'env'}: {e}")
+        else:
+            self.env = env if whole else None
+            if cfg.agent and cfg.tasks is None:
+                p.append("tasks: an --agent run has no default tasks; give --tasks (e.g. calc:count=2000,seed=1)")
+            elif cfg.tasks is None and not env.default_tasks:
+                p.append(f"tasks: the env {cfg.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
+        return p
+
+
 def world_problems(cfg: TrainConfig) -> list[str]:
-    """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field."""
-    from nanorllm.rewards.functions import load_reward_function
+    """`World().problems(cfg)`, for a command line whose bundle is not run (tools that only check a config)."""
+    return World().problems(cfg)
+
+
+def folder_problems(cfg: TrainConfig) -> list[str]:
+    """The output folder can be made, and the metric sinks named are installed."""
     from nanorllm.utils.sinks import parse_report_to
 
     p = []
     if (why := unwritable_dir(cfg.output_dir)) is not None:
         p.append(f"output_dir: {cfg.output_dir!r} {why}")
+    try:
+        if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
+            p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
+    except ValueError:
+        pass  # config_problems names it
+    return p
+
+
+def source_problems(cfg: TrainConfig) -> list[str]:
+    """Each --reward file loads, the --reward-model folder is a sequence classifier, the --judge can be asked,
+    the --tools functions have schemas."""
+    from nanorllm.rewards.functions import load_reward_function
+
+    p = []
     for spec in cfg.reward:
         try:
             load_reward_function(spec)  # imports the file: a bad spec or signature stops here
@@ -47,11 +95,6 @@ def world_problems(cfg: TrainConfig) -> list[str]:
 
         p += reward_model_problems(cfg.reward_model)
     p += judge_world_problems(cfg)
-    try:
-        if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
-            p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")
-    except ValueError:
-        pass  # config_problems names it
     if cfg.tools and not cfg.agent:
         from nanorllm.envs.tools import load_tools
 
@@ -59,15 +102,6 @@ def world_problems(cfg: TrainConfig) -> list[str]:
             load_tools(cfg.tools)  # imports the file and builds each function's schema: a bad one stops here
         except EnvSpecError as e:
             p.append(f"tools: {e}")
-    try:
-        env = load_bundle(replace(env_spec(cfg), tools=None), rewards=False)  # imports the env's module
-    except EnvSpecError as e:
-        p.append(f"{'agent' if cfg.agent else 'env'}: {e}")
-    else:
-        if cfg.agent and cfg.tasks is None:
-            p.append("tasks: an --agent run has no default tasks; give --tasks (e.g. calc:count=2000,seed=1)")
-        elif cfg.tasks is None and not env.default_tasks:
-            p.append(f"tasks: the env {cfg.env!r} has no default tasks (EnvBundle.default_tasks); give --tasks")
     return p
 
 
