@@ -333,41 +333,12 @@ class TrainingRun:
                 break
             t0 = time.perf_counter()
             with self.ranks.guarded():  # a dead or silent rank: one error that names it
-                self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
-                results, extra = source.next_batch(step)
-                if self.stop_requested or results is None:
+                results, metrics = self.rollout(step)  # this step's episodes and their scalars
+                if results is None:
                     break
-                metrics = rollout_metrics(results, env=self.env)
-                metrics.update(extra)
-                self.report_grader_timeouts(results, step + 1)
-                self.report_no_tool_calls(results, metrics, step + 1)
-                before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
-                share = self.ranks.share(results, self.policy.version)  # all of it with one rank
-                metrics.update(train_step(self.policy, self.optimizer, share, cfg, ref_policy=self.ref_policy,
-                                          ranks=self.ranks))
-                check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
-            self.committing = True  # already set by the optimizer's hook, unless the update was skipped
-            metrics.update(source.after_update(step))
-            self.final_step = step + 1
-            self.dirty = False
-            self.totals["skipped_nan"] += metrics["train/skipped_nan"]
-            self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (  # every group dropped
-                bool(results) and metrics["rollout/groups_dropped"] == len(group_by_task_id(results)))
-            metrics["train/env_error_steps_total"] = self.totals["env_error_steps"]
-            metrics.update(derived_metrics(metrics, results, step_s=time.perf_counter() - t0,
-                                           skipped_nan_total=self.totals["skipped_nan"]))
-            self.logger.scalars(metrics, step + 1)
-            self.history.append(metrics)
-            del self.history[:-self.HISTORY]  # bounded: a week-long run must not grow
-            self.logger.episodes(results, step + 1, log_text=cfg.sample_every > 0 and (step + 1) % cfg.sample_every == 0)
-            if not self.quiet:
-                bar.write(self.console_line(step + 1, metrics))
-            minutes = (time.monotonic() - self.last_save_t) / 60
-            if ((cfg.save_every and (step + 1) % cfg.save_every == 0)
-                    or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
-                with self.ranks.guarded():  # FSDP: the ranks gather the optimizer state
-                    self.save_periodic(step + 1)
-            self.committing = False  # the step is on record; an eval may be interrupted
+                metrics.update(self.learn(results, step))  # group -> advantage -> flatten -> collate -> loss -> step
+            metrics.update(self.publish(step))  # the new weights to the workers
+            self.record(step + 1, results, metrics, t0, bar)  # totals, logs, console, checkpoint when due
             if on_step is not None:
                 on_step(self, step + 1)
             if self.stop_requested:
@@ -376,13 +347,76 @@ class TrainingRun:
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
                 self.evaluate(step + 1)
         bar.close()
-        if not self.stop_requested and self.final_step == cfg.max_steps:
+        self.end_loop()
+        return {"step": self.final_step}
+
+    def rollout(self, step: int) -> tuple[list[RolloutResult] | None, dict]:
+        """Step `step`'s episodes from the source, every learner rank starting the step with it, and their
+        scalars; the grader and tool alarms look at them. (None, {}) when the run stops instead."""
+        self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
+        results, extra = self.source.next_batch(step)
+        if self.stop_requested or results is None:
+            return None, {}
+        metrics = rollout_metrics(results, env=self.env)
+        metrics.update(extra)
+        self.report_grader_timeouts(results, step + 1)
+        self.report_no_tool_calls(results, metrics, step + 1)
+        return results, metrics
+
+    def learn(self, results: list[RolloutResult], step: int) -> dict:
+        """The update on this rank's share of the step's episodes (trainer/step.py), between the fault suite's
+        hook and the check that the new weights are finite."""
+        before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
+        share = self.ranks.share(results, self.policy.version)  # all of it with one rank
+        metrics = train_step(self.policy, self.optimizer, share, self.cfg, ref_policy=self.ref_policy,
+                             ranks=self.ranks)
+        check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
+        return metrics
+
+    def publish(self, step: int) -> dict:
+        """The source's work after an update (publishing the weights); from here the step is being committed."""
+        self.committing = True  # already set by the optimizer's hook, unless the update was skipped
+        return self.source.after_update(step)
+
+    def record(self, step: int, results: list[RolloutResult], metrics: dict, t0: float, bar) -> None:
+        """Step `step` on record: the run's totals, the derived scalars, the logs, the console line and a
+        checkpoint when one is due."""
+        self.final_step = step
+        self.dirty = False
+        self.totals["skipped_nan"] += metrics["train/skipped_nan"]
+        self.totals["env_error_steps"] = self.totals.get("env_error_steps", 0) + (  # every group dropped
+            bool(results) and metrics["rollout/groups_dropped"] == len(group_by_task_id(results)))
+        metrics["train/env_error_steps_total"] = self.totals["env_error_steps"]
+        metrics.update(derived_metrics(metrics, results, step_s=time.perf_counter() - t0,
+                                       skipped_nan_total=self.totals["skipped_nan"]))
+        self.logger.scalars(metrics, step)
+        self.history.append(metrics)
+        del self.history[:-self.HISTORY]  # bounded: a week-long run must not grow
+        sample_every = self.cfg.sample_every
+        self.logger.episodes(results, step, log_text=sample_every > 0 and step % sample_every == 0)
+        if not self.quiet:
+            bar.write(self.console_line(step, metrics))
+        self.save_when_due(step)
+        self.committing = False  # the step is on record; an eval may be interrupted
+
+    def save_when_due(self, step: int) -> None:
+        """A checkpoint every --save-every steps, or when --save-every-minutes passed since the last one."""
+        cfg = self.cfg
+        minutes = (time.monotonic() - self.last_save_t) / 60
+        if ((cfg.save_every and step % cfg.save_every == 0)
+                or (cfg.save_every_minutes and minutes >= cfg.save_every_minutes)):
+            with self.ranks.guarded():  # FSDP: the ranks gather the optimizer state
+                self.save_periodic(step)
+
+    def end_loop(self) -> None:
+        """After the last step: a run that reached max_steps is checked for having trained; the learner ranks go
+        (FSDP saves the last checkpoint first, while they can gather its optimizer state)."""
+        if not self.stop_requested and self.final_step == self.cfg.max_steps:
             self.warn_no_tool_calls(self.final_step - self.start_step)  # a run shorter than --tool-alarm-steps
             self.check_trained(at_end=True)
-        if self.ranks.parallel == "fsdp":  # the last checkpoint's optimizer state needs the ranks: before they go
+        if self.ranks.parallel == "fsdp":
             self.save_last()
         self.ranks.release()
-        return {"step": self.final_step}
 
     def check_trained(self, *, at_end: bool) -> None:
         """Raise TrainedNothing once more than --max-skipped-frac of --max-steps updates trained nothing (the
