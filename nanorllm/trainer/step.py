@@ -52,27 +52,19 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     ranks = ranks or ONE_RANK
     results, short, dropped = drop_failed(results, cfg.min_group_size)
     penalty = {id(r): overlong_penalty(r, max_new_tokens=cfg.max_new_tokens, buffer=cfg.overlong_buffer,
-                                       penalty=cfg.overlong_penalty) for r in results} if cfg.overlong_buffer else {}
-    reward_of = (lambda r: r.reward + penalty[id(r)]) if penalty else None
+                                       penalty=cfg.overlong_penalty) for r in results} if cfg.overlong_buffer else None
     groups = group_by_task_id(results)
     # the groups without signal, once: zeroed and dropped here, counted below (fill-batch's test too)
     silent = silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     compute_advantage(groups, normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps, turn_credit=cfg.turn_credit,
-                      turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator, reward_of=reward_of,
+                      turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator,
+                      reward_of=(lambda r: r.reward + penalty[id(r)]) if penalty else None,
                       batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups, silent=silent)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
-    advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
-    host = {"zero_std": len(silent), "groups": len(groups), "adv_n": len(advs),
-            "adv_sum": sum(advs), "adv_sq": sum(a * a for a in advs), "masked_truncated": len(truncated),
-            "groups_short": short, "groups_dropped": dropped}
-    if cfg.overlong_buffer:
-        host["overlong_penalty"] = sum(penalty.values())
-    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(policy.version, lr=cfg.lr, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
-                                max_steps=cfg.max_steps)
+    host = step_counts(groups, silent=silent, truncated=truncated, short=short, dropped=dropped, penalty=penalty)
+    set_step_lr(optimizer, policy.version, cfg)
     with matmul_precision(policy.device, tf32=cfg.tf32):
         if cfg.updates_per_batch == 1 and cfg.epochs == 1:
             n = update(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, host=host)
@@ -80,9 +72,34 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
             group_of = {s.episode_id: g for g, rs in groups.items() for r in rs for s in r.step_samples}
             n = several_updates(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, host=host,
                                 group_of=group_of)
+    return step_scalars(n, cfg, lr=optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t0)
+
+
+def step_counts(groups: dict, *, silent: set[str], truncated: set[str], short: int, dropped: int,
+                penalty: dict | None) -> dict:
+    """The step's host-side counts that the update's sums carry over every rank (advantages, groups, masks; the
+    overlong penalties when --overlong-buffer shapes rewards)."""
+    advs = [r.step_samples[0].advantage for rs in groups.values() for r in rs if r.step_samples]
+    host = {"zero_std": len(silent), "groups": len(groups), "adv_n": len(advs),
+            "adv_sum": sum(advs), "adv_sq": sum(a * a for a in advs), "masked_truncated": len(truncated),
+            "groups_short": short, "groups_dropped": dropped}
+    if penalty is not None:
+        host["overlong_penalty"] = sum(penalty.values())
+    return host
+
+
+def set_step_lr(optimizer, version: int, cfg) -> None:
+    """The learning rate of the step the policy is at (`lr_schedule` after `warmup_steps`; constant: untouched)."""
+    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(version, lr=cfg.lr, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
+                                max_steps=cfg.max_steps)
+
+
+def step_scalars(n: dict, cfg, *, lr: float, train_s: float) -> dict:
+    """The step's scalars from the update's numbers (trainer/step_metrics.py) and what the step adds."""
     m = step_metrics(n, correct=cfg.off_policy_correction != "none", kl=cfg.kl_coef > 0)
-    m.update({"lr": optimizer.param_groups[0]["lr"], "perf/micro_batches": n["micro_batches"],
-              "perf/train_s": time.perf_counter() - t0})
+    m.update({"lr": lr, "perf/micro_batches": n["micro_batches"], "perf/train_s": train_s})
     if "perf/gather_s" in n:  # FSDP: the new weights gathered into rank 0's full model
         m["perf/gather_s"] = n["perf/gather_s"]
     if cfg.updates_per_batch > 1 or cfg.epochs > 1:
