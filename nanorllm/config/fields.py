@@ -13,12 +13,11 @@ A new program composes its own the same way, adding only the fields no group hol
         epochs: int = 1
         "Passes over the data."
 
-(the first base class's fields come last in its flags and in config.json). `Program` gives every program
-the same reading of a file's lists. Checks live in checks.py, the file loader in
-files.py, the command line in cli.py.
+(the last base class's fields come first in its flags and in config.json). `Program` gives every program the
+same reading of a file's lists. Checks live in checks.py, the file loader in files.py, the command line in cli.py.
 """
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Annotated, Literal, get_origin, get_type_hints
 
 import tyro
@@ -530,7 +529,3 @@ class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, GRPO, 
         """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
         return {**asdict(self), "resume_new_data": False}
 
-
-def group_fields(group: type) -> tuple[str, ...]:
-    """The flat names of `group`'s fields (its composed groups' too)."""
-    return tuple(f.name for f in fields(group))
