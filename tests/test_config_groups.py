@@ -139,3 +139,14 @@ def test_the_startup_check_builds_the_runs_env_once_and_the_assembly_runs_that_s
     parts = assemble(cfg, env=env)
     assert parts.env is env and [f.name for f in env.functions] == ["zero"]  # its reward sources came with it
     assert type(env.inner).built == [1]  # the check's bundle is the run's: built once
+
+
+def test_eval_refuses_the_tool_and_timeout_values_training_refuses_naming_each_field():
+    from nanorllm.trainer.eval_model import evaluate_model
+
+    with pytest.raises(ValueError) as err:
+        evaluate_model(EvalConfig(model="tiny-random", tools="", max_tool_calls=0, tool_timeout_s=0.0,
+                                  reward_timeout_s=-1.0))
+    for field in ("tools: empty", "max_tool_calls: must be >= 1", "tool_timeout_s: must be > 0",
+                  "reward_timeout_s: must be > 0"):
+        assert field in str(err.value)

@@ -134,7 +134,7 @@ def config_problems(cfg) -> list[str]:
     p += agent_env_problems(cfg)
     p += bound_problems(cfg, dict.fromkeys(["agent_timeout_s", "reward_timeout_s", "env_timeout_s"], "> 0"))
     p += _reward_problems(cfg) + judge_problems(cfg)
-    p += _tool_problems(cfg)
+    p += tool_problems(cfg) + bound_problems(cfg, {"tool_alarm_steps": ">= 0 (0: off)"})
     from nanorllm.utils.sinks import parse_report_to
 
     try:
@@ -217,16 +217,15 @@ def _algorithm_problems(cfg) -> list[str]:
     return p
 
 
-def _tool_problems(cfg) -> list[str]:
-    """The --tools fields' own bounds; that the tools' file imports and each function has a schema is the
-    assembly's check."""
+def tool_problems(cfg) -> list[str]:
+    """The --tools fields' own bounds (fields.ToolSettings, of a TrainConfig or an EvalConfig); that the tools'
+    file imports and each function has a schema is the assembly's check."""
     p = []
     if cfg.tools is not None and not cfg.tools.strip():
         p.append("tools: empty; give path/to/tools.py:fn1,fn2 or leave it unset")
     if cfg.tools and cfg.agent:
         p.append("tools: --tools gives an --env's episodes tools; an --agent passes its own in each request")
-    return p + bound_problems(cfg, {"max_tool_calls": ">= 1", "tool_timeout_s": "> 0",
-                                    "tool_alarm_steps": ">= 0 (0: off)"}) + call_limit_problems(cfg)
+    return p + bound_problems(cfg, {"max_tool_calls": ">= 1", "tool_timeout_s": "> 0"}) + call_limit_problems(cfg)
 
 
 MAX_CALL_LIMIT_S = 86400.0  # a day: a wait longer than any run's step, and one the clock calls can take (1e300 is not)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from nanorllm.config import eval_problems
-from nanorllm.config.checks import agent_env_problems, bound_problems, judge_problems
+from nanorllm.config.checks import agent_env_problems, bound_problems, judge_problems, tool_problems
 from nanorllm.config.episode_env import episode_env
 from nanorllm.config.fields import (Decode, EnvSource, EpisodeShape, EvalSettings, JudgeSettings, ModelSettings, Program,
                                     RewardFunctions, Seeding, ToolSettings)
@@ -119,8 +119,8 @@ def evaluate_model(cfg: EvalConfig) -> dict:
         parse_task_fields(cfg.task_fields)
     except TaskFieldsError as e:
         problems.append(f"task_fields: {e}")
-    problems += agent_env_problems(cfg) + judge_problems(cfg)
-    problems += bound_problems(cfg, {"env_timeout_s": "> 0"})
+    problems += agent_env_problems(cfg) + judge_problems(cfg) + tool_problems(cfg)
+    problems += bound_problems(cfg, dict.fromkeys(["agent_timeout_s", "reward_timeout_s", "env_timeout_s"], "> 0"))
     if cfg.env == "single" and not (cfg.reward or cfg.judge):
         problems.append("env: 'single' episodes are scored by --reward functions or a --judge alone and none is "
                         "given, so no episode would be scored (a run trained on a --reward-model alone: eval does "
