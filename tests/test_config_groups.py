@@ -3,6 +3,7 @@ config.json), and the specs the lower floors take defaulting to what their group
 
 import dataclasses
 import json
+import textwrap
 
 import pytest
 import torch
@@ -150,3 +151,13 @@ def test_eval_refuses_the_tool_and_timeout_values_training_refuses_naming_each_f
     for field in ("tools: empty", "max_tool_calls: must be >= 1", "tool_timeout_s: must be > 0",
                   "reward_timeout_s: must be > 0"):
         assert field in str(err.value)
+
+
+def test_a_new_program_composes_its_config_as_the_fields_module_shows():
+    snippet = groups.__doc__.split("same way, adding only the fields no group holds:")[1].split("\n\n")[1]
+    space = dict(vars(groups))
+    exec(textwrap.dedent(snippet), space)  # the documented pattern, as written
+    sft = space["SFTConfig"]
+    cfg = tyro.cli(sft, args=["--model", "tiny-random", "--lr", "1e-4", "--epochs", "2", "--lora-rank", "8"])
+    assert (cfg.model, cfg.lr, cfg.epochs, cfg.lora_rank, cfg.threads) == ("tiny-random", 1e-4, 2, 8, None)
+    assert lora_spec(cfg).rank == 8  # the specs take any program that composes their group
