@@ -6,6 +6,8 @@ import time
 import pytest
 
 import nanorllm.envs.math_env as math_env
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.registry import load_env
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.trainer.watchdog import Hung, Watchdog
@@ -16,8 +18,9 @@ LONG = {"task_id": "5001-digits", "question": "q", "answer": "7" * 5001}
 PLAIN = {"task_id": "plain", "question": "q", "answer": "1"}
 
 
-def _eval(policy, tasks, **kw):
-    return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=8), max_turns=2, **kw)
+def _eval(policy, tasks, grader_timeout_s: float = 5.0, **kw):
+    env = load_env("math", EpisodeSettings(max_turns=2, grader_timeout_s=grader_timeout_s))
+    return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=8), env=env, **kw)
 
 
 def test_eval_with_golds_no_parser_finishes_returns_and_counts_the_timeouts():

@@ -17,22 +17,19 @@ pass@k (`sampled_failed` counts the failed samples).
 import math
 from dataclasses import replace
 
-from nanorllm.envs.base import EnvBundle, EpisodeSettings
-from nanorllm.envs.registry import DEFAULT_ENV, load_env
+from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.metrics import grader_timeouts
 from nanorllm.trainer.watchdog import Watchdog
 
 
-def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle | None = None,
-             max_turns: int = 2, max_batch_episodes: int = 64, grader_timeout_s: float = 5.0,
-             hang_timeout_s: float = 600.0) -> dict:
+def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle,
+             max_batch_episodes: int = 64, hang_timeout_s: float = 600.0) -> dict:
     """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
-    "first_timeout_task"} plus the env's own metrics (`env.metrics`): the rates over the `n` scored episodes, `failed`
-    the episodes left out (module docstring; every rate is nan when none was scored). max_turns / grader_timeout_s
-    apply to the default env only (a bundle carries its own)."""
-    env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns, grader_timeout_s=grader_timeout_s))
+    "first_timeout_task"} plus the env's own metrics (`env.metrics`), on the program's own `env` (its turns and
+    grader limit with it): the rates over the `n` scored episodes, `failed` the episodes left out (module docstring;
+    every rate is nan when none was scored)."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
                            max_batch_episodes=max_batch_episodes)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
