@@ -43,8 +43,8 @@ def children(pid: int) -> list[int]:
 
 def measure(flags: list[str]) -> dict:
     """Plan and peaks of one run of launch/train.py with `flags`."""
-    cfg = parse_train_args(flags)[0]
-    plan = plan_run(assemble(cfg))
+    cfg, _, _, env = parse_train_args(flags)
+    plan = plan_run(assemble(cfg, env=env))
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "console.txt", "w+")
         keep = "--output-dir" in flags or any(f.startswith("--output-dir=") for f in flags)  # the run folder is kept
