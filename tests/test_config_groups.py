@@ -138,7 +138,7 @@ def test_the_startup_check_builds_the_runs_env_once_and_the_assembly_runs_that_s
     cfg, _, _, env = parse_train_args(["--model", "tiny-random", "--env", f"{tmp_path / 'counted_env.py'}:Counted",
                                        "--reward", f"{tmp_path / 'rw.py'}:zero", "--output-dir", str(tmp_path)])
     parts = assemble(cfg, env=env)
-    assert parts.env is env and [f.name for f in env.functions] == ["zero"]  # its reward sources came with it
+    assert parts.env is env and [f.name for f in env.sources.functions] == ["zero"]  # its reward sources came with it
     assert type(env.inner).built == [1]  # the check's bundle is the run's: built once
 
 
