@@ -3,21 +3,16 @@
 import time
 from dataclasses import replace
 
+from nanorllm.bench.packing import sampled_episodes
 from nanorllm.config import TrainConfig
-from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
 
 
 def bench_learner(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict]) -> dict:
-    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens,
-                                                           temperature=cfg.temperature), max_turns=cfg.max_turns)
-    results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1).results
-    for i, r in enumerate(results):  # alternate rewards so every sample carries a gradient
-        r.trajectory.final_reward = float(i % 2)
+    results = sampled_episodes(policy, cfg, tasks, samples=cfg.num_samples_per_task)
     cfg = replace(cfg, drop_zero_std_groups=False, micro_batch_tokens=10**9)
     opt = make_optimizer(policy, cfg)
     train_step(policy, opt, results, cfg)  # warm-up

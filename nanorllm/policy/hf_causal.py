@@ -207,7 +207,7 @@ class HFCausalPolicy(Policy):
 
     # ---- scoring for the learner -------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-                shared: int | None = None) -> ForwardOutput:
+                shared: int | None = None, position_ids: torch.Tensor | None = None) -> ForwardOutput:
         """The model's own logits, only where a token is scored.
 
         input_ids, attention_mask: (B, T), right-padded; positions: (N, 2) rows of (b, t) whose
@@ -226,9 +226,13 @@ class HFCausalPolicy(Policy):
         `shared` is their count (collate_train_batch counts it on the host); without it, it is counted
         from the tensors, which reads them. Without a shared prefix the causal masks come prebuilt on
         CUDA (`full_masks`), so that forward reads nothing back either.
+
+        Packed rows (collate_train_batch's `pack`): one row (1, L) of several sequences end to end, with
+        `position_ids` (1, L) restarting at 0 at each; the masks are built from them so that attention
+        never crosses a sequence's bounds (`full_masks`), and no prefix is shared.
         """
         P = 0
-        if self.share_prefix and not self.train_module.training:
+        if position_ids is None and self.share_prefix and not self.train_module.training:
             P = shared if shared is not None else shared_columns_of(input_ids, attention_mask, positions)
         kwargs = {"attention_mask": attention_mask}
         with self.autocast():
@@ -243,8 +247,10 @@ class HFCausalPolicy(Policy):
                 kwargs["use_cache"] = True
             else:
                 kwargs["use_cache"] = False
-                if self.prebuilt_masks:
-                    kwargs["attention_mask"] = full_masks(self.model, attention_mask)
+                if position_ids is not None:
+                    kwargs["position_ids"] = position_ids
+                if self.prebuilt_masks or position_ids is not None:
+                    kwargs["attention_mask"] = full_masks(self.model, attention_mask, position_ids)
             ids = input_ids[:, P:]
             rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) rows of the flat (B * (T - P)) states
             net = self._trained_model()
@@ -313,14 +319,20 @@ class HFCausalPolicy(Policy):
         self.tokenizer.save_pretrained(path)
 
 
-def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
+def full_masks(model, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+               ) -> torch.Tensor | dict | None:
     """The causal masks transformers builds for a forward over (B, T) rows with no cache, built without
     its check whether SDPA's `is_causal` could stand in for them: `masking_utils._ignore_causal_mask_sdpa`
     evaluates `fast_all(padding_mask)` as a Python bool, one device read per forward. A prebuilt 4-D
     mask is used as it is; a model with sliding-window layers takes one per layer type (its
     `causal_mask_mapping`). Where its layers are of other types, or its attention takes no 4-D mask
     (flash attention), or its transformers builds masks with other arguments (before 5.0: a
-    `cache_position`, no `allow_is_causal_skip`), the (B, T) mask is returned for transformers to handle."""
+    `cache_position`, no `allow_is_causal_skip`), the (B, T) mask is returned for transformers to handle.
+
+    With `position_ids` (packed rows, each sequence restarting at 0) a token attends only within its
+    own sequence: the causal masks intersected with "same sequence", the sequences numbered on the
+    device by counting the zeros of `position_ids`. Where transformers must build the masks, None: it finds
+    the packed sequences from `position_ids` itself (reading the device once)."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     config = model.config
@@ -328,11 +340,24 @@ def full_masks(model, attention_mask: torch.Tensor) -> torch.Tensor | dict:
     names = list(inspect.signature(create_causal_mask).parameters)
     if (config._attn_implementation not in ("sdpa", "eager") or not types <= {"full_attention", "sliding_attention"}
             or names[3:4] not in (["past_key_values"], ["cache"]) or "allow_is_causal_skip" not in names):
-        return attention_mask
+        return attention_mask if position_ids is None else None
     B, T = attention_mask.shape
+    if position_ids is not None:  # a packed row's tail pads are one-token sequences: no query row attends to nothing
+        attention_mask = torch.ones_like(attention_mask)
     embeds = torch.empty((B, T, 0), dtype=next(model.parameters()).dtype, device=attention_mask.device)  # shapes only
     args = (config, embeds, attention_mask, None)  # the 4th, no cache, is named past_key_values or cache by version
-    if types == {"full_attention"}:
-        return create_causal_mask(*args, allow_is_causal_skip=False)
-    return {"full_attention": create_causal_mask(*args, allow_is_causal_skip=False),
-            "sliding_attention": create_sliding_window_causal_mask(*args, allow_is_causal_skip=False)}
+    masks = {"full_attention": create_causal_mask(*args, allow_is_causal_skip=False)}
+    if "sliding_attention" in types:
+        masks["sliding_attention"] = create_sliding_window_causal_mask(*args, allow_is_causal_skip=False)
+    if position_ids is not None:
+        sequence = (position_ids == 0).cumsum(-1)  # (B, T) which packed sequence each column belongs to
+        same = sequence[:, None, :, None] == sequence[:, None, None, :]  # (B, 1, T, T)
+        masks = {k: within(m, same) for k, m in masks.items()}
+    return masks["full_attention"] if types == {"full_attention"} else masks
+
+
+def within(mask: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """A prebuilt attention mask (boolean: True attends; or additive floats: 0 attends) restricted to `allowed`."""
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, torch.finfo(mask.dtype).min)

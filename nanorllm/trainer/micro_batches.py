@@ -11,6 +11,9 @@ and short rows in one pass) they are cut again at the length boundaries, so no p
 that share padding. Regrouping moves which rows share a pass, not what is computed: the loss and the
 gradient are the same up to float summation order (the normaliser is the whole step's). On CPU it is
 off by default, so a seed gives the run it gave before.
+
+Packed passes (`pack`, collate_train_batch's): a pass's rows are laid end to end, so its size is the sum
+of its rows' lengths, there is no padding to bound, and `micro_batch_tokens` bounds that sum.
 """
 
 import torch
@@ -35,11 +38,12 @@ def episode_length(ep: list[StepSample]) -> int:
     return len(ep[-1].prompt_ids) + len(ep[-1].response_ids)
 
 
-def micro_batches(samples: list[StepSample], max_tokens: int, *, max_pad_frac: float | None = None
-                  ) -> list[list[StepSample]]:
-    """Split into chunks of whole episodes whose padded size (rows x longest row) stays under
-    max_tokens; an episode longer than max_tokens gets a chunk of its own. With `max_pad_frac`, if
-    the chunks' padding exceeds it, rows are also cut where a chunk would exceed that share."""
+def micro_batches(samples: list[StepSample], max_tokens: int, *, max_pad_frac: float | None = None,
+                  pack: bool = False) -> list[list[StepSample]]:
+    """Split into chunks of whole episodes whose padded size (rows x longest row; packed: the sum of
+    the rows) stays under max_tokens; an episode longer than max_tokens gets a chunk of its own. With
+    `max_pad_frac`, if the chunks' padding exceeds it, rows are also cut where a chunk would exceed that
+    share (never packed: a packed pass has none)."""
     episodes: list[list[StepSample]] = []
     for s in samples:
         if episodes and episodes[-1][0].episode_id == s.episode_id:
@@ -47,18 +51,19 @@ def micro_batches(samples: list[StepSample], max_tokens: int, *, max_pad_frac: f
         else:
             episodes.append([s])
     episodes.sort(key=episode_length)  # similar lengths together: less padding
-    chunks = _cut(episodes, max_tokens, None)
-    if max_pad_frac is not None and pad_frac(chunks) > max_pad_frac:
-        chunks = _cut(episodes, max_tokens, max_pad_frac)
+    chunks = _cut(episodes, max_tokens, None, pack)
+    if not pack and max_pad_frac is not None and pad_frac(chunks) > max_pad_frac:
+        chunks = _cut(episodes, max_tokens, max_pad_frac, pack)
     return [[s for ep in chunk for s in ep] for chunk in chunks]
 
 
-def _cut(episodes: list[list[StepSample]], max_tokens: int, max_pad_frac: float | None) -> list[list[list[StepSample]]]:
+def _cut(episodes: list[list[StepSample]], max_tokens: int, max_pad_frac: float | None,
+         pack: bool) -> list[list[list[StepSample]]]:
     """Greedy over episodes sorted by length: a new chunk when the next would break a bound."""
     chunks, cur, longest, total = [], [], 0, 0
     for ep in episodes:
         n = length = episode_length(ep)
-        wide = max(longest, n) * (len(cur) + 1)
+        wide = total + length if pack else max(longest, n) * (len(cur) + 1)
         padded = max_pad_frac is not None and 1 - (total + length) / wide > max_pad_frac
         if cur and (wide > max_tokens or padded):
             chunks.append(cur)

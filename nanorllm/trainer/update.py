@@ -40,6 +40,18 @@ def make_optimizer(policy, cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
 
 
+def step_micro_batches(policy, samples: list[StepSample], cfg) -> list[list[StepSample]]:
+    """The step's passes as the learner fields say: sized for the device, padded and bucketed, or packed."""
+    return micro_batches(samples, step_micro_batch_tokens(policy, cfg.micro_batch_tokens),
+                         max_pad_frac=step_max_pad_frac(policy, cfg.max_pad_frac), pack=cfg.packing)
+
+
+def score(policy, batch: dict):
+    """The policy's forward over a collated batch, padded or packed: (N, V) logits at its positions."""
+    return policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"],
+                          position_ids=batch.get("position_ids"))
+
+
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
            ref_policy=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
     """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
@@ -51,8 +63,7 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
     step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
     chunks = []
     if step["samples"]:
-        chunks = micro_batches(samples, step_micro_batch_tokens(policy, cfg.micro_batch_tokens),
-                               max_pad_frac=step_max_pad_frac(policy, cfg.max_pad_frac))
+        chunks = step_micro_batches(policy, samples, cfg)
     sums = StepSums(policy.device, {**host, "samples": len(samples), "padded_tokens": 0, "real_tokens": 0})
     if step["samples"]:
         policy.train_module.train(not cfg.disable_dropout)
@@ -65,7 +76,7 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
                 if i >= len(chunks):
                     ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout and prox is None)
                     continue
-                batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device)
+                batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
                 if prox is not None:
                     batch["prox_logprobs"] = torch.cat([prox[id(s)] for s in chunks[i]])  # token order = sample order
                 sums.host["padded_tokens"] += batch["input_ids"].numel()
@@ -99,10 +110,9 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
     ref_lp = None
     if cfg.kl_coef > 0:
         with torch.no_grad():
-            ref_out = ref_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"],
-                                         batch["shared_columns"])
+            ref_out = score(ref_policy, batch)
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-    out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
+    out = score(policy, batch)
     return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
                                normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens)
 
@@ -113,15 +123,14 @@ def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: Le
     one batch, since after the first step the grad forward's own value no longer is the batch's policy. Every
     rank runs as many forwards (an idle one where it has fewer), as DDP and FSDP forwards are collectives."""
     out: dict[int, torch.Tensor] = {}
-    chunks = micro_batches(samples, step_micro_batch_tokens(policy, cfg.micro_batch_tokens),
-                           max_pad_frac=step_max_pad_frac(policy, cfg.max_pad_frac)) if samples else []
+    chunks = step_micro_batches(policy, samples, cfg) if samples else []
     for i in range(ranks.micro_batch_count(len(chunks))):
         if i >= len(chunks):
             ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
             with torch.no_grad():
                 policy.forward(ids, torch.ones_like(ids), torch.zeros((1, 2), dtype=torch.long, device=policy.device), 0)
             continue
-        batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device)
+        batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
         lp = proximal_logprobs(policy, batch, cfg.temperature)
         for s, part in zip(chunks[i], lp.split([len(s.response_ids) for s in chunks[i]])):
             out[id(s)] = part
@@ -133,7 +142,7 @@ def proximal_logprobs(policy, batch: dict, temperature: float) -> torch.Tensor:
     training = policy.train_module.training
     policy.train_module.eval()
     with torch.no_grad():
-        out = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
+        out = score(policy, batch)
         lp, _ = token_logprobs(out.logits, batch["targets"], temperature)
     policy.train_module.train(training)
     return lp
