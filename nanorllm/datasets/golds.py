@@ -109,17 +109,18 @@ def question_value(value: object, *, chat: bool) -> tuple[str | list[dict] | Non
     return [{"role": m["role"], "content": m["content"]} for m in value], None
 
 
-def parse_task_fields(text: str | None) -> dict[str, str]:
-    """{"question": column, ...} from "question=problem,answer=solution,task_id=id" (None or '': {})."""
+def parse_task_fields(text: str | None, keys: tuple[str, ...] = TASK_FIELDS) -> dict[str, str]:
+    """{"question": column, ...} from "question=problem,answer=solution,task_id=id" (None or '': {}); `keys`:
+    the keys a program maps (an SFT source's are its own)."""
     out: dict[str, str] = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
         key, sep, column = (s.strip() for s in part.partition("="))
         if not sep or not key or not column:
-            raise TaskFieldsError(f"{part.strip()!r} is not key=column (keys: {', '.join(TASK_FIELDS)})")
-        if key not in TASK_FIELDS:
-            raise TaskFieldsError(f"unknown key {key!r} in {part.strip()!r} (keys: {', '.join(TASK_FIELDS)})")
+            raise TaskFieldsError(f"{part.strip()!r} is not key=column (keys: {', '.join(keys)})")
+        if key not in keys:
+            raise TaskFieldsError(f"unknown key {key!r} in {part.strip()!r} (keys: {', '.join(keys)})")
         if key in out:
             raise TaskFieldsError(f"key {key!r} is given twice")
         out[key] = column

@@ -53,10 +53,13 @@ def score(policy, batch: dict):
 
 
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
-           ref_policy=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
+           ref_policy=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None,
+           loss_fn=None) -> dict[str, float]:
     """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
     `host`'s counts), the gradient norm and `skipped_nan`, as numbers. `prox`: pi_prox per sample
-    (id -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer steps share a rollout batch."""
+    (id -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer steps share a rollout batch.
+    `loss_fn`: a micro-batch's loss as `micro_batch_loss` computes it (its arguments, its (loss, metrics));
+    supervised fine-tuning passes its own (supervised/sft.py), RL the clipped objective."""
     correct = cfg.off_policy_correction != "none"
     optimizer.zero_grad(set_to_none=True)
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
@@ -81,7 +84,8 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
                     batch["prox_logprobs"] = torch.cat([prox[id(s)] for s in chunks[i]])  # token order = sample order
                 sums.host["padded_tokens"] += batch["input_ids"].numel()
                 sums.host["real_tokens"] += batch["num_tokens"]
-                loss, metrics = micro_batch_loss(policy, batch, cfg, ref_policy=ref_policy, normalizer=normalizer)
+                loss, metrics = (loss_fn or micro_batch_loss)(policy, batch, cfg, ref_policy=ref_policy,
+                                                              normalizer=normalizer)
                 # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
                 (loss * ranks.world).backward()
                 sums.add(loss, metrics)

@@ -1,0 +1,69 @@
+"""The SFT program's config (launch/sft.py): the training groups it reads, composed as TrainConfig composes them,
+and one group of its own.
+
+The learner's fields mean what they mean in training (fields.GRPO: --lr, --max-steps, --epochs, --micro-batch-tokens,
+--packing, --dtype; fields.Lora; fields.Agreement's --grad-checkpointing; fields.Processes' --threads and --devices;
+fields.RunFolder's sinks and checkpoints; fields.Sources' --model, --env, --tools, --task-fields). Two read
+differently here, as a supervised pass needs: --epochs counts passes over the data, and --max-steps (0: none)
+caps the optimizer steps those passes make. This program's own defaults (`SFT_DEFAULTS`) are values, not
+second declarations of those fields.
+"""
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from nanorllm.config.checks import bound_problems
+from nanorllm.config.fields import GRPO, Agreement, Lora, Processes, RunFolder, Sources
+
+SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft", "save_model": True}
+
+
+@dataclass
+class SFTSettings:
+    """What SFT trains on and where its model goes."""
+
+    data: str | None = None
+    """SFT rows: a JSONL file, a parquet file or folder, or hf:NAME (nanorllm/supervised/sft_data.py): TRL's
+    `messages` (tool calls and role `tool` included, a `tools` column) or `prompt`/`completion` rows."""
+    demos: int = 0
+    """Instead of --data: this many demonstrations from --env's own gold (its `demonstrations(task)`, on its
+    training tasks)."""
+    out: str | None = None
+    """The folder the fine-tuned model is written to (HF format; LoRA: merged), which `launch/train.py --model`
+    starts from."""
+    sft_loss: Literal["assistant", "all"] = "assistant"
+    """Which tokens are trained: 'assistant' (every assistant reply, as the policy would sample it) or 'all' (the
+    whole conversation after its first token)."""
+    rows_per_step: int = 8
+    """Conversations per optimizer step."""
+    eval_frac: float = 0.0
+    """Share of the rows held out (by --seed); their loss is logged as sft/eval_loss before, every --eval-every
+    steps and after training."""
+    max_tokens: int | None = None
+    """Longest conversation in tokens; a longer row is refused, named. None: the model's context."""
+    resume: str | None = None
+    """A run folder of this program to continue from its newest checkpoint (give the same flags)."""
+
+
+@dataclass
+class SFTConfig(SFTSettings, RunFolder, Processes, Agreement, Lora, GRPO, Sources):
+    """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
+
+    def validate(self) -> list[str]:
+        """Every problem, one line each, naming the field."""
+        p = bound_problems(self, {**dict.fromkeys(["epochs", "rows_per_step", "keep_checkpoints"], ">= 1"),
+                                  **dict.fromkeys(["max_steps", "demos", "save_every", "eval_every", "lora_rank"],
+                                                  ">= 0"),
+                                  **dict.fromkeys(["threads", "limit", "micro_batch_tokens", "max_tokens"],
+                                                  ">= 1 or unset"),
+                                  "lr": "> 0", "max_grad_norm": "> 0"})
+        if (self.data is None) == (self.demos == 0):
+            p.append("data: give --data FILE or --demos N (demonstrations from --env), one of them")
+        if self.out is None:
+            p.append("out: give --out FOLDER, where the fine-tuned model is written")
+        if not 0 <= self.eval_frac < 1:
+            p.append(f"eval_frac: must be in [0, 1), got {self.eval_frac}")
+        return p
+
+    def saved(self) -> dict:
+        return asdict(self)

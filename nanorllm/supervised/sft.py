@@ -1,0 +1,239 @@
+"""Supervised fine-tuning (launch/sft.py): conversations -> the RL learner's update with a cross-entropy loss.
+
+    python launch/sft.py --model M --data rows.jsonl --out sft_model        # then: launch/train.py --model sft_model
+
+Why the RL learner and not a second trainer: the rows are StepSamples rendered as rollouts are
+(supervised/sft_data.py), so the update that trains a rollout batch trains them too, with the same
+micro-batches, packing, precision, LoRA, grad checkpointing and non-finite guard (trainer/update.py); only
+the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`sft_loss`).
+
+Steps: each optimizer step trains --rows-per-step conversations, drawn in a fresh seeded order each epoch;
+the step alone says which rows it trains, and no update draws a random number, so a resumed run (the
+checkpoint's weights and AdamW state) continues exactly as an uninterrupted one. Checkpoints are the
+training run's (trainer/checkpoint.py, `<run>/checkpoints/step_<N>/`), and so are the sinks
+(--report-to: TensorBoard, metrics.jsonl, wandb). The model goes to --out in HF format, LoRA merged,
+so `launch/train.py --model OUT` starts from it.
+"""
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from nanorllm.config.sft import SFTConfig
+from nanorllm.config.specs import lora_spec
+from nanorllm.core.types import StepSample
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.lora import save_merged
+from nanorllm.ranks.group import LearnerRanks
+from nanorllm.trainer import checkpoint
+from nanorllm.trainer.loss import token_logprobs
+from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
+from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.utils.devices import configure_threads
+from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.sinks import parse_report_to
+
+
+def sft_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: float) -> tuple[torch.Tensor, dict]:
+    """A micro-batch's share of the step's mean negative log-likelihood over its trained tokens, and its metrics
+    as update() sums them (trainer/step_metrics.py)."""
+    logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)
+    loss = -logp.sum() / max(normalizer, 1)
+    zero = loss.detach().new_zeros(())
+    return loss, {"tokens": zero + logp.numel(), "entropy": entropy.detach().sum(), "is_weight_max": zero}
+
+
+@dataclass
+class SFTRun:
+    """What a run holds: its policy and optimizer, its rows (train and held out), its folder and sinks."""
+
+    cfg: SFTConfig
+    policy: HFCausalPolicy
+    optimizer: torch.optim.Optimizer
+    train: list[list[StepSample]]
+    held_out: list[list[StepSample]]
+    run_dir: Path
+    logger: RunLogger
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: --epochs passes over the rows, capped by --max-steps (0: no cap)."""
+        n = math.ceil(self.cfg.epochs * len(self.train) / self.cfg.rows_per_step)
+        return min(n, self.cfg.max_steps) if self.cfg.max_steps else n
+
+    def rows_of_step(self, step: int) -> list[list[StepSample]]:
+        """The rows step `step` trains: positions step x k .. (step + 1) x k of the epochs' seeded orders."""
+        k, n = self.cfg.rows_per_step, len(self.train)
+        positions = range(step * k, min((step + 1) * k, self.cfg.epochs * n))
+        orders = {e: epoch_order(n, self.cfg.seed, e) for e in {p // n for p in positions}}
+        return [self.train[orders[p // n][p % n]] for p in positions]
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The rows' order in `epoch`: a shuffle seeded by (seed, epoch), so any step's rows are known without replay."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def split_rows(rows: list, eval_frac: float, seed: int) -> tuple[list, list]:
+    """(train, held out): a seeded `eval_frac` share held out (at least one row when the share is > 0)."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n = min(len(rows) - 1, max(1, round(eval_frac * len(rows)))) if eval_frac > 0 else 0
+    held = set(order[:n])
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def held_out_loss(run: SFTRun) -> float:
+    """Mean negative log-likelihood per trained token of the held-out rows (no grad, the learner's passes)."""
+    samples = [s for row in run.held_out for s in row]
+    total = tokens = 0.0
+    with torch.no_grad():
+        for chunk in step_micro_batches(run.policy, samples, run.cfg):
+            batch = collate_train_batch(chunk, pad_id=run.policy.pad_id, device=run.policy.device,
+                                        pack=run.cfg.packing)
+            logp, _ = token_logprobs(score(run.policy, batch).logits, batch["targets"])
+            total, tokens = total - float(logp.sum()), tokens + logp.numel()
+    return total / max(tokens, 1)
+
+
+def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
+    """Steps `start` .. run.steps: update, log, checkpoint; then the held-out loss and the model at --out."""
+    cfg, ranks = run.cfg, LearnerRanks(device=str(run.policy.device))
+    last: dict = {}
+    if run.held_out and start == 0:
+        run.logger.scalars({"sft/eval_loss": held_out_loss(run)}, 0)
+    for step in range(start, run.steps):
+        samples = [s for row in run.rows_of_step(step) for s in row]
+        t0 = time.perf_counter()
+        n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, host={}, loss_fn=sft_loss)
+        seconds = time.perf_counter() - t0
+        last = {"sft/loss": n["loss"], "sft/assistant_tokens": n["tokens"], "sft/tokens_per_s": n["tokens"] / seconds,
+                "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
+                "sft/entropy": n["entropy"] / max(n["tokens"], 1), "perf/pad_frac": 1 - n["real_tokens"] /
+                max(n["padded_tokens"], 1)}
+        run.policy.version = step + 1
+        if run.held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            last["sft/eval_loss"] = held_out_loss(run)
+        run.logger.scalars(last, step + 1)
+        say(f"step {step + 1}/{run.steps} | loss {n['loss']:.4f} | {last['sft/tokens_per_s']:.0f} tokens/s")
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < run.steps:
+            save_checkpoint(run, step + 1)
+    if run.held_out:
+        last["sft/eval_loss"] = held_out_loss(run)
+        run.logger.scalars({"sft/eval_loss": last["sft/eval_loss"]}, run.steps)
+    save_checkpoint(run, run.steps)
+    write_model(run.policy, Path(cfg.out), merged=True)
+    run.logger.flush()
+    return last
+
+
+def save_checkpoint(run: SFTRun, step: int) -> Path:
+    """The training run's checkpoint: weights (LoRA: the adapter), AdamW state, the step; the data's position is
+    the step's (`rows_of_step`)."""
+    return checkpoint.save(run.run_dir, step, config=run.cfg.saved(), keep=run.cfg.keep_checkpoints,
+                           policy=run.policy, optimizer_state=run.optimizer.state_dict(),
+                           stream_position=step * run.cfg.rows_per_step, stream_origin=0,
+                           task_order={"rows": len(run.train), "seed": run.cfg.seed}, totals={})
+
+
+def write_model(policy: HFCausalPolicy, out: Path, *, merged: bool) -> None:
+    """The model at `out` in HF format (LoRA: merged into the base, so transformers alone loads it), written
+    beside as `out.tmp` and renamed once whole."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if policy.peft is not None and merged:
+        save_merged(policy.model, policy.tokenizer, tmp)
+    else:
+        policy.save(str(tmp))
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(tmp, out)
+
+
+def learner_device(devices: str) -> str:
+    """--devices' first entry; auto: the first GPU, else the CPU."""
+    if devices == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return devices.split(",")[0].strip()
+
+
+def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
+    """Load the policy (from the checkpoint when resuming), render the rows (`rows_for(policy)`), make the run
+    folder and sinks; returns the run and the step it starts at."""
+    device = learner_device(cfg.devices)
+    configure_threads(device, cfg.threads, 1)
+    torch.manual_seed(cfg.seed)
+    resume = cfg.resume
+    run_dir = Path(resume) if resume else Path(cfg.output_dir) / (
+        cfg.run_name or f"{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    state, ckpt = None, None
+    if resume:
+        ckpt, state = checkpoint.load_latest(run_dir)
+    lora = lora_spec(cfg)
+    name = str(ckpt / "model") if state and lora is None else cfg.model
+    policy = HFCausalPolicy.from_name(name, device=device, dtype=cfg.dtype, seed=cfg.seed, lora=lora,
+                                      adapter=str(ckpt / "model") if state and lora else None)
+    if cfg.grad_checkpointing:
+        policy.enable_grad_checkpointing()
+    train, held_out = split_rows(rows_for(policy), cfg.eval_frac, cfg.seed)
+    optimizer = make_optimizer(policy, cfg)
+    start = 0
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        start = policy.version = state["step"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.saved(), indent=2) + "\n")
+    logger = RunLogger(run_dir, purge_step=start + 1 if state else None, report_to=parse_report_to(cfg.report_to),
+                       config=cfg.saved())
+    say(f"[sft] {len(train)} rows ({len(held_out)} held out), run folder {run_dir}")
+    return SFTRun(cfg, policy, optimizer, train, held_out, run_dir, logger), start
+
+
+def main(argv: list[str]) -> int:
+    """launch/sft.py: parse, check (flags, tools, every row) before anything is written, train; 2 on bad input."""
+    import sys
+
+    import tyro
+
+    from nanorllm.config.sft import SFT_DEFAULTS
+    from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.envs.modules import EnvSpecError
+
+    cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=__doc__)
+    problems = cfg.validate()
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 2
+    try:
+        run, start = start_run(cfg, lambda policy: sft_rows(cfg, policy))
+    except (TaskFileError, EnvSpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        train_sft(run, start)
+    finally:
+        run.logger.close()
+    print(f"[sft] model written to {cfg.out}")
+    return 0
+
+
+def sft_rows(cfg: SFTConfig, policy: HFCausalPolicy) -> list[list[StepSample]]:
+    """--data's rows rendered for `policy`'s template (--tools' schemas where a row has none)."""
+    from nanorllm.envs.tools import load_tools
+    from nanorllm.supervised.sft_data import load_sft_rows
+
+    tools = [t.schema for t in load_tools(cfg.tools)] if cfg.tools else None
+    context = cfg.max_tokens or policy.model.config.max_position_embeddings
+    return load_sft_rows(cfg.data, policy.tokenizer, policy.eos_ids, task_fields=cfg.task_fields, tools=tools,
+                         max_tokens=context, whole=cfg.sft_loss == "all", limit=cfg.limit)
