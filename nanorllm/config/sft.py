@@ -3,7 +3,8 @@ and one group of its own.
 
 The learner's fields mean what they mean in training (fields.GRPO: --lr, --max-steps, --epochs, --micro-batch-tokens,
 --packing, --dtype; fields.Lora; fields.Agreement's --grad-checkpointing; fields.Processes' --threads and --devices;
-fields.RunFolder's sinks and checkpoints; fields.Sources' --model, --env, --tools, --task-fields). Two read
+fields.RunFolder's sinks and checkpoints; fields.Sources' --model, --env, --tools, --task-fields; fields.Episodes'
+--system-prompt and --worked-example, which shape a demonstration's prompt as they shape RL's). Two read
 differently here, as a supervised pass needs: --epochs counts passes over the data, and --max-steps (0: none)
 caps the optimizer steps those passes make. This program's own defaults (`SFT_DEFAULTS`) are values, not
 second declarations of those fields.
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import GRPO, Agreement, Lora, Processes, RunFolder, Sources
+from nanorllm.config.fields import GRPO, Agreement, Episodes, Lora, Processes, RunFolder, Sources
 
 SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft", "save_model": True}
 
@@ -46,7 +47,7 @@ class SFTSettings:
 
 
 @dataclass
-class SFTConfig(SFTSettings, RunFolder, Processes, Agreement, Lora, GRPO, Sources):
+class SFTConfig(SFTSettings, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, Sources):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 
     def validate(self) -> list[str]:

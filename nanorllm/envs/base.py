@@ -17,6 +17,11 @@ that step's reward). An observation after a step is any text (retry feedback, a 
 An `EnvBundle` is what `--env module.path:Name` names: how to make one episode's env and agent, the
 env's own options (`--env-arg key=value`, typed by their defaults), and where its tasks come from
 (rows with a unique string `task_id`; the rest of a row is the env's business).
+
+Optional, beside reset/step: a bundle's `demonstrations(task) -> list[dict]`, the messages a correct episode
+adds after the agent's first prompt (assistant replies, with `tool_calls` and the `tool` results where the
+episode calls a tool), written as the env grades them. `launch/sft.py --env X --demos N` trains on them
+(nanorllm/supervised/demos.py): the env's own gold as supervised data, no file needed.
 """
 
 import math

@@ -46,3 +46,12 @@ class CalcTasks(MathSelfRefine):
     def use_tools(self, names: list[str]) -> None:
         if "calc" not in names:
             self.system_prompt, self.example = TOOLS_PROMPT, None
+
+    def demonstrations(self, task: dict) -> list[dict]:
+        """The worked exchange's moves on `task`: one `calc` call of the question's expression, its result, the
+        boxed answer."""
+        expression = task["question"].removeprefix("What is ").removesuffix("?")
+        return [{"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "calc", "arguments": {"expression": expression}}}]},
+                {"role": "tool", "name": "calc", "content": calc(expression)},
+                {"role": "assistant", "content": f"The answer is \\boxed{{{task['answer']}}}."}]

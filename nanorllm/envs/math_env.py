@@ -66,3 +66,7 @@ class MathSelfRefine(EnvBundle):
 
     def make_env(self) -> MathEnv:
         return MathEnv(max_turns=self.settings.max_turns, grader_timeout_s=self.settings.grader_timeout_s)
+
+    def demonstrations(self, task: dict) -> list[dict]:
+        """The gold answer, boxed, as the worked example writes it."""
+        return [{"role": "assistant", "content": f"The answer is \\boxed{{{task['answer']}}}."}]

@@ -256,6 +256,10 @@ class ReasoningGym(EnvBundle):
     def load_tasks(self, spec: str, *, limit: int | None = None) -> list[dict]:
         return load_rg_tasks(spec, limit=limit)
 
+    def demonstrations(self, task: dict) -> list[dict]:
+        """The dataset's stored answer, in the tags or box the env extracts."""
+        return [{"role": "assistant", "content": gold_reply(task["answer"], self.options["answer_format"])}]
+
     def metrics(self, results: list[RolloutResult]) -> dict:
         """Episodes whose last answer got the dataset's full score (1.0): success counts partial scores too."""
         solved = sum(bool(r.trajectory.steps) and bool(r.trajectory.steps[-1].info.get("correct")) for r in results)
@@ -268,8 +272,12 @@ def worked_example(target: str, answer_format: str) -> tuple[str, str]:
     config, its gold answer written the way the env reads answers."""
     name = _weighted_names(target, f"reasoning-gym:{target}", EnvSpecError)[0][0]
     entry = build_dataset(f"{PREFIX}{name},size=1,seed=0")[0]
-    answer = str(entry["answer"])
-    return entry["question"], f"<answer>{answer}</answer>" if answer_format == "tags" else f"\\boxed{{{answer}}}"
+    return entry["question"], gold_reply(str(entry["answer"]), answer_format)
+
+
+def gold_reply(answer: str, answer_format: str) -> str:
+    """An answer written the way the env reads answers: <answer>...</answer> (tags) or \\boxed{...}."""
+    return f"<answer>{answer}</answer>" if answer_format == "tags" else f"\\boxed{{{answer}}}"
 
 
 def bundle_class(target: str) -> type[ReasoningGym]:

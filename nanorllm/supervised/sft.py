@@ -229,11 +229,15 @@ def main(argv: list[str]) -> int:
 
 
 def sft_rows(cfg: SFTConfig, policy: HFCausalPolicy) -> list[list[StepSample]]:
-    """--data's rows rendered for `policy`'s template (--tools' schemas where a row has none)."""
+    """--data's rows (or --demos N of --env's gold) rendered for `policy`'s template (--tools' schemas where a
+    row has none)."""
     from nanorllm.envs.tools import load_tools
+    from nanorllm.supervised.demos import demonstration_rows
     from nanorllm.supervised.sft_data import load_sft_rows
 
     tools = [t.schema for t in load_tools(cfg.tools)] if cfg.tools else None
+    if cfg.demos:
+        return demonstration_rows(cfg, policy, tools)
     context = cfg.max_tokens or policy.model.config.max_position_embeddings
     return load_sft_rows(cfg.data, policy.tokenizer, policy.eos_ids, task_fields=cfg.task_fields, tools=tools,
                          max_tokens=context, whole=cfg.sft_loss == "all", limit=cfg.limit)

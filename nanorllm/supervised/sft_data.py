@@ -62,11 +62,15 @@ def read_rows(spec: str, *, limit: int | None = None) -> list[tuple[str, dict]]:
     return [(f"{spec}:{line}", row) for line, row in records[:limit]]
 
 
-def conversation(row: dict, col: dict[str, str], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
-    """(messages, tool schemas) of a row in any of the formats above; ValueError says what is wrong."""
+def conversation(row: dict, col: dict[str, str], tools: list[dict] | None
+                 ) -> tuple[list[dict], list[dict] | None, int]:
+    """(messages, tool schemas, the first trained message) of a row in any of the formats above: a `messages`
+    row trains from its first message, a prompt/completion row from its completion (a prompt's own assistant
+    turns, a worked example, are prompt); ValueError says what is wrong."""
     row_tools = row.get(col["tools"])
     if isinstance(row_tools, str):
         row_tools = json.loads(row_tools) if row_tools.strip() else None
+    start = 0
     if col["messages"] in row and row[col["messages"]] is not None:
         messages = row[col["messages"]]
     elif col["prompt"] in row and col["completion"] in row:
@@ -74,7 +78,7 @@ def conversation(row: dict, col: dict[str, str], tools: list[dict] | None) -> tu
         if isinstance(prompt, str) and isinstance(completion, str):
             messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
         elif isinstance(prompt, list) and isinstance(completion, list):
-            messages = [*prompt, *completion]
+            messages, start = [*prompt, *completion], len(prompt)
         else:
             raise ValueError(f"{col['prompt']!r} and {col['completion']!r} must both be text or both lists of "
                              "messages")
@@ -83,7 +87,7 @@ def conversation(row: dict, col: dict[str, str], tools: list[dict] | None) -> tu
                          f"(columns: {', '.join(row) or 'none'})")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError(f"{col['messages']!r} must be a list of messages")
-    return [_clean(m) for m in messages], row_tools or tools
+    return [_clean(m) for m in messages], row_tools or tools, start
 
 
 def _clean(m: dict) -> dict:
@@ -91,8 +95,8 @@ def _clean(m: dict) -> dict:
     return {k: v for k, v in m.items() if v is not None}
 
 
-def message_problems(messages: list[dict], tools: list[dict] | None) -> list[str]:
-    """What keeps a conversation from teaching anything, one line each."""
+def message_problems(messages: list[dict], tools: list[dict] | None, start: int = 0) -> list[str]:
+    """What keeps a conversation from teaching anything (its replies from message `start` on), one line each."""
     names = {t.get("function", t).get("name") for t in tools or []}
     problems, replies = [], 0
     for i, m in enumerate(messages):
@@ -100,7 +104,7 @@ def message_problems(messages: list[dict], tools: list[dict] | None) -> list[str
         if role not in ROLES:
             problems.append(f"message {i}: role {role!r} is not one of {', '.join(ROLES)}")
             continue
-        if role != "assistant":
+        if role != "assistant" or i < start:
             if not isinstance(m.get("content", ""), str):
                 problems.append(f"message {i} ({role}): content must be text")
             continue
@@ -121,20 +125,20 @@ def message_problems(messages: list[dict], tools: list[dict] | None) -> list[str
 
 
 def render_turns(tokenizer, eos_ids: list[int], messages: list[dict], tools: list[dict] | None, *,
-                 row_id: str) -> list[StepSample]:
-    """One StepSample per assistant message: the prompt RL would have at that turn and the reply it would sample."""
+                 row_id: str, start: int = 0) -> list[StepSample]:
+    """One StepSample per assistant message from message `start` on: the prompt RL would have at that turn and
+    the reply it would sample."""
     samples: list[StepSample] = []
-    start, prompt, reply = 0, [], []
+    prompt, reply, after = [], [], start  # after: the first message since the last reply
     for j, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or j < start:
             continue
-        new = messages[start:j]
         prompt = (chat_render.prompt_ids(tokenizer, messages[:j], tools) if not samples else
-                  chat_render.continuation_ids(tokenizer, eos_ids, prompt, reply, new, tools))
+                  chat_render.continuation_ids(tokenizer, eos_ids, prompt, reply, messages[after:j], tools))
         reply = reply_ids(tokenizer, eos_ids, messages[:j], m, tools)
         samples.append(StepSample(task_id=row_id, episode_id=row_id, turn=len(samples), prompt_ids=prompt,
                                   response_ids=reply, rollout_logprobs=[0.0] * len(reply), advantage=1.0))
-        start = j + 1
+        after = j + 1
     return samples
 
 
@@ -166,22 +170,24 @@ def load_sft_rows(spec: str, tokenizer, eos_ids: list[int], *, task_fields: str 
 
     def rendered(where: str, row: dict) -> list[StepSample] | str:
         try:
-            messages, row_tools = conversation(row, col, tools)
+            messages, row_tools, start = conversation(row, col, tools)
         except ValueError as e:
             return str(e)
-        return render_row(where, messages, row_tools, tokenizer, eos_ids, max_tokens=max_tokens, whole=whole)
+        return render_row(where, messages, row_tools, tokenizer, eos_ids, max_tokens=max_tokens, whole=whole,
+                          start=start)
 
     return checked_rows(spec, [(where, rendered(where, row)) for where, row in read_rows(spec, limit=limit)])
 
 
 def render_row(where: str, messages: list[dict], tools: list[dict] | None, tokenizer, eos_ids: list[int], *,
-               max_tokens: int, whole: bool = False) -> list[StepSample] | str:
-    """A conversation's turns as the learner trains them, or what is wrong with it (one line)."""
-    found = message_problems(messages, tools)
+               max_tokens: int, whole: bool = False, start: int = 0) -> list[StepSample] | str:
+    """A conversation's turns as the learner trains them (its replies from message `start` on), or what is
+    wrong with it (one line)."""
+    found = message_problems(messages, tools, start)
     if found:
         return "; ".join(found)
     try:
-        samples = render_turns(tokenizer, eos_ids, messages, tools, row_id=where)
+        samples = render_turns(tokenizer, eos_ids, messages, tools, row_id=where, start=start)
     except ValueError as e:
         return str(e)
     n = len(samples[-1].prompt_ids) + len(samples[-1].response_ids)
