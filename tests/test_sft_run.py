@@ -1,5 +1,5 @@
-"""The SFT program end to end: resume equals an uninterrupted run, bad input exits 2 with nothing written, and
-launch/train.py starts from the folder it writes."""
+"""The SFT program end to end: resume equals an uninterrupted run, bad input exits 2 with nothing written,
+launch/train.py starts from the folder it writes, and what it teaches is what the RL rollout parses."""
 
 import json
 import subprocess
@@ -12,6 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
+from nanorllm.envs.registry import EnvSpec, load_bundle
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.supervised.sft import sft_rows, start_run, train_sft
 from test_sft import TOOL_ROW, write_jsonl
 
@@ -77,3 +81,25 @@ def test_train_starts_from_the_merged_lora_folder_sft_writes(tmp_path):
                            timeout=600)
     assert train.returncode == 0, train.stderr[-2000:]
     assert "step 1/1" in train.stdout
+
+
+def test_a_policy_fine_tuned_on_one_tool_demonstration_writes_the_call_the_rl_rollout_parses(tmp_path):
+    """The warm start teaches exactly what the RL parser reads: overfit tiny-random on one calculator-tool
+    demonstration, then a --tools rollout of the same task (greedy, the run's engine, env and parser) parses
+    that `calc` call, runs it, and the episode ends with the gold answer."""
+    calc_env, tools = "nanorllm.envs.calc_tool:CalcTasks", "nanorllm/envs/calc_tool.py:calc"
+    cfg = SFTConfig(**{**SFT_DEFAULTS, "model": "tiny-random", "env": calc_env, "tools": tools, "demos": 1,
+                       "epochs": 150, "rows_per_step": 1, "lr": 3e-3, "threads": 1, "report_to": "jsonl",
+                       "output_dir": str(tmp_path / "runs"), "out": str(tmp_path / "model")})
+    metrics = run_sft(cfg)
+    assert [m["sft/loss"] for m in metrics if "sft/loss" in m][-1] < 0.01
+    policy = HFCausalPolicy.from_name(str(tmp_path / "model"))
+    bundle = load_bundle(EnvSpec(env=calc_env, tools=tools), rewards=False)
+    task = bundle.load_tasks(bundle.default_tasks, limit=1)[0]
+    engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=96, greedy=True), env=bundle)
+    (result,) = engine.run([task]).results
+    first = result.trajectory.steps[0].info
+    expression = task["question"].removeprefix("What is ").removesuffix("?")
+    assert first["tool_calls"] == [{"name": "calc", "arguments": {"expression": expression}}]
+    assert first["tool_results"][0]["content"] == task["answer"] and first["tool_parse_failures"] == 0
+    assert result.trajectory.final_reward == 1.0
