@@ -68,3 +68,30 @@ class SFTConfig(SFTSettings, RunFolder, Processes, Agreement, Lora, GRPO, Episod
 
     def saved(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class SampleSettings:
+    """Rejection sampling: what is sampled, what is kept and where it goes."""
+
+    out: str | None = None
+    """The JSONL file the kept episodes are written to, as SFT rows (prompt/completion conversations, their reward)."""
+    samples_per_task: int = 8
+    """Episodes sampled per task (at --temperature)."""
+    min_reward: float = 1.0
+    """Keep episodes whose reward is at least this."""
+
+
+@dataclass
+class SampleConfig(SampleSettings, RunFolder, Processes, Episodes, Sources):
+    """Sample episodes from a model on an env and keep the rewarded ones as SFT rows (RFT / STaR / expert
+    iteration; launch/sample.py). --seed seeds the sampling; the task, env and episode fields mean what they mean
+    in training."""
+
+    def validate(self) -> list[str]:
+        """Every problem, one line each, naming the field."""
+        p = bound_problems(self, {"samples_per_task": ">= 1", "max_new_tokens": ">= 1", "max_turns": ">= 1",
+                                  "temperature": "> 0", "limit": ">= 1 or unset", "threads": ">= 1 or unset"})
+        if self.out is None:
+            p.append("out: give --out FILE.jsonl, where the kept episodes are written")
+        return p

@@ -1,0 +1,37 @@
+"""Rejection sampling keeps exactly the rewarded episodes, each task's identical ones once, as SFT rows."""
+
+import json
+
+from helpers import ScriptedPolicy
+from nanorllm.config.sft import SampleConfig
+from nanorllm.supervised.rejection import sample_rows
+from nanorllm.supervised.sft_data import conversation, sft_columns
+
+TASKS = [{"task_id": "a", "question": "What is 1 + 1?", "answer": "2"},
+         {"task_id": "b", "question": "What is 2 + 2?", "answer": "4"},
+         {"task_id": "c", "question": "What is 3 + 3?", "answer": "6"}]
+
+
+def reply(call: int, row: int, messages: list[dict]) -> str:
+    """a: always right (three identical episodes); b: always wrong; c: sample 0 right at once, the others wrong
+    first and right on the retry (two identical retried episodes)."""
+    question = [m["content"] for m in messages if m["content"].startswith("What is")][-1]
+    task = next(t for t in TASKS if t["question"] == question)
+    right = task["task_id"] == "a" or (task["task_id"] == "c" and (call == 1 or row % 3 == 0))
+    return f"\\boxed{{{task['answer']}}}" if right else "\\boxed{0}"
+
+
+def test_only_rewarded_episodes_are_kept_once_each_with_their_prompt_and_replies(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    cfg = SampleConfig(model="tiny-random", env="math", tasks=str(path), samples_per_task=3, out="x", max_turns=2)
+    rows, sampled = sample_rows(cfg, ScriptedPolicy(reply))
+    assert sampled == 9
+    got = [(r["task_id"], [m["content"] for m in r["completion"] if m["role"] == "assistant"], r["reward"])
+           for r in rows]
+    assert got == [("a", ["\\boxed{2}"], 1.0), ("c", ["\\boxed{6}"], 1.0), ("c", ["\\boxed{0}", "\\boxed{6}"], 1.0)]
+    retried = rows[2]["completion"]
+    assert [m["role"] for m in retried] == ["assistant", "user", "assistant"]  # the env's feedback between replies
+    messages, _, start = conversation(rows[0], sft_columns(None), None)
+    assert messages[start - 1]["content"] == "What is 1 + 1?" and messages[start:] == rows[0]["completion"]
+    assert any(m["role"] == "assistant" for m in messages[:start])  # the worked example stays prompt
