@@ -6,7 +6,7 @@
     python launch/bench.py learner-ranks [--quick]     # learner step on 1 vs 2 ranks, parity, transfers
     python launch/bench.py gpu [--dry-run]             # the decode engine and the learner on a GPU
     python launch/bench.py lora [--quick]              # full fine-tune vs LoRA: memory, publish, update, decode
-    python launch/bench.py packing [--quick]           # the RL update on padded vs packed micro-batches
+    python launch/bench.py packing [--quick]           # the RL and SFT updates, padded vs packed
     python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
     python launch/bench.py adapters [--model tiny-random] # a reasoning-gym dataset via its adapter vs as a JSONL file
     python launch/bench.py MODE --help                 # that mode's flags
@@ -38,7 +38,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "learner-ranks": (RanksBenchConfig, run_ranks_bench, "the learner step on 1 vs N ranks (DDP, FSDP)"),
     "gpu": (GpuBenchConfig, run_gpu_bench, "the decode engine, the learner update and the weight broadcast on a GPU"),
     "lora": (LoraBenchConfig, run_lora_bench, "full fine-tune vs LoRA: learner memory, publish, update, decode"),
-    "packing": (PackingBenchConfig, run_packing_bench, "the RL update on padded vs packed micro-batches, same episodes"),
+    "packing": (PackingBenchConfig, run_packing_bench, "the RL and SFT updates on padded vs packed micro-batches"),
     "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
     "adapters": (AdapterBenchConfig, run_adapter_bench, "a reasoning-gym dataset via its adapter vs as a JSONL file"),
 }

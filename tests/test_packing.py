@@ -77,6 +77,15 @@ def test_a_packed_update_has_the_padded_updates_loss_and_gradient(tiny_policy_fa
     assert max(float(d.abs().max()) for d in deltas[True]) > 1e-3
 
 
+def test_rows_too_alike_to_share_a_packed_row_keep_the_padded_layout(tiny_policy):
+    """No packed row would hold two sequences: the packed batch is the padded one, shared template included."""
+    samples = [s for r in build_results(tiny_policy) for s in r.step_samples]
+    packed = collate_train_batch(samples, pad_id=tiny_policy.pad_id, pack=True)
+    padded = collate_train_batch(samples, pad_id=tiny_policy.pad_id)
+    assert "position_ids" not in packed and packed["shared_columns"] == padded["shared_columns"] > 0
+    assert all(torch.equal(packed[k], padded[k]) for k in ("input_ids", "attention_mask", "positions"))
+
+
 def test_packed_micro_batches_bound_the_sum_of_row_lengths():
     samples = _episodes([[(10, 2)]] * 6 + [[(10, 2), (10, 20)]] * 2)  # rows of 12 and 42 tokens
     chunks = micro_batches(samples, 60, pack=True)
@@ -107,9 +116,10 @@ def test_packed_rows_keep_their_attention_apart_in_every_family(family):
 def test_a_packed_step_asks_the_device_for_one_number(tiny_policy_factory, monkeypatch):
     """The packed masks are built from position_ids on the device: the step's one read stays its tolist."""
     reads = {}
-    for tokens in (100_000, 256):
+    for tokens in (100_000, 130):
         policy = tiny_policy_factory()
-        results = build_results(policy)
+        policy.prebuilt_masks = True  # as on CUDA: a pass left in the padded layout passes its masks built too
+        results = varied_results(len(policy.tokenizer))
         cfg = config(micro_batch_tokens=tokens, packing=True)
         out = {}
         opt = torch.optim.SGD(policy.model.parameters(), lr=cfg.lr)

@@ -109,11 +109,10 @@ def test_the_whole_conversation_mode_trains_every_token_after_the_first(tiny_pol
 
 def test_the_sft_loss_is_the_mean_negative_log_likelihood_of_the_trained_tokens(tiny_policy, tmp_path):
     (row,) = load(tiny_policy, write_jsonl(tmp_path / "t.jsonl", [TOOL_ROW]))
-    batch = collate_train_batch(row, pad_id=tiny_policy.pad_id, pack=True)
+    batch = collate_train_batch(row, pad_id=tiny_policy.pad_id)
     n = int(batch["loss_mask"].sum())
     with torch.no_grad():
         loss, metrics = sft_loss(tiny_policy, batch, None, normalizer=n)
-        out = tiny_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], 0,
-                                  batch["position_ids"])
+        out = tiny_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
     direct = -token_logprobs(out.logits, batch["targets"])[0].mean()
     assert float(loss) == pytest.approx(float(direct), rel=1e-6) and float(metrics["tokens"]) == n

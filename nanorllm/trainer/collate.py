@@ -19,7 +19,9 @@ all: SDPA computes a masked attention whole, so one row of L tokens would cost L
 rows cost B x T^2 at most; a packed row of width T costs what one padded row does. The flat view
 (positions, targets, ...) lists the same tokens in the same order as the padded one: the loss reads
 nothing else and is the same too. A packed pass shares no prompt template between rows
-(shared_columns is 0).
+(shared_columns is 0). Where no packed row would hold two sequences (rows of similar length: the
+micro-batches come sorted by length) the padded layout is the packed one, and the batch is the padded
+batch: its attention needs no mask beyond the causal one, and the shared template stays.
 """
 
 from dataclasses import dataclass, field
@@ -79,7 +81,9 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
     index_of = {id(s): i for i, s in enumerate(samples)}
     lengths = [len(s.ids) for s in seqs]
     T = max(lengths)
-    rows, offsets = _packed_places(lengths, T) if pack else (list(range(len(seqs))), [0] * len(seqs))
+    places = _packed_places(lengths, T) if pack else None
+    packed = places is not None and max(places[0]) + 1 < len(seqs)  # else no row fits two: the padded layout
+    rows, offsets = places if packed else (list(range(len(seqs))), [0] * len(seqs))
     B = max(rows) + 1
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
@@ -111,10 +115,10 @@ def collate_train_batch(samples: list[StepSample], *, pad_id: int, device: str |
         "policy_version": torch.tensor(versions, dtype=torch.long),  # the weights that sampled each token
         "num_samples": len(samples),
         "num_tokens": sum(lengths),  # real (unpadded) tokens of the rows
-        "shared_columns": 0 if pack else shared_columns([seq.ids for seq in seqs],
+        "shared_columns": 0 if packed else shared_columns([seq.ids for seq in seqs],
                                                         min((t for _, t in positions), default=0)),
     }
-    if pack:  # each sequence's own positions, from 0 (a tail's pads are one-token sequences): attention keeps within them
+    if packed:  # each sequence's own positions, from 0 (a tail's pads are one-token sequences): attention keeps within them
         batch["position_ids"] = position_ids
     if torch.device(device).type == "cuda":  # pinned and asynchronous: the copy does not wait for the device
         return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
