@@ -320,9 +320,9 @@ class Learner:
     """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
     micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
     packing: bool = False
-    """Lay a micro-batch's rows end to end in one row (no pad tokens computed; attention kept within each row,
-    trainer/collate.py) instead of padding them. Off: the padded rows compute a shared prompt template once
-    (docs/learner-update.md compares the two)."""
+    """Lay a micro-batch's rows end to end in rows of its longest width (no pad tokens computed but a row's tail;
+    attention kept within each sequence, trainer/collate.py) instead of padding each. Off (RL's default): padded
+    rows compute their shared prompt template once (docs/learner-update.md compares the two)."""
     tf32: bool = True
     """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
     Means nothing on CPU."""
