@@ -34,9 +34,10 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer import checkpoint
-from nanorllm.trainer.loss import token_logprobs
-from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
 from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.trainer.loss import token_logprobs
+from nanorllm.trainer.precision import matmul_precision
+from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
@@ -115,7 +116,8 @@ def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
     for step in range(start, run.steps):
         samples = [s for row in run.rows_of_step(step) for s in row]
         t0 = time.perf_counter()
-        n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, host={}, loss_fn=sft_loss)
+        with matmul_precision(run.policy.device, tf32=cfg.tf32):  # as RL's update: TF32 on CUDA (--tf32)
+            n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, host={}, loss_fn=sft_loss)
         seconds = time.perf_counter() - t0
         last = {"sft/loss": n["loss"], "sft/assistant_tokens": n["tokens"], "sft/tokens_per_s": n["tokens"] / seconds,
                 "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
@@ -132,7 +134,7 @@ def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
         last["sft/eval_loss"] = held_out_loss(run)
         run.logger.scalars({"sft/eval_loss": last["sft/eval_loss"]}, run.steps)
     save_checkpoint(run, run.steps)
-    write_model(run.policy, Path(cfg.out), merged=True)
+    write_model(run.policy, Path(cfg.out))
     run.logger.flush()
     return last
 
@@ -146,12 +148,12 @@ def save_checkpoint(run: SFTRun, step: int) -> Path:
                            task_order={"rows": len(run.train), "seed": run.cfg.seed}, totals={})
 
 
-def write_model(policy: HFCausalPolicy, out: Path, *, merged: bool) -> None:
+def write_model(policy: HFCausalPolicy, out: Path) -> None:
     """The model at `out` in HF format (LoRA: merged into the base, so transformers alone loads it), written
     beside as `out.tmp` and renamed once whole."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if policy.peft is not None and merged:
+    if policy.peft is not None:
         save_merged(policy.model, policy.tokenizer, tmp)
     else:
         policy.save(str(tmp))
