@@ -88,15 +88,16 @@ def test_every_bad_row_is_named_by_file_and_line_at_once(tiny_policy, tmp_path):
             {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "  "}]},
             {"prompt": long, "completion": "ok"},
             {"prompt": "only a prompt"},
-            {"messages": [{"role": "user", "content": "no reply"}]}]
+            {"messages": [{"role": "user", "content": "no reply"}]},
+            {**TOOL_ROW, "tools": "[not json"}]
     spec = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(TaskFileError) as e:
         load(tiny_policy, spec, max_tokens=1000)
-    assert [p.split(": ")[0] for p in e.value.problems] == [f"{spec}:{n}" for n in (2, 3, 4, 5, 6)]
-    tool, empty, long_row, columns, no_reply = e.value.problems
+    assert [p.split(": ")[0] for p in e.value.problems] == [f"{spec}:{n}" for n in (2, 3, 4, 5, 6, 7)]
+    tool, empty, long_row, columns, no_reply, schemas = e.value.problems
     assert "tool call 'nope' names no tool (calc)" in tool and "nothing to learn" in empty
     assert "past the context (1000)" in long_row and "nor 'prompt' and 'completion'" in columns
-    assert "no assistant message" in no_reply
+    assert "no assistant message" in no_reply and "'tools' is text but not a JSON list" in schemas
 
 
 def test_the_whole_conversation_mode_trains_every_token_after_the_first(tiny_policy, tmp_path):

@@ -25,11 +25,14 @@ the context, a malformed message.
 """
 
 import json
+import tempfile
 from pathlib import Path
 
 from nanorllm.core.types import StepSample
+from nanorllm.datasets import hf_tasks
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.datasets.golds import parse_task_fields
+from nanorllm.datasets.tasks import _read_records
 from nanorllm.policy import chat_render
 
 SFT_FIELDS = ("messages", "prompt", "completion", "tools")
@@ -43,12 +46,7 @@ def sft_columns(task_fields: str | None) -> dict[str, str]:
 
 def read_rows(spec: str, *, limit: int | None = None) -> list[tuple[str, dict]]:
     """(where, row) of every row of a JSONL file ("file:line") or a `datasets` source ("source: row i")."""
-    from nanorllm.datasets import hf_tasks
-    from nanorllm.datasets.tasks import _read_records
-
     if hf_tasks.is_datasets_source(spec):
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="nanorllm-sft-") as cache_dir:
             rows = hf_tasks._open(spec, cache_dir, limit).to_list()
         return [(f"{spec}: row {i}", row) for i, row in enumerate(rows[:limit])]
@@ -69,7 +67,12 @@ def conversation(row: dict, col: dict[str, str], tools: list[dict] | None
     turns, a worked example, are prompt); ValueError says what is wrong."""
     row_tools = row.get(col["tools"])
     if isinstance(row_tools, str):
-        row_tools = json.loads(row_tools) if row_tools.strip() else None
+        try:
+            row_tools = json.loads(row_tools) if row_tools.strip() else None
+        except ValueError:
+            raise ValueError(f"column {col['tools']!r} is text but not a JSON list of tool schemas") from None
+    if row_tools is not None and not (isinstance(row_tools, list) and all(isinstance(t, dict) for t in row_tools)):
+        raise ValueError(f"column {col['tools']!r} must be a list of tool schemas (JSON objects)")
     start = 0
     if col["messages"] in row and row[col["messages"]] is not None:
         messages = row[col["messages"]]
