@@ -71,8 +71,12 @@ def test_train_starts_from_the_merged_lora_folder_sft_writes(tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
     done = sft("--data", data, "--out", str(tmp_path / "model"), "--output-dir", str(tmp_path / "runs"),
                "--lora-rank", "4", "--epochs", "1", "--tools", str(ROOT / "nanorllm/envs/calc_tool.py") + ":calc",
-               cwd=tmp_path)
+               "--eval-frac", "0.25", "--report-to", "jsonl", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    (metrics,) = (tmp_path / "runs").glob("*/metrics.jsonl")
+    held_out = [(m["step"], m["sft/eval_loss"]) for m in map(json.loads, metrics.read_text().splitlines())
+                if "sft/eval_loss" in m]
+    assert [s for s, _ in held_out] == [0, 1] and all(loss > 0 for _, loss in held_out)  # 6 rows, 6 a step
     assert (tmp_path / "model" / "config.json").is_file() and not (tmp_path / "model" / "adapter_config.json").exists()
     train = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", str(tmp_path / "model"),
                             "--serial", "--max-steps", "1", "--tasks-per-step", "2", "--num-samples-per-task", "2",
