@@ -5,7 +5,7 @@ import pytest
 
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 from nanorllm.envs.registry import EnvSpec, load_bundle
 from nanorllm.supervised.demos import demonstration_conversations
 from nanorllm.supervised.sft import sft_rows

@@ -74,8 +74,8 @@ def reward_model_spec(cfg) -> RewardModelSpec | None:
 
 
 def judge_spec(cfg: JudgeSettings) -> JudgeSpec | None:
-    """The run's LLM judge (the judge_* fields); None without --judge."""
-    if not cfg.judge:
+    """The run's LLM judge (the judge_* fields); None without --judge (or in a program without the group)."""
+    if not isinstance(cfg, JudgeSettings) or not cfg.judge:
         return None
     return JudgeSpec(target=cfg.judge, rubric=cfg.judge_rubric, model=cfg.judge_model, api_key_env=cfg.judge_api_key_env,
                      mode=cfg.judge_mode, concurrency=cfg.judge_concurrency, retries=cfg.judge_retries,

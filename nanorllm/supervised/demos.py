@@ -9,7 +9,7 @@ the first prompt RL will show and the replies its env and tool parser read.
 
 from nanorllm.config.specs import episode_settings, task_specs
 from nanorllm.core.types import StepSample
-from nanorllm.envs.modules import EnvSpecError
+from nanorllm.utils.modules import EnvSpecError
 from nanorllm.envs.registry import load_env
 from nanorllm.supervised.sft_data import checked_rows, render_row
 

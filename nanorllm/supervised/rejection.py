@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     import tyro
 
     from nanorllm.datasets.errors import TaskFileError
-    from nanorllm.envs.modules import EnvSpecError
+    from nanorllm.utils.modules import EnvSpecError
     from nanorllm.policy.hf_causal import HFCausalPolicy
     from nanorllm.supervised.sft import learner_device
     from nanorllm.utils.devices import configure_threads

@@ -210,7 +210,7 @@ def main(argv: list[str]) -> int:
 
     from nanorllm.config.sft import SFT_DEFAULTS
     from nanorllm.datasets.errors import TaskFileError
-    from nanorllm.envs.modules import EnvSpecError
+    from nanorllm.utils.modules import EnvSpecError
 
     cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=__doc__)
     problems = cfg.validate()

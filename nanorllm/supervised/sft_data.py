@@ -32,7 +32,7 @@ from nanorllm.core.types import StepSample
 from nanorllm.datasets import hf_tasks
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.datasets.golds import parse_task_fields
-from nanorllm.datasets.tasks import _read_records
+from nanorllm.datasets.tasks import read_records
 from nanorllm.policy import chat_render
 
 SFT_FIELDS = ("messages", "prompt", "completion", "tools")
@@ -54,7 +54,7 @@ def read_rows(spec: str, *, limit: int | None = None) -> list[tuple[str, dict]]:
     if not path.is_file():
         raise TaskFileError(spec, [f"{spec}: {'is not a file' if path.exists() else 'file not found'}"])
     problems: list[tuple[int, str]] = []
-    records = _read_records(path, problems)
+    records = read_records(path, problems)
     if problems:
         raise TaskFileError(spec, [f"{spec}:{line}: {p}" for line, p in problems])
     return [(f"{spec}:{line}", row) for line, row in records[:limit]]
