@@ -133,7 +133,7 @@ def config_problems(cfg) -> list[str]:
                  f"'/' or '\\'), got {cfg.exp_name!r}")
     p += agent_env_problems(cfg)
     p += bound_problems(cfg, dict.fromkeys(["agent_timeout_s", "reward_timeout_s", "env_timeout_s"], "> 0"))
-    p += _reward_problems(cfg) + judge_problems(cfg)
+    p += _reward_problems(cfg) + judge_problems(cfg) + distill_problems(cfg)
     p += tool_problems(cfg) + bound_problems(cfg, {"tool_alarm_steps": ">= 0 (0: off)"})
     from nanorllm.utils.sinks import parse_report_to
 
@@ -252,6 +252,22 @@ def _reward_problems(cfg) -> list[str]:
         device = cfg.reward_model_device
         if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             p.append(f"reward_model_device: must be cpu, cuda or cuda:N, got {device!r}")
+    return p
+
+
+def distill_problems(cfg) -> list[str]:
+    """The distillation fields' own consistency; that the teacher shares the student's tokenizer is the world's check
+    (run/world.py)."""
+    p = bound_problems(cfg, {"distill_coef": ">= 0"})
+    if cfg.teacher is None:
+        if cfg.distill_only:
+            p.append("distill_only: trains on a --teacher's signal alone, and no --teacher is given")
+        return p
+    if cfg.distill_coef == 0 and not p:
+        p.append("distill_coef: 0 gives the --teacher no weight; leave --teacher out instead")
+    device = cfg.teacher_device
+    if device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        p.append(f"teacher_device: must be cpu, cuda or cuda:N, got {device!r}")
     return p
 
 

@@ -371,6 +371,23 @@ class GRPO(Learner, Optimizer, LossSettings, Decode):
 
 
 @dataclass
+class Distillation:
+    """On-policy distillation from a frozen teacher (trainer/teacher.py, docs/distillation.md)."""
+
+    teacher: str | None = None
+    """A model --model takes, sharing the student's tokenizer, frozen: it scores every token the student samples,
+    and each token's advantage gets -distill_coef x (log p_student - log p_teacher), the per-token reverse KL.
+    None: no teacher."""
+    distill_coef: float = 1.0
+    """Weight of the per-token reverse KL to the --teacher in the advantage."""
+    distill_only: bool = False
+    """Train on the --teacher's signal alone: the env's reward is still computed, logged and evaluated, but its
+    advantage is 0."""
+    teacher_device: str | None = None
+    """Where the --teacher runs (cpu, cuda, cuda:N). None: the learner's device (each learner rank's)."""
+
+
+@dataclass
 class Lora:
     """LoRA adapters (policy/lora.py, docs/lora.md)."""
 
@@ -514,7 +531,7 @@ class Program:
 
 
 @dataclass
-class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, EvalSettings, JudgeSettings,
+class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, Distillation, GRPO, Episodes, EvalSettings, JudgeSettings,
                   Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 

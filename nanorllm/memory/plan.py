@@ -193,12 +193,17 @@ def shm_free_bytes(path: str = "/dev/shm") -> int:
         return 1 << 62
 
 
+def layer_bytes(config, dtype_bytes: int) -> int:
+    """Bytes one decoder layer's forward keeps alive per token (module docstring)."""
+    inter = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+
+
 def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, checkpointing: bool) -> int:
     """Bytes a forward/backward keeps alive at its peak (module docstring): `tokens` computed through the
     decoder, `scored` of them through the head."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
-    inter = getattr(config, "intermediate_size", None) or 4 * hidden
-    layer = (LAYER_SAVED_PER_HIDDEN * hidden + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+    layer = layer_bytes(config, dtype_bytes)
     body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * dtype_bytes + layer) if checkpointing else layers * layer
     return int(tokens * body + scored * HEAD_BYTES_PER_VOCAB * config.vocab_size)
 
@@ -290,6 +295,8 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         *process_overheads(learner_dev)])
     if cfg.kl_coef > 0 and lora is None:
         learner.parts.insert(3, Part("reference", total * compute))
+    if getattr(cfg, "teacher", None) is not None and (teacher := teacher_bytes(cfg, mb)) is not None:
+        learner.parts.insert(3, Part("teacher", teacher, f"{cfg.teacher}, no grad", device=cfg.teacher_device))
     processes = [learner]
     # the shared block: what the workers load (every parameter, or the adapters), in the replica dtype
     shm = 0
@@ -325,6 +332,19 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
                       free=dict(free), micro_batch_tokens=tokens, host_source=host_source)
 
 
+def teacher_bytes(cfg, mb: MicroBatch) -> int | None:
+    """The --teacher's weights in --dtype plus its no-grad forward of the largest micro-batch (one layer's
+    activations alive at a time; its fp32 logits, its log-distributions and the exact KL's at the scored tokens),
+    from its config alone; None where that cannot be read."""
+    config = model_config(cfg.teacher)
+    if config is None:
+        return None
+    dtype_bytes = 2 if cfg.dtype in ("bfloat16", "bf16") else 4
+    total, _ = parameter_counts(config, None)
+    layer = layer_bytes(config, dtype_bytes)
+    return int(total * dtype_bytes + mb.tokens * layer + 3 * 4 * mb.scored * config.vocab_size)
+
+
 def reward_model_bytes(cfg) -> int | None:
     """The --reward-model's weights in --reward-model-dtype plus one batch's forward (no gradients: one layer's
     activations alive at a time, and the logits), from its config alone; None where that cannot be read."""
@@ -338,9 +358,7 @@ def reward_model_bytes(cfg) -> int | None:
     dtype_bytes = 2 if cfg.reward_model_dtype == "bfloat16" else 4
     weights = sum(p.numel() for p in model.parameters()) * dtype_bytes
     tokens = cfg.reward_model_batch_size * cfg.reward_model_max_tokens
-    hidden = config.hidden_size
-    inter = getattr(config, "intermediate_size", None) or 4 * hidden
-    layer = (LAYER_SAVED_PER_HIDDEN * hidden + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+    layer = layer_bytes(config, dtype_bytes)
     return int(weights + tokens * layer)
 
 

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.lora import adapter_base, adapter_on, is_adapter_dir
-from nanorllm.policy.presets import is_preset, preset_model_and_tokenizer
+from nanorllm.policy.presets import PREFIX, PRESETS, is_preset, preset_model_and_tokenizer, preset_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random"
@@ -120,3 +120,19 @@ def load_model_and_tokenizer(name: str, *, dtype: torch.dtype = torch.float32, d
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     return model, tokenizer
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of what `load_model_and_tokenizer(name)` loads, without its weights (a peft adapter folder's
+    is its base's)."""
+    if is_preset(name):
+        key = name.removeprefix(PREFIX)
+        if key not in PRESETS:
+            raise ValueError(f"model {name!r}: unknown preset; known: {', '.join(PREFIX + k for k in PRESETS)}")
+        return preset_tokenizer(PRESETS[key][2]["vocab_size"])
+    if is_adapter_dir(name):
+        return load_tokenizer(adapter_base(name))
+    if name == TINY:
+        return tiny_tokenizer()
+    path = ensure_smollm2() if name == SMOLLM2 else name
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)

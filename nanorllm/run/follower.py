@@ -14,6 +14,7 @@ from nanorllm.pipeline.messages import WorkerStart
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.reference import reference_policy
+from nanorllm.trainer.teacher import load_teacher
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
@@ -30,6 +31,7 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     if cfg.grad_checkpointing:
         policy.enable_grad_checkpointing()
     ref_policy = reference_policy(policy, cfg, ranks.device, start["reference_model"])
+    teacher = load_teacher(cfg, str(ranks.device))
     optimizer = make_optimizer(policy, cfg)
     source, remote = None, ranks.nodes > 1 and not cfg.serial
     if remote and ranks.local_rank == 0:  # this node's workers, fed by rank 0
@@ -56,7 +58,7 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
             if share is None:  # rank 0 stopped before training this step
                 continue
             policy.version = share["version"]
-            train_step(policy, optimizer, share["results"], cfg, ref_policy=ref_policy, ranks=ranks)
+            train_step(policy, optimizer, share["results"], cfg, ref_policy=ref_policy, teacher=teacher, ranks=ranks)
             if source is not None:
                 source.after_update(step)  # publishes the new weights here, takes the next shares
             elif remote:

@@ -1,6 +1,6 @@
 """The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
 --tools functions have schemas, a --reward-model folder is a sequence classifier, the --judge rubric reads and its
-key is set, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms;
+key is set, the --teacher shares the student's tokenizer, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms;
 these run when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
 reported at once, naming the field) and nothing is written before them."""
 
@@ -42,7 +42,7 @@ class World:
         """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field;
         `self.env` is the run's bundle when none stands in its way."""
         sources = source_problems(cfg)
-        p = folder_problems(cfg) + sources
+        p = folder_problems(cfg) + sources + teacher_problems(cfg)
         whole = not sources  # the tools and reward files load: build the bundle with them, else check the env alone
         spec = env_spec(cfg) if whole else replace(env_spec(cfg), tools=None)
         self.env = None
@@ -103,6 +103,14 @@ def source_problems(cfg: TrainConfig) -> list[str]:
         except EnvSpecError as e:
             p.append(f"tools: {e}")
     return p
+
+
+def teacher_problems(cfg: TrainConfig) -> list[str]:
+    """The --teacher shares the student's tokenizer (read from both tokenizers, before any weights load)."""
+    from nanorllm.trainer.teacher import vocabulary_problem
+
+    problem = vocabulary_problem(cfg.model, cfg.teacher) if cfg.teacher is not None else None
+    return [problem] if problem else []
 
 
 def judge_world_problems(cfg) -> list[str]:

@@ -43,7 +43,7 @@ from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
 
 
-def sft_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: float) -> tuple[torch.Tensor, dict]:
+def sft_loss(policy, batch: dict, cfg, *, ref_policy=None, teacher=None, normalizer: float) -> tuple[torch.Tensor, dict]:
     """A micro-batch's share of the step's mean negative log-likelihood over its trained tokens, and its metrics
     as update() sums them (trainer/step_metrics.py)."""
     logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)

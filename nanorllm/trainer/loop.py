@@ -45,6 +45,7 @@ from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.reference import reference_policy
+from nanorllm.trainer.teacher import Teacher, load_teacher
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.source import RolloutSource
@@ -115,6 +116,7 @@ class TrainingRun:
         self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
         self.policy: HFCausalPolicy | None = None
         self.ref_policy = None  # only with kl_coef > 0: a frozen copy, or under LoRA the adapters off (reference.py)
+        self.teacher: Teacher | None = None  # only with --teacher: the frozen model distilled from (teacher.py)
         self.optimizer: torch.optim.Optimizer | None = None
         self.stream: TaskStream | None = None
         self.logger: RunLogger | None = None  # None: nothing written yet, nothing to save or close
@@ -176,6 +178,7 @@ class TrainingRun:
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
         self.ref_policy = reference_policy(self.policy, cfg, self.devices.learner,
                                            cfg.model if not state else state["reference_model"])
+        self.teacher = load_teacher(cfg, self.devices.learner)
         self.optimizer = make_optimizer(self.policy, cfg)
         self.optimizer.register_step_pre_hook(self._updating)
         self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
@@ -369,7 +372,7 @@ class TrainingRun:
         before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
         share = self.ranks.share(results, self.policy.version)  # all of it with one rank
         metrics = train_step(self.policy, self.optimizer, share, self.cfg, ref_policy=self.ref_policy,
-                             ranks=self.ranks)
+                             teacher=self.teacher, ranks=self.ranks)
         check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
         return metrics
 

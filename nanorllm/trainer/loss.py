@@ -21,6 +21,7 @@ eps 3e-4 / 4e-4, TrainConfig.gspo_clip_*). In the GSPO-token form every token ca
 s_t = sg(s) x pi(y_t) / sg(pi(y_t)): its value is s, its gradient s x grad log pi(y_t), so with
 "seq-mean" the gradient is the paper's s x A x mean_t grad log pi. Entropy (`entropy_coef` > 0):
 the per-token entropy of the same logits is subtracted, coefficient times, before aggregation.
+A teacher (`teacher_logprobs`, trainer/teacher.py) adds -coef x (pi_prox - teacher) to each token's advantage.
 
 Off-policy correction (`correction`), for samples the learner did not generate itself (pipeline lag,
 or sampler numerics that differ from the training forward). Three policies per token:
@@ -53,7 +54,7 @@ from typing import get_args, get_type_hints
 import torch
 import torch.nn.functional as F
 
-from nanorllm.config.fields import LossSettings
+from nanorllm.config.fields import Distillation, LossSettings
 
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
@@ -70,12 +71,15 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSettings, *, temperature: float = 1.0,
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
-                        prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1):
+                        prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1,
+                        teacher_logprobs: torch.Tensor | None = None, distill: Distillation | None = None):
     """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; `settings` the objective's group (a
     TrainConfig is one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch,
     so callers add them up across micro-batches without a host synchronisation. With
     batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
-    summed apart for lag-0 and lagged tokens."""
+    summed apart for lag-0 and lagged tokens. With `teacher_logprobs`, (N, V) the teacher's log-distributions at
+    the same positions, each token's advantage also gets -distill.distill_coef x (pi_prox - teacher) of the sampled
+    token, the reverse KL's one-sample estimate (trainer/teacher.py)."""
     s = settings
     correction, loss_agg, ratio_level = s.off_policy_correction, s.loss_agg, s.ratio_level
     clip_low, clip_high = (s.gspo_clip_low, s.gspo_clip_high) if ratio_level == "sequence" else (s.clip_low, s.clip_high)
@@ -88,6 +92,12 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
     prox_lp = (prox_logprobs if prox_logprobs is not None else new_lp).detach()
     is_w = torch.exp(prox_lp - old_lp)  # (N,) pi_prox / pi_rollout
     keep = torch.ones_like(is_w)
+    distilled = {}
+    if teacher_logprobs is not None:
+        teacher_lp = teacher_logprobs.gather(-1, batch["targets"][:, None])[:, 0]
+        sampled_kl = prox_lp - teacher_lp  # (N,), detached: log p_student - log p_teacher at each sampled token
+        adv = (torch.zeros_like(adv) if distill.distill_only else adv) - distill.distill_coef * sampled_kl
+        distilled = distill_metrics(logits, teacher_logprobs, teacher_lp, sampled_kl, temperature)
     if correction != "none":
         ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
     if ratio_level == "sequence":
@@ -130,7 +140,7 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
         raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {loss_agg!r}")
     return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
                               is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
-                              is_cap=s.is_cap if correction in ("tis", "decoupled") else None)
+                              is_cap=s.is_cap if correction in ("tis", "decoupled") else None) | distilled
 
 
 def num_samples(batch: dict) -> int:
@@ -173,3 +183,15 @@ def loss_metrics(batch: dict, *, ratio, adv, prox_lp, old_lp, entropy, kl, is_w,
         metrics.update({"kl_same_weights": (k3 * same).sum(), "tokens_same_weights": same.sum(),
                         "kl_lagged": (k3 * (1 - same)).sum(), "tokens_lagged": (1 - same).sum()})
     return metrics
+
+
+@torch.no_grad()
+def distill_metrics(logits: torch.Tensor, teacher_logprobs: torch.Tensor, teacher_lp: torch.Tensor,
+                    sampled_kl: torch.Tensor, temperature: float) -> dict[str, torch.Tensor]:
+    """Sums over a micro-batch's tokens: the exact reverse KL(student || teacher) over the vocabulary at each
+    position (the student as this forward has it; the vocabularies' common ids, a padded head's extra rows left
+    out), its one-sample estimate the advantage used, and log p_teacher of the sampled token."""
+    student = F.log_softmax(logits.detach().float() / temperature, dim=-1)
+    v = min(student.shape[-1], teacher_logprobs.shape[-1])
+    exact = (student[:, :v].exp() * (student[:, :v] - teacher_logprobs[:, :v])).sum(-1)
+    return {"distill_kl": exact.sum(), "distill_kl_sampled": sampled_kl.sum(), "teacher_lp": teacher_lp.sum()}

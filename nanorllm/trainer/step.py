@@ -43,11 +43,13 @@ def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_t
     return engine.run(tasks, num_samples=num_samples_per_task, group_ids=group_ids, seed=seed).results
 
 
-def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_policy=None, ranks=None) -> dict:
+def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_policy=None, teacher=None,
+               ranks=None) -> dict:
     """group -> advantage -> flatten -> update -> the step's scalars.
 
     With learner `ranks` (ranks/group.py) `results` is this rank's share of the step (whole groups):
-    the normaliser and every metric are the whole step's, over all ranks."""
+    the normaliser and every metric are the whole step's, over all ranks. With a distillation `teacher`
+    (trainer/teacher.py) every group trains: the teacher scores each token, whatever the group's rewards."""
     t0 = time.perf_counter()
     ranks = ranks or ONE_RANK
     results, short, dropped = drop_failed(results, cfg.min_group_size)
@@ -60,18 +62,18 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
                       turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator,
                       reward_of=(lambda r: r.reward + penalty[id(r)]) if penalty else None,
                       batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std)
-    samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups, silent=silent)
+    samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups and teacher is None, silent=silent)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]
     host = step_counts(groups, silent=silent, truncated=truncated, short=short, dropped=dropped, penalty=penalty)
     set_step_lr(optimizer, policy.version, cfg)
     with matmul_precision(policy.device, tf32=cfg.tf32):
         if cfg.updates_per_batch == 1 and cfg.epochs == 1:
-            n = update(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, host=host)
+            n = update(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher, host=host)
         else:
             group_of = {s.episode_id: g for g, rs in groups.items() for r in rs for s in r.step_samples}
-            n = several_updates(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, host=host,
-                                group_of=group_of)
+            n = several_updates(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher,
+                                host=host, group_of=group_of)
     return step_scalars(n, cfg, lr=optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t0)
 
 
@@ -98,7 +100,8 @@ def set_step_lr(optimizer, version: int, cfg) -> None:
 
 def step_scalars(n: dict, cfg, *, lr: float, train_s: float) -> dict:
     """The step's scalars from the update's numbers (trainer/step_metrics.py) and what the step adds."""
-    m = step_metrics(n, correct=cfg.off_policy_correction != "none", kl=cfg.kl_coef > 0)
+    m = step_metrics(n, correct=cfg.off_policy_correction != "none", kl=cfg.kl_coef > 0,
+                     distill=cfg.teacher is not None)
     m.update({"lr": lr, "perf/micro_batches": n["micro_batches"], "perf/train_s": train_s})
     if "perf/gather_s" in n:  # FSDP: the new weights gathered into rank 0's full model
         m["perf/gather_s"] = n["perf/gather_s"]
@@ -126,8 +129,8 @@ def mini_batches(samples: list[StepSample], k: int, group_of: dict[str, str]) ->
     return out
 
 
-def several_updates(policy, optimizer, samples: list[StepSample], cfg, *, ranks, ref_policy, host: dict,
-                    group_of: dict[str, str]) -> dict:
+def several_updates(policy, optimizer, samples: list[StepSample], cfg, *, ranks, ref_policy, teacher=None,
+                    host: dict, group_of: dict[str, str]) -> dict:
     """epochs x updates_per_batch optimizer steps on one rollout batch; their sums merged (merge_updates)."""
     prox = None
     if cfg.off_policy_correction != "none":  # the batch's first policy, before any of its steps
@@ -137,6 +140,6 @@ def several_updates(policy, optimizer, samples: list[StepSample], cfg, *, ranks,
     zeros = dict.fromkeys(host, 0.0)
     for _ in range(cfg.epochs):
         for part in parts:
-            ns.append(update(policy, optimizer, part, cfg, ranks=ranks, ref_policy=ref_policy,
+            ns.append(update(policy, optimizer, part, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher,
                              host=host if not ns else zeros, prox=prox))
     return merge_updates(ns)

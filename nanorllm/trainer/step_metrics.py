@@ -14,7 +14,7 @@ import math
 import torch
 
 SUMMED = ("tokens", "clip_low", "clip_high", "approx_kl", "entropy", "kl", "is_weight_sum", "is_truncated",
-          "is_masked", "kl_same_weights", "tokens_same_weights", "kl_lagged", "tokens_lagged")
+          "is_masked", "kl_same_weights", "tokens_same_weights", "kl_lagged", "tokens_lagged", "distill_kl", "distill_kl_sampled", "teacher_lp")
 
 
 class StepSums:
@@ -48,7 +48,7 @@ class StepSums:
         return dict(zip(keys, values))
 
 
-def step_metrics(n: dict[str, float], *, correct: bool, kl: bool) -> dict:
+def step_metrics(n: dict[str, float], *, correct: bool, kl: bool, distill: bool = False) -> dict:
     """The step's scalars, named as TensorBoard shows them, from `StepSums.numbers` and the update's outcome."""
     adv_n, tokens = max(n["adv_n"], 1), max(n["tokens"], 1.0)
     m = {
@@ -69,6 +69,10 @@ def step_metrics(n: dict[str, float], *, correct: bool, kl: bool) -> dict:
         m["grad_norm"] = n["grad_norm"]
     if kl:
         m["loss/kl"] = n["kl"] / tokens
+    if distill:  # per token: KL(student || teacher) over the vocabulary, its sampled estimate, log p_teacher
+        m["distill/reverse_kl"] = n["distill_kl"] / tokens
+        m["distill/reverse_kl_sampled"] = n["distill_kl_sampled"] / tokens
+        m["distill/teacher_logprob"] = n["teacher_lp"] / tokens
     for part in ("same_weights", "lagged"):  # k3 of sampler vs learner before the update, by policy lag
         if n[f"tokens_{part}"]:
             m[f"mismatch/kl_{part}"] = n[f"kl_{part}"] / n[f"tokens_{part}"]

@@ -53,13 +53,14 @@ def score(policy, batch: dict):
 
 
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
-           ref_policy=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None,
+           ref_policy=None, teacher=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None,
            loss_fn=None) -> dict[str, float]:
     """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
     `host`'s counts), the gradient norm and `skipped_nan`, as numbers. `prox`: pi_prox per sample
     (id -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer steps share a rollout batch.
     `loss_fn`: a micro-batch's loss as `micro_batch_loss` computes it (its arguments, its (loss, metrics));
-    supervised fine-tuning passes its own (supervised/sft.py), RL the clipped objective."""
+    supervised fine-tuning passes its own (supervised/sft.py), RL the clipped objective. `teacher`: the distillation
+    teacher (trainer/teacher.py), scoring each micro-batch beside the reference."""
     correct = cfg.off_policy_correction != "none"
     optimizer.zero_grad(set_to_none=True)
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
@@ -85,7 +86,7 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
                 sums.host["padded_tokens"] += batch["input_ids"].numel()
                 sums.host["real_tokens"] += batch["num_tokens"]
                 loss, metrics = (loss_fn or micro_batch_loss)(policy, batch, cfg, ref_policy=ref_policy,
-                                                              normalizer=normalizer)
+                                                              teacher=teacher, normalizer=normalizer)
                 # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
                 (loss * ranks.world).backward()
                 sums.add(loss, metrics)
@@ -105,7 +106,8 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
     return n
 
 
-def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: float) -> tuple[torch.Tensor, dict]:
+def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, teacher=None,
+                     normalizer: float) -> tuple[torch.Tensor, dict]:
     """One micro-batch's forward(s) and loss, with its metrics as tensors."""
     batch["lag"] = policy.version - batch["policy_version"]  # (N,)
     prox_lp = batch.get("prox_logprobs")  # several steps on one batch: the batch's first policy, computed before
@@ -116,9 +118,11 @@ def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, normalizer: f
         with torch.no_grad():
             ref_out = score(ref_policy, batch)
             ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
+    teacher_logp = teacher.logprobs(batch) if teacher is not None else None  # (N, V)
     out = score(policy, batch)
     return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
-                               normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens)
+                               normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens,
+                               teacher_logprobs=teacher_logp, distill=cfg)
 
 
 def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:

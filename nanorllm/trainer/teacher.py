@@ -1,0 +1,75 @@
+"""The distillation teacher (`--teacher`): a frozen model that scores every token the student sampled.
+
+On-policy distillation (GKD with the student's own samples; Thinking Machines' "on-policy distillation"):
+the student samples episodes as in RL, the teacher gives each sampled token x_t its log p_teacher(x_t | x_<t)
+in the learner (one no-grad forward over the same collated batch), and the clipped objective trains on
+the per-token advantage
+
+    A_t = A_env - distill_coef x (log p_student(x_t) - log p_teacher(x_t))       (A_env = 0 with distill_only)
+
+The bracket is the one-sample estimate of the reverse KL(p_student || p_teacher) at that position, and
+its policy gradient is the reverse KL's: the student moves toward what the teacher would say where the
+student itself goes (mode seeking, on its own distribution, so it learns to recover from its own
+mistakes). log p_student is the learner's logprob before the update (pi_prox, trainer/loss.py), not
+the sampler's, so a lagged sample is scored against the student being trained and the run's importance
+ratio and clip correct the sampling; both logprobs are at the run's temperature. The term enters after
+the group's advantage is computed (as slime, verl and SkyRL add it), so it is not normalised away, and
+every group trains, a group whose rewards are all equal included (trainer/step.py).
+
+Frozen, the teacher needs nothing on resume; it sits on the learner's device or `--teacher-device`,
+held in --dtype like a sampling replica, and is counted in the memory plan (memory/plan.py).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from nanorllm.config.errors import ConfigError
+from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.policy.models import load_tokenizer
+from nanorllm.trainer.update import score
+
+
+class Teacher:
+    """A frozen policy on its own device whose `logprobs(batch)` are its logprobs of a collated batch's targets."""
+
+    def __init__(self, name: str, *, device: str, dtype: str, temperature: float):
+        self.policy = HFCausalPolicy.from_name(name, device=device, dtype=dtype, replica=True)
+        self.policy.model.requires_grad_(False).eval()
+        self.temperature = temperature
+
+    @torch.no_grad()
+    def logprobs(self, batch: dict) -> torch.Tensor:
+        """(N, V) the teacher's log-distribution at each of `batch`'s scored positions, on the batch's device."""
+        device = self.policy.device
+        here = batch["targets"].device
+        moved = batch if here == device else {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        logits = score(self.policy, moved).logits
+        return F.log_softmax(logits.float() / self.temperature, dim=-1).to(here)
+
+
+def load_teacher(cfg, learner_device: str) -> Teacher | None:
+    """The run's teacher on `--teacher-device` (default: `learner_device`), or None without --teacher."""
+    if cfg.teacher is None:
+        return None
+    try:
+        return Teacher(cfg.teacher, device=cfg.teacher_device or learner_device, dtype=cfg.dtype,
+                       temperature=cfg.temperature)
+    except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError([f"teacher: cannot load {cfg.teacher!r}: {first}"], "--teacher") from None
+
+
+def vocabulary_problem(student: str, teacher: str) -> str | None:
+    """One line when `teacher`'s tokenizer maps tokens to ids otherwise than `student`'s (the teacher scores the
+    student's token ids); read from the tokenizers alone, before any weights load."""
+    try:
+        s, t = load_tokenizer(student).get_vocab(), load_tokenizer(teacher).get_vocab()
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"teacher: cannot read the tokenizer of {teacher!r} or of the student {student!r}: {first}"
+    if s == t:
+        return None
+    diff = sorted(set(s.items()) ^ set(t.items()), key=lambda kv: kv[1])[0][0]
+    return (f"teacher: {teacher!r} has another vocabulary than the student {student!r} ({len(t)} vs {len(s)} tokens; "
+            f"{diff!r} is id {t.get(diff)} in the teacher, {s.get(diff)} in the student): the teacher scores the "
+            "student's token ids, so both must share one tokenizer")
