@@ -153,3 +153,30 @@ def test_reverse_kl_is_0_against_the_students_own_weights_and_above_0_against_an
     assert all(abs(m["distill/reverse_kl"]) < 1e-6 and m["grad_norm"] == 0 for m in own)
     assert all(m["distill/reverse_kl"] > 1e-3 and math.isfinite(m["distill/teacher_logprob"]) for m in other)
     assert all(m["grad_norm"] > 0 for m in other)
+
+
+@pytest.mark.slow
+def test_two_learner_ranks_distill_as_one(tmp_path):
+    """Each rank loads its own teacher and scores its share; the step's sums are the whole step's."""
+    teacher = save_other_teacher(tmp_path / "teacher")
+    pipeline = ["--no-serial", "--devices", "cpu", "--num-workers", "1", "--max-policy-lag", "0"]
+    one = distill_run(tmp_path, "one", teacher, *pipeline)
+    two = distill_run(tmp_path, "two", teacher, *pipeline, "--learner-devices", "2")
+    for a, b in zip(one, two):
+        for key in ("distill/reverse_kl", "distill/teacher_logprob", "grad_norm", "train/samples"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_a_resumed_run_distills_from_the_saved_teacher(tmp_path):
+    """The teacher is frozen and named in config.json: a resume reloads it and needs nothing else."""
+    from nanorllm.run.lifecycle import main
+
+    teacher = save_other_teacher(tmp_path / "teacher")
+    distill_run(tmp_path, "run", teacher)
+    with length_rule_grading():
+        assert main(["--resume", str(tmp_path / "run"), "--max-steps", "3"]) == 0
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    [third] = [m for m in steps if m.get("step") == 3]
+    assert third["distill/reverse_kl"] > 1e-3 and third["grad_norm"] > 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["teacher"] == teacher
