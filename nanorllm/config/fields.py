@@ -23,6 +23,8 @@ from typing import Annotated, Literal, get_origin, get_type_hints
 import tyro
 
 from nanorllm.algos.advantages import ESTIMATORS
+from nanorllm.core.limits import (AGENT_TIMEOUT_S, ENV_TIMEOUT_S, GRADER_TIMEOUT_S, MAX_TOOL_CALLS,
+                                  REWARD_TIMEOUT_S, TOOL_TIMEOUT_S)
 from nanorllm.envs.registry import DEFAULT_ENV
 from nanorllm.policy.tool_calls import PARSERS
 
@@ -59,12 +61,12 @@ class EnvSource:
     """An agent written against the OpenAI client instead of an env (docs/environments.md): path/to/file.py:fn or
     module.path:fn, fn(task, client) -> reward or {"reward": ..., ...}, sync or async. Each rollout worker serves
     it an OpenAI-compatible endpoint on 127.0.0.1; give --tasks. Not with --env."""
-    agent_timeout_s: float = 300.0
+    agent_timeout_s: float = AGENT_TIMEOUT_S
     """An --agent episode (or a verifiers env's, which runs on the same endpoint) still running this long after it
     started is ended as an env error (rollout/agent_timeouts)."""
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
-    env_timeout_s: float = 30.0
+    env_timeout_s: float = ENV_TIMEOUT_S
     """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
     episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
     task_fields: str | None = None
@@ -84,9 +86,9 @@ class ToolSettings:
     """Python functions the episodes may call (docs/tools.md): path/to/tools.py:fn1,fn2, module.path:fn1,fn2, or a
     file/module whose TOOLS list holds them; each needs type hints and a docstring with an Args: section (its JSON
     schema is transformers' get_json_schema). Any --env; not with --agent (its requests carry their own tools)."""
-    max_tool_calls: int = 4
+    max_tool_calls: int = MAX_TOOL_CALLS
     """Tool calls an episode may make under --tools; after them a reply goes to the env as its answer."""
-    tool_timeout_s: float = 10.0
+    tool_timeout_s: float = TOOL_TIMEOUT_S
     """Wall-clock limit (seconds, at most a day) of one tool call; past it the tools' helper process is killed and
     the call's result is an error text (counted in rollout/tool_errors)."""
 
@@ -103,7 +105,7 @@ class RewardFunctions:
     """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
     reward_mode: Literal["add", "replace"] = "add"
     """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
-    reward_timeout_s: float = 30.0
+    reward_timeout_s: float = REWARD_TIMEOUT_S
     """Wall-clock limit (seconds, at most a day) of one call of a --reward function; past it the scores of the batch it was given
     failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
 
@@ -230,7 +232,7 @@ class EpisodeShape:
     """System prompt; None uses the built-in one."""
     worked_example: bool = True
     """Put one worked question/answer pair before the question (teaches the \\boxed{} format)."""
-    grader_timeout_s: float = 5.0
+    grader_timeout_s: float = GRADER_TIMEOUT_S
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
 
 

@@ -18,6 +18,7 @@ import inspect
 import json
 from typing import Callable, ClassVar
 
+from nanorllm.core.limits import AGENT_TIMEOUT_S
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError, EpisodeSettings, check_step
 
@@ -29,7 +30,7 @@ class AgentBundle(EnvBundle):
     # else its reward)
     cut_ends_truncated: ClassVar[bool] = False
 
-    def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
+    def __init__(self, fn: Callable, settings: EpisodeSettings | None = None, *, timeout_s: float = AGENT_TIMEOUT_S,
                  tool_parser: str = "auto", **options):
         super().__init__(settings, **options)
         self.fn = fn

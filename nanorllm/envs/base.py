@@ -32,6 +32,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from nanorllm.agents.chat_agent import ChatAgent
+from nanorllm.core.limits import ENV_TIMEOUT_S, GRADER_TIMEOUT_S
 from nanorllm.core.types import RolloutResult, Trajectory
 
 Observation = str | dict  # text, or {"question": text}
@@ -111,8 +112,8 @@ class EpisodeSettings:
     max_turns: int = 2  # the engine ends any episode after this many turns
     system_prompt: str | None = None  # None: the bundle's own
     worked_example: bool = True
-    grader_timeout_s: float = 5.0
-    env_timeout_s: float = 30.0  # --env-timeout-s: one call to an env server (a reset, a step) past this is an env error
+    grader_timeout_s: float = GRADER_TIMEOUT_S
+    env_timeout_s: float = ENV_TIMEOUT_S  # --env-timeout-s: one call to an env server (a reset, a step) past this is an env error
     task_fields: dict[str, str] | None = None  # --task-fields: question / answer / task_id -> the source's columns
     # an episode's row, prompt and completions, holds at most this many tokens (rollout/row_bound.py: an --agent
     # request past it gets a 400, an env turn ends its episode); None: the model's context. What the memory plan

@@ -12,6 +12,7 @@ Each step's info carries "tool_call" (the expression, or None) and "tool_error" 
 
 import re
 
+from nanorllm.core.limits import GRADER_TIMEOUT_S
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.calc_tasks import make_calc_tasks, parse_calc_spec
 from nanorllm.envs.base import EnvBundle
@@ -30,7 +31,7 @@ NO_ANSWER = ("Write a calculation in a ```calc``` block, or give the final answe
 
 
 class CalcEnv:
-    def __init__(self, *, max_turns: int = 3, max_chars: int = 100, grader_timeout_s: float = 5.0):
+    def __init__(self, *, max_turns: int = 3, max_chars: int = 100, grader_timeout_s: float = GRADER_TIMEOUT_S):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns, self.max_chars, self.grader_timeout_s = max_turns, max_chars, grader_timeout_s

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
+from nanorllm.core.limits import GRADER_TIMEOUT_S
 from nanorllm.datasets.golds import extract_boxed  # noqa: F401  (the grader's box is the task readers' box)
 from nanorllm.envs.symbolic import CHECKER
 
@@ -104,7 +105,7 @@ def _int(digits: str) -> int:
     return value
 
 
-def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0,
+def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = GRADER_TIMEOUT_S,
                  progress: Callable[[], None] | None = None) -> tuple[bool, bool]:
     """(correct, timed out) for one extracted answer against the gold answer; returns within the CPU
     budget (plus the helper's start, once per process) whatever the gold. `progress()` is called
@@ -120,7 +121,7 @@ def check_answer(predicted: str, gold: str, *, cpu_limit_s: float = 5.0,
     return CHECKER.check(predicted, gold, cpu_limit_s, progress)
 
 
-def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0,
+def judge(response: str, gold: str, *, cpu_limit_s: float = GRADER_TIMEOUT_S,
           progress: Callable[[], None] | None = None) -> Verdict:
     """Grade a whole response. A response without a closed \\boxed{} is wrong."""
     boxed = extract_boxed(response)
@@ -130,7 +131,7 @@ def judge(response: str, gold: str, *, cpu_limit_s: float = 5.0,
     return Verdict(correct, boxed, timed_out)
 
 
-def grade(response: str, gold: str, *, cpu_limit_s: float = 5.0) -> tuple[bool, str | None]:
+def grade(response: str, gold: str, *, cpu_limit_s: float = GRADER_TIMEOUT_S) -> tuple[bool, str | None]:
     """(correct, extracted answer)."""
     v = judge(response, gold, cpu_limit_s=cpu_limit_s)
     return v.correct, v.extracted

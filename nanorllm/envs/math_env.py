@@ -11,6 +11,7 @@ The reward is terminal: only the last step's reward is the episode's reward.
 from typing import Callable
 
 from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT, MathAgent
+from nanorllm.core.limits import GRADER_TIMEOUT_S
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.grader import judge
 
@@ -25,7 +26,7 @@ NO_BOX_FEEDBACK = ("I could not find a final answer. Solve it again and put your
 
 
 class MathEnv:
-    def __init__(self, *, max_turns: int = 2, grader_timeout_s: float = 5.0,
+    def __init__(self, *, max_turns: int = 2, grader_timeout_s: float = GRADER_TIMEOUT_S,
                  progress: Callable[[], None] | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")

@@ -45,6 +45,7 @@ import weakref
 from typing import ClassVar
 from urllib.parse import urlparse
 
+from nanorllm.core.limits import ENV_TIMEOUT_S
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
@@ -168,7 +169,7 @@ class OpenEnvEnv:
     """One episode: one WebSocket session of the server at `url` (see the module docstring)."""
 
     def __init__(self, *, url: str, action_field: str, observation_field: str | None, reward: str = "sum",
-                 max_turns: int = 2, timeout_s: float = 30.0, reset_args: dict | None = None):
+                 max_turns: int = 2, timeout_s: float = ENV_TIMEOUT_S, reset_args: dict | None = None):
         self.url, self.action_field, self.observation_field = url, action_field, observation_field
         self.reward, self.max_turns, self.timeout_s = reward, max_turns, timeout_s
         self.reset_args = reset_args or {}  # --env-arg reset.KEY=VALUE: passed to every reset beside the seed

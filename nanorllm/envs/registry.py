@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from nanorllm.core.limits import AGENT_TIMEOUT_S, MAX_TOOL_CALLS, REWARD_TIMEOUT_S, TOOL_TIMEOUT_S
 from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
@@ -194,7 +195,7 @@ def load_env(spec: str = DEFAULT_ENV, settings: EpisodeSettings | None = None,
     return bundle
 
 
-def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = 300.0,
+def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s: float = AGENT_TIMEOUT_S,
                tool_parser: str = "auto") -> AgentBundle:
     """The AgentBundle of an --agent spec (module.path:fn or path/to/file.py:fn), refused like an --env
     spec when it does not import, names nothing or names a function of the wrong signature."""
@@ -231,17 +232,17 @@ class EnvSpec:
     env: str = DEFAULT_ENV  # a built-in name, module.path:Name or path/to/file.py:Name
     env_args: tuple[str, ...] = ()  # the bundle's own options, key=value
     agent: str | None = None  # an --agent function instead of an env
-    agent_timeout_s: float = 300.0
+    agent_timeout_s: float = AGENT_TIMEOUT_S
     tool_parser: str = "auto"  # policy/tool_calls.py: a parser's name, or auto (the chat template's)
     rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
     reward_weights: tuple[float, ...] = ()
     reward_mode: str = "add"
-    reward_timeout_s: float = 30.0  # one call of a reward function past this fails its batch's scores
+    reward_timeout_s: float = REWARD_TIMEOUT_S  # one call of a reward function past this fails its batch's scores
     reward_model: RewardModelSpec | None = None  # a learned reward model beside the functions
     judge: "JudgeSpec | None" = None  # an LLM judge that scores the episodes too (rewards/judge.py)
     tools: str | None = None  # --tools functions the env's episodes may call (envs/tools.py)
-    max_tool_calls: int = 4
-    tool_timeout_s: float = 10.0
+    max_tool_calls: int = MAX_TOOL_CALLS
+    tool_timeout_s: float = TOOL_TIMEOUT_S
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 
 

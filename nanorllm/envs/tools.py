@@ -24,6 +24,7 @@ still running after `timeout_s` (--tool-timeout-s), whose process is killed, or 
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from nanorllm.core.limits import MAX_TOOL_CALLS, TOOL_TIMEOUT_S
 from nanorllm.core.types import RolloutResult, Step
 from nanorllm.envs.base import EnvBundle
 from nanorllm.utils.modules import EnvSpecError
@@ -33,7 +34,6 @@ from nanorllm.policy.tool_calls import ToolCall, check_call, parse
 from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec
 from nanorllm.utils.timed import CallTimeout, call_with_limit
 
-DEFAULT_MAX_CALLS, DEFAULT_TIMEOUT_S = 4, 10.0
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,8 @@ class ToolAgent:
 class ToolBundle(EnvBundle):
     """`inner`'s episodes with `tools` at hand; everything else is `inner`'s."""
 
-    def __init__(self, inner: EnvBundle, tools: list[Tool], *, max_calls: int = DEFAULT_MAX_CALLS,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, parser: str = "auto"):
+    def __init__(self, inner: EnvBundle, tools: list[Tool], *, max_calls: int = MAX_TOOL_CALLS,
+                 timeout_s: float = TOOL_TIMEOUT_S, parser: str = "auto"):
         self.inner, self.tools, self.max_calls, self.timeout_s = inner, tools, max_calls, timeout_s
         self.options, self.spec, self.name = inner.options, inner.spec, inner.name
         self.default_tasks, self.default_eval_tasks = inner.default_tasks, inner.default_eval_tasks

@@ -43,13 +43,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from nanorllm.core.limits import REWARD_TIMEOUT_S
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.utils.modules import EnvSpecError, import_spec
 from nanorllm.utils.timed import CallTimeout, call_with_limit
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
-DEFAULT_TIMEOUT_S = 30.0
 _reported: set[tuple] = set()
 
 
@@ -71,7 +71,7 @@ class RewardFunction:
     var_kw: bool
     weight: float = 1.0
     required: tuple[str, ...] = ()  # the names it takes without a default
-    timeout_s: float = DEFAULT_TIMEOUT_S  # wall-clock limit of one call (--reward-timeout-s)
+    timeout_s: float = REWARD_TIMEOUT_S  # wall-clock limit of one call (--reward-timeout-s)
 
     def __call__(self, results: list[RolloutResult], env_name: str) -> list[float | None]:
         tasks = [r.trajectory.task for r in results]
@@ -137,7 +137,7 @@ def load_reward_function(spec: str, weight: float = 1.0) -> RewardFunction:
 
 
 def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = (),
-                          timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RewardFunction]:
+                          timeout_s: float = REWARD_TIMEOUT_S) -> list[RewardFunction]:
     weights = weights or (1.0,) * len(specs)
     fns = [load_reward_function(s, w) for s, w in zip(specs, weights)]
     for f in fns:
