@@ -224,7 +224,7 @@ def test_an_episode_calls_a_tool_then_answers_and_the_step_counts_it(tools_file)
     first = results[0].trajectory.steps
     assert first[0].feedback == "5" and first[1].observation == "5" and len(first) == 2
     m = rollout_metrics(results, env=bundle)
-    assert m["rollout/tool_calls_per_episode"] == 0.5
+    assert m["rollout/tool_calls_per_episode"] == m["rollout/episodes_with_tool_call"] == 0.5
     assert (m["rollout/tool_parse_failures"], m["rollout/tool_errors"]) == (1, 0)
 
 
@@ -253,7 +253,8 @@ def test_a_tiny_run_with_tools_trains_two_steps_serially_and_in_the_pipeline_and
     assert out.count("[tools] warning: the first 1 steps parsed no tool call (parser hermes, tools rendered by "
                      "the fallback Hermes block); a response: ") == 1
     scalars = read_scalars(tmp_path / "runs" / "r")
-    for name in ("rollout/tool_calls_per_episode", "rollout/tool_parse_failures", "rollout/tool_errors"):
+    for name in ("rollout/tool_calls_per_episode", "rollout/episodes_with_tool_call", "rollout/tool_parse_failures",
+                 "rollout/tool_errors"):
         assert [v for _, v in scalars[name]] == [0, 0]
     assert [v for _, v in scalars["rollout/env_errors"]] == [0, 0]
 

@@ -170,11 +170,13 @@ class ToolBundle(EnvBundle):
         return self.inner.load_tasks(spec, limit=limit)
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        """Tool calls parsed per episode; calls that did not parse, calls that failed and results cut to the row's
-        bound (rollout/row_bound.py), in the batch."""
+        """Tool calls parsed per episode and the share of episodes with one; calls that did not parse, calls that
+        failed and results cut to the row's bound (rollout/row_bound.py), in the batch."""
         steps = [s.info for r in results for s in r.trajectory.steps]
+        calling = sum(any(s.info.get("tool_calls") for s in r.trajectory.steps) for r in results)
         return {**self.inner.metrics(results),
                 "rollout/tool_calls_per_episode": sum(len(i.get("tool_calls", ())) for i in steps) / max(len(results), 1),
+                "rollout/episodes_with_tool_call": calling / max(len(results), 1),
                 "rollout/tool_parse_failures": sum(i.get("tool_parse_failures", 0) for i in steps),
                 "rollout/tool_errors": sum(i.get("tool_errors", 0) for i in steps),
                 "rollout/tool_results_truncated": sum(i.get("tool_results_truncated", 0) for i in steps)}
