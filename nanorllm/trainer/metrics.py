@@ -4,6 +4,7 @@ from collections import Counter
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
+from nanorllm.trainer.collapse import distinct_answers
 
 TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error", "reward_failed")
 
@@ -60,6 +61,8 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     m["groups/solve_none"] = sum(s == 0 for s in solved) / len(solved)
     m["groups/solve_all"] = sum(s == 1 for s in solved) / len(solved)
     m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
+    if (distinct := distinct_answers(results)) is not None:  # 1.0 for long: a constant answer (trainer/collapse.py)
+        m["rollout/distinct_answers"] = distinct
     if env is not None:
         m.update(env.metrics(results))
     return m
