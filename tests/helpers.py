@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nanorllm.core.types import RolloutResult, Step, Trajectory
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 
 
@@ -87,3 +88,11 @@ def doc_example(doc: Path, heading: str, target: Path, *, max_lines: int) -> Pat
     assert len(code.splitlines()) <= max_lines
     target.write_text(code + "\n")
     return target
+
+
+def episode(task_id: str, answer: str | None, reward: float = 0.5, *, response: str = "", info: dict | None = None,
+            reason: str = "max_turns") -> RolloutResult:
+    """A one-turn episode as the engine would return it (no samples): its graded `answer`, reward and step info."""
+    step = Step(observation="q", model_response=response, action=answer, reward=reward, done=True, info=info or {})
+    return RolloutResult(Trajectory(task_id=task_id, steps=[step], final_reward=reward, terminated=True,
+                                    termination_reason=reason), step_samples=[])

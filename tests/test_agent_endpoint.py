@@ -83,6 +83,10 @@ async def hangs(task, client):
 def no_completion(task, client):
     return 1.0
 
+def says_success(task, client):
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}], max_tokens=1)
+    return {"reward": 1.0, "success": task["task_id"] == "t0"}
+
 def wrong_signature(task):
     return 0.0
 
@@ -316,6 +320,16 @@ def test_an_agent_that_never_asked_the_policy_is_an_error(tiny_policy, agent_fil
     finally:
         engine.close()
     assert results[0].trajectory.termination_reason == "error" and results[0].step_samples == []
+
+
+def test_an_agents_own_success_is_the_episodes_success_as_an_envs_is(tiny_policy, agent_file):
+    engine = _engine(tiny_policy, f"{agent_file}:says_success")
+    try:
+        results = engine.run(TASKS[:2], num_samples=1).results
+    finally:
+        engine.close()
+    assert [(r.reward, r.succeeded) for r in results] == [(1.0, True), (1.0, False)]
+    assert rollout_metrics(results)["success_rate"] == 0.5
 
 
 # ---- refused at start ---------------------------------------------------------------------------------

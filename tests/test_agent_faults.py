@@ -202,6 +202,7 @@ def test_a_run_with_proxy_variables_set_trains_its_agent_and_sends_the_proxy_not
                                           ("1", "reward: expected a number"), (True, "reward: expected a number"),
                                           ({"note": 1}, "reward: expected a number, got None"),
                                           ({"reward": 1.0, "reason": 3}, "info['reason']: expected text"),
+                                          ({"reward": 1.0, "success": "yes"}, "info['success']: expected True or False"),
                                           ({"reward": 1.0, "action": {1, 2}}, "the returned 'action'"),
                                           ({"reward": 1.0, "action": np.int64(3)}, "the returned 'action'")])
 def test_what_an_agent_returns_is_checked_like_an_env_step_naming_the_field(value, field):

@@ -70,5 +70,5 @@ def test_the_readme_folder_table_lists_every_folder_once_and_names_every_module_
                                       any(p.glob("*.py"))] + ["launch/"])
     assert {folder: unnamed_modules(folder, what) for folder, what in rows if unnamed_modules(folder, what)} == {}
     assert {folder: absent_modules(folder, what) for folder, what in rows if absent_modules(folder, what)} == {}
-    assert unnamed_modules("nanorllm/trainer/", "`loop.py`, `update.py`")[:2] == ["checkpoint.py", "collate.py"]
+    assert unnamed_modules("nanorllm/trainer/", "`loop.py`, `update.py`")[:2] == ["checkpoint.py", "collapse.py"]
     assert absent_modules("nanorllm/trainer/", "`loop.py` (and `launch/eval.py`), `gone.py`") == ["gone.py"]

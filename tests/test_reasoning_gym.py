@@ -111,10 +111,11 @@ def test_the_datasets_own_score_grades_both_formats(fmt, wrap):
     env = b.make_env()
     env.reset(task)
     obs, reward, done, info = env.step("So: " + wrap.format(task["answer"]))
-    assert (obs, reward, done, info["reason"], info["action"]) == (None, 1.0, True, "correct", task["answer"])
+    assert (obs, reward, done, info["reason"], info["action"], info["success"]) == (None, 1.0, True, "correct",
+                                                                                     task["answer"], True)
     env.reset(task)
     obs, reward, done, info = env.step(wrap.format(int(task["answer"]) + 1))
-    assert (obs, reward, done, info["reason"]) == (None, 0.0, True, "wrong")
+    assert (obs, reward, done, info["reason"], info["success"]) == (None, 0.0, True, "wrong", False)
     env.reset(task)
     other = "\\boxed{{{}}}" if fmt == "tags" else "<answer>{}</answer>"
     assert env.step(other.format(task["answer"]))[1:3] == (0.0, True)  # the other format is no answer
@@ -146,7 +147,7 @@ def test_a_wrong_answer_with_turns_left_gets_a_retry_turn():
     assert env.step("z")[1:3] == (0.0, True)  # the last turn ends it
 
 
-def test_held_out_evaluation_reports_full_scores_apart_from_partial_ones():
+def test_success_is_the_full_score_and_the_mean_reward_counts_partial_ones():
     from nanorllm.trainer.evaluate import evaluate
 
     b = _bundle(1)
@@ -155,7 +156,7 @@ def test_held_out_evaluation_reports_full_scores_apart_from_partial_ones():
     # exact; the gold twice (the dataset's partial score: len(gold) / len(answer) = 0.5); no answer at all
     policy = ScriptedPolicy([[f"<answer>{golds[0]}</answer>", f"<answer>{golds[1] * 2}</answer>", "no idea"]])
     res = evaluate(policy, tasks, sampling=SamplingParams(), env=b)
-    assert res["success_rate"] == pytest.approx(2 / 3)  # reward > 0: the partial score counts
+    assert res["success_rate"] == pytest.approx(1 / 3)  # success is the full score: the partial one rewards only
     assert res["reasoning_gym/solved"] == pytest.approx(1 / 3)
     assert res["mean_reward"] == pytest.approx(1.5 / 3)
 

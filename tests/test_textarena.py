@@ -15,6 +15,7 @@ from nanorllm.envs.textarena import innermost, start_game  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from nanorllm.run.lifecycle import main  # noqa: E402
+from nanorllm.trainer.metrics import rollout_metrics  # noqa: E402
 from tests.procs import read_rollouts, read_scalars, run_train  # noqa: E402
 from tests.runs import TINY_ARGS  # noqa: E402
 
@@ -71,7 +72,8 @@ def test_a_scripted_episode_reaches_the_games_reward_and_its_observations_are_th
     assert (obs, reward, done, info) == ("The target number is higher." if wrong < target else
                                          "The target number is lower.", 0.0, False, {"turn": 1, "invalid_move": False})
     obs, reward, done, info = game.step(f"I say [{target}]")
-    assert (obs, reward, done, info["reason"], info["game_done"]) == (None, 1.0, True, "game_over", True)
+    assert (obs, reward, done, info["reason"], info["game_done"], info["success"]) == (None, 1.0, True, "game_over",
+                                                                                       True, True)
     assert "Congratulations" in info["game_reason"] and game.closed
 
 
@@ -89,20 +91,20 @@ def test_the_engine_plays_whole_games_and_the_turn_limit_closes_an_unfinished_on
     tasks = env.load_tasks("ta:count=3,seed=11")
     (a, b, c) = RolloutEngine(ScriptedPolicy(_bisect), sampling=SamplingParams(), env=env).run(tasks).results
     for r in (a, b, c):  # halving 1..20 finds any number within 5 guesses
-        assert (r.reward, r.trajectory.termination_reason) == (1.0, "game_over")
+        assert (r.reward, r.trajectory.termination_reason, r.succeeded) == (1.0, "game_over", True)
         assert r.trajectory.steps[0].observation.startswith("You are Player 0")
     short = load_env(GAME, EpisodeSettings(max_turns=1)).make_env()
     short.reset({"task_id": "t", "seed": 1})  # target 5: the first bisection guess, 10, misses
     obs, reward, done, info = short.step("[10]")
-    assert (obs, reward, done, info["reason"], info["game_done"], short.closed) == (None, 0.0, True, "max_turns",
-                                                                                    False, True)
+    assert (obs, reward, done, info["reason"], info["game_done"], short.closed, info["success"]) == (
+        None, 0.0, True, "max_turns", False, True, False)
     m = env.metrics([a, b, c])
     assert m["textarena/games_finished"] == 1.0 and m["textarena/invalid_moves_per_episode"] == 0.0
     assert m["textarena/turns_per_episode"] == sum(r.trajectory.num_turns for r in (a, b, c)) / 3
     assert m["textarena/won"] == 1.0
 
 
-def test_a_game_ended_by_its_own_turn_limit_gives_a_partial_reward_that_is_no_win():
+def test_a_game_ended_by_its_own_turn_limit_gives_a_partial_reward_that_is_no_win_and_no_success():
     seed = next(s for s in range(100) if _target(s) == 20)  # guessing 1, 2, ... 11 never finds it
     env = load_env(GAME, EpisodeSettings(max_turns=12))  # the game's max_turns=10 lets an 11th guess
     (r,) = RolloutEngine(ScriptedPolicy(lambda call, row, messages: f"[{call + 1}]"), sampling=SamplingParams(),
@@ -111,6 +113,7 @@ def test_a_game_ended_by_its_own_turn_limit_gives_a_partial_reward_that_is_no_wi
     assert r.reward == pytest.approx(1 - 9 / 19)  # the game's share for the last guess's distance
     m = env.metrics([r])
     assert (m["textarena/games_finished"], m["textarena/won"]) == (1.0, 0.0)
+    assert not r.succeeded and rollout_metrics([r], env=env)["success_rate"] == 0.0  # a reward, but no win
 
 
 def test_starting_a_game_leaves_the_trainers_random_stream_as_it_was():

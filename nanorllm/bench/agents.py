@@ -63,7 +63,7 @@ def _timed(engine: RolloutEngine, tasks: list[dict], seed: int) -> dict:
     return {"wall_s": wall, "gen_tokens": t["gen_tokens"], "tokens_per_s": t["gen_tokens"] / wall,
             "rows_per_decode_step": t["decode_rows"] / max(t["decode_steps"], 1),
             "requests": sum(len(r.step_samples) for r in out.results),
-            "success": sum(r.reward > 0 for r in out.results) / len(out.results)}
+            "success": sum(r.succeeded for r in out.results) / len(out.results)}
 
 
 def run_agent_bench(cfg: AgentBenchConfig) -> int:

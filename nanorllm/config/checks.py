@@ -134,7 +134,8 @@ def config_problems(cfg) -> list[str]:
     p += agent_env_problems(cfg)
     p += bound_problems(cfg, dict.fromkeys(["agent_timeout_s", "reward_timeout_s", "env_timeout_s"], "> 0"))
     p += _reward_problems(cfg) + judge_problems(cfg) + distill_problems(cfg)
-    p += tool_problems(cfg) + bound_problems(cfg, {"tool_alarm_steps": ">= 0 (0: off)"})
+    p += tool_problems(cfg)
+    p += bound_problems(cfg, dict.fromkeys(["tool_alarm_steps", "collapse_alarm_steps"], ">= 0 (0: off)"))
     from nanorllm.utils.sinks import parse_report_to
 
     try:

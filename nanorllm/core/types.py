@@ -18,6 +18,13 @@ from dataclasses import dataclass, field
 FAILED_REASONS = ("error", "reward_failed")
 
 
+def success(steps: list["Step"], reward: float) -> bool:
+    """Whether `steps` (an episode, or its first turn) succeeded: the env's own word, info["success"] of the last
+    step that has one (a game won, a full score: an env may count success apart from its reward), else reward > 0."""
+    said = [s.info["success"] for s in steps if "success" in s.info]
+    return bool(said[-1]) if said else reward > 0
+
+
 @dataclass
 class Step:
     """One turn: observation -> model response -> env feedback."""
@@ -89,6 +96,17 @@ class RolloutResult:
     @property
     def failed(self) -> bool:
         return self.trajectory.termination_reason in FAILED_REASONS
+
+    @property
+    def succeeded(self) -> bool:
+        """The episode succeeded (`success`): what success_rate, pass@k and held-out success count."""
+        return success(self.trajectory.steps, self.reward)
+
+    @property
+    def first_turn_succeeded(self) -> bool:
+        """Its first turn succeeded, by the same rule on that turn alone."""
+        steps = self.trajectory.steps
+        return bool(steps) and success(steps[:1], steps[0].reward)
 
 
 @dataclass

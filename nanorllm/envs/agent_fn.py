@@ -5,9 +5,10 @@
 The function is the whole episode: it talks to the policy through `client` (whose base URL and key
 point at the rollout worker's endpoint, rollout/endpoint.py) and returns the reward, or a dict with
 "reward" and anything else (kept whole as the last step's info["returned"] and in the dump; "reason"
-names how the episode ended, "action" is what was graded). What it returns is checked as an env's
-step is (`check_agent_result`): a reward that is not a finite number, a "reason" that is not text or
-a value JSON cannot hold ends the episode as an env error, as an env's protocol violation does.
+names how the episode ended, "action" is what was graded, "success" whether it succeeded, as an env's step
+info says it). What it returns is checked as an env's step is (`check_agent_result`): a reward that is not a
+finite number, a "reason" that is not text, a "success" that is not a bool or a value JSON cannot hold ends the
+episode as an env error, as an env's protocol violation does.
 The engine records the token ids and logprobs of every completion it served (rollout/agent_runner.py);
 the function never sees a token. It stands where an env bundle stands, so tasks, grouping,
 advantages, evaluation and the dump treat it like any env: tasks load as for the built-in envs

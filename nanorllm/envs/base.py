@@ -46,7 +46,9 @@ class Env(Protocol):
 
     def step(self, response: str) -> tuple[str | None, float, bool, dict]:
         """(next observation or None, this step's reward, done, info). info may carry "action" (what
-        was graded), "reason" (why the episode ended) and numbers the bundle's `metrics` reads."""
+        was graded), "reason" (why the episode ended), "success" (a bool: whether the episode succeeded, where the
+        env counts success otherwise than reward > 0; the last step that says it decides) and numbers the bundle's
+        `metrics` reads."""
         ...
 
 
@@ -70,7 +72,8 @@ def check_reset(observation: object) -> Observation:
 
 def check_step(result: object) -> tuple[str | None, float, bool, dict]:
     """`env.step`'s result, checked field by field: (text or None, a finite number, a bool, a dict whose
-    "reason", if any, is text). The reward comes back as a float and `done` as a bool."""
+    "reason", if any, is text and whose "success", if any, a bool). The reward comes back as a float and `done` as a
+    bool."""
     if not isinstance(result, (tuple, list)) or len(result) != 4:
         raise EnvProtocolError("env.step's result", "a tuple (observation, reward, done, info)", result)
     observation, reward, done, info = result
@@ -86,6 +89,8 @@ def check_step(result: object) -> tuple[str | None, float, bool, dict]:
         raise EnvProtocolError("info", "a dict", info)
     if not isinstance(info.get("reason", ""), str):
         raise EnvProtocolError("info['reason']", "text", info["reason"])
+    if not isinstance(info.get("success", False), (bool, np.bool_)):
+        raise EnvProtocolError("info['success']", "True or False", info["success"])
     return observation, float(reward), bool(done), info
 
 

@@ -98,8 +98,8 @@ class CalculatorTool(EnvBundle):
              "tool/errors_per_episode": sum(bool(s.info.get("tool_error")) for r in results
                                             for s in r.trajectory.steps) / n,
              "tool/episodes_with_call": sum(c > 0 for c in calls) / n}
-        with_call = [r.reward > 0 for r, c in zip(results, calls) if c]
-        without = [r.reward > 0 for r, c in zip(results, calls) if not c]
+        with_call = [r.succeeded for r, c in zip(results, calls) if c]
+        without = [r.succeeded for r, c in zip(results, calls) if not c]
         if with_call:
             m["tool/success_with_call"] = sum(with_call) / len(with_call)
         if without:

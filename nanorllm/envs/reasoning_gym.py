@@ -4,8 +4,9 @@ One question per episode, the dataset item's own; the reward is the dataset's ow
 The answer is read from `<answer>...</answer>` tags (reasoning-gym's `extract_answer`, `answer_format=tags`, the
 default: its answers are often lists, words or grids, which braces in a box would garble) or from the last
 `\\boxed{}` (`answer_format=boxed`). A wrong answer with turns left gets a user turn asking for another try; the
-episode's reward is its last answer's score (partial scores count), 1.0 ends it. As in the math env, one worked
-exchange comes before the question (`--no-worked-example` drops it): the first item of the target's first dataset
+episode's reward is its last answer's score (partial scores count), 1.0 ends it; its success (`success_rate`,
+held-out success, pass@k) is that full score alone. As in the math env, one worked exchange comes before the
+question (`--no-worked-example` drops it): the first item of the target's first dataset
 drawn with seed 0 (in neither default set: `DEFAULT_SETS`), answered in the answer format, which is what teaches a small
 model to write the tags or the box at all.
 
@@ -220,7 +221,8 @@ class ReasoningGymEnv(MathEnv):
         self.turn += 1
         answer = extract(response, self.answer_format)
         value = score(self.task, answer)
-        info = {"action": answer, "score": value, "correct": value >= 1.0, "turn": self.turn}
+        # success is the full score: a partial one (a close answer) rewards, it does not solve
+        info = {"action": answer, "score": value, "correct": value >= 1.0, "success": value >= 1.0, "turn": self.turn}
         if value >= 1.0:
             return None, value, True, {**info, "reason": "correct"}
         if self.turn >= self.max_turns:
@@ -261,7 +263,8 @@ class ReasoningGym(EnvBundle):
         return [{"role": "assistant", "content": gold_reply(task["answer"], self.options["answer_format"])}]
 
     def metrics(self, results: list[RolloutResult]) -> dict:
-        """Episodes whose last answer got the dataset's full score (1.0): success counts partial scores too."""
+        """Episodes whose last answer got the dataset's full score (1.0): the episodes' success, kept under its own
+        name for the curves logged when success counted partial scores."""
         solved = sum(bool(r.trajectory.steps) and bool(r.trajectory.steps[-1].info.get("correct")) for r in results)
         return {"reasoning_gym/solved": solved / max(len(results), 1)}
 

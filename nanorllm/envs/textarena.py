@@ -7,7 +7,8 @@ given on the step that ends it. The game judges its moves: an invalid move is th
 penalty reward, never a crash. An exception the game raises ends that episode as an env error (the engine's
 rule for any env). The episode ends when the game is done ("game_over", or "invalid_move" when an invalid move
 ended it) or at --max-turns ("max_turns", reward 0 unless the game had already set one); the game is closed
-either way, and when it raises.
+either way, and when it raises. Its success (info "success") is a win: the game ended it with its full reward,
+1 (many games give a partial reward when they end otherwise).
 
 Tasks are seeds: `ta:count=N,seed=S` is the seeds S .. S+N-1. Training and held-out seeds come from disjoint
 ranges (`default_tasks` / `default_eval_tasks`, envs/seeds.py). A game that needs more than one player is
@@ -117,7 +118,7 @@ class TextArenaEnv:
         else:
             reason = "max_turns"
         return None, reward, True, {**info, "game_done": bool(done), "game_reason": str(player.get("reason", "")),
-                                    "reason": reason}
+                                    "reason": reason, "success": bool(done) and reward >= 1.0}  # won
 
 
 class TextArenaGame(EnvBundle):
@@ -150,8 +151,7 @@ class TextArenaGame(EnvBundle):
                                                            for s in r.trajectory.steps) / n,
                 "textarena/games_finished": sum(bool(i.get("game_done")) for i in last) / n,
                 "textarena/ended_by_invalid_move": sum(i.get("reason") == "invalid_move" for i in last) / n,
-                "textarena/won": sum(bool(i.get("game_done")) and r.trajectory.steps[-1].reward >= 1.0
-                                     for r, i in zip(results, last) if r.trajectory.steps) / n}
+                "textarena/won": sum(bool(i.get("success")) for i in last) / n}
 
 
 def bundle_class(target: str) -> type[EnvBundle]:

@@ -466,6 +466,8 @@ class AgentRunner:
         last.reward, last.done = reward, True
         last.info.update({"returned": info, **({"refused_requests": refused} if refused else {})})  # beside the endpoint's own keys
         last.action = info.get("action")
+        if "success" in info:  # the agent's own word on success, as an env's step info gives it
+            last.info["success"] = info["success"]
         cut = self.bundle.cut_ends_truncated and ep.samples[-1].truncated  # AgentBundle.cut_ends_truncated
         traj.final_reward, traj.terminated = reward, not cut
         traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "truncated" if cut

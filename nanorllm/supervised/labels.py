@@ -26,7 +26,7 @@ def sample_rows(cfg, say=print) -> list[dict]:
                            env=env)
     results = engine.run(tasks, num_samples=cfg.samples_per_task, seed=cfg.seed).results
     rows = [{"prompt": r.trajectory.task["question"], "response": r.trajectory.steps[-1].model_response,
-             "label": int(r.reward > 0), "task_id": r.task_id} for r in results if r.trajectory.steps]
+             "label": int(r.succeeded), "task_id": r.task_id} for r in results if r.trajectory.steps]
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

@@ -5,7 +5,8 @@ decode step or an answer check that stands still past `hang_timeout_s` is report
 was doing and which task, and stops the run instead of hanging it.
 
 With `--eval-samples n` a second pass samples n episodes a task at `--eval-temperature` and reports the
-unbiased pass@k for each k <= n and mean@n (the mean success of all n samples) beside greedy success.
+unbiased pass@k for each k <= n and mean@n (the mean success of all n samples) beside greedy success. Success is
+training's (`RolloutResult.succeeded`: the env's own `success` where a step's info gives it, else reward > 0).
 
 Evaluation keeps training's failed-score rule: an episode the env raised in or whose score failed (a reward function,
 judge or reward model that raised, timed out or gave nan: `RolloutResult.failed`) says nothing about the policy, so
@@ -41,8 +42,8 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     scored = [r for r in results if not r.failed]
     timeouts, first_timeout = grader_timeouts(results)
     return {
-        "success_rate": mean(r.reward > 0 for r in scored),
-        "first_turn_success": mean(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0 for r in scored),
+        "success_rate": mean(r.succeeded for r in scored),
+        "first_turn_success": mean(r.first_turn_succeeded for r in scored),
         "mean_reward": mean(r.reward for r in scored),  # where partial scores count, success alone says little
         "mean_turns": mean(r.trajectory.num_turns for r in scored),
         "n": len(scored),
@@ -92,7 +93,7 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
         if saved is not None:
             generator.set_state(saved)
     groups = [[r for r in results[i * samples:(i + 1) * samples] if not r.failed] for i in range(len(tasks))]
-    counts = [(len(g), sum(r.reward > 0 for r in g)) for g in groups]  # (scored samples, passed) a task
+    counts = [(len(g), sum(r.succeeded for r in g)) for g in groups]  # (scored samples, passed) a task
     out = {f"pass@{k}": mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in ks}
     scored = sum(n for n, _ in counts)
     out[f"mean@{samples}"] = sum(c for _, c in counts) / scored if scored else math.nan

@@ -41,6 +41,7 @@ from nanorllm.policy.lora import save_merged, trainable_line, trainable_paramete
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
+from nanorllm.trainer.collapse import CollapseAlarm
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
@@ -104,6 +105,7 @@ class TrainingRun:
         self.tool_calls_seen = 0.0  # --tools: calls per episode summed over this process's first steps
         self.tool_reply: str | None = None  # --tools: a raw response of the first step (None: no --tools step ran)
         self.tool_alarm_said = False
+        self.collapse = CollapseAlarm(cfg.collapse_alarm_steps)  # one distinct answer a group for long: a warning
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
         self.parts: RunParts | None = None  # the run's assembly: env, tasks, devices, LoRA spec
@@ -355,7 +357,7 @@ class TrainingRun:
 
     def rollout(self, step: int) -> tuple[list[RolloutResult] | None, dict]:
         """Step `step`'s episodes from the source, every learner rank starting the step with it, and their
-        scalars; the grader and tool alarms look at them. (None, {}) when the run stops instead."""
+        scalars; the grader, tool and collapse alarms look at them. (None, {}) when the run stops instead."""
         self.ranks.begin(step)  # the other ranks start it too (and other nodes' leaders their rollouts)
         results, extra = self.source.next_batch(step)
         if self.stop_requested or results is None:
@@ -364,6 +366,7 @@ class TrainingRun:
         metrics.update(extra)
         self.report_grader_timeouts(results, step + 1)
         self.report_no_tool_calls(results, metrics, step + 1)
+        self.report_collapse(results, step + 1)
         return results, metrics
 
     def learn(self, results: list[RolloutResult], step: int) -> dict:
@@ -464,6 +467,12 @@ class TrainingRun:
         self.say(f"[tools] warning: the first {steps} steps parsed no tool call (parser {parser}, tools rendered by "
                  f"the {rendered_by}); a response: {self.tool_reply[:300]!r}. If the model writes calls in another "
                  "format, set --tool-parser (docs/tools.md)")
+
+    def report_collapse(self, results: list[RolloutResult], step: int) -> None:
+        """One warning, once, when the step ends --collapse-alarm-steps steps whose every group held one distinct
+        final answer with a reward mean below 1 (trainer/collapse.py)."""
+        if warning := self.collapse.feed(results, step):
+            self.say(warning)
 
     def attach_ranks(self) -> None:
         """Every learner rank gets this rank's weights and optimizer state (after the workers' shared

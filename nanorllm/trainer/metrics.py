@@ -4,6 +4,7 @@ from collections import Counter
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
+from nanorllm.trainer.collapse import distinct_answers
 
 TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error", "reward_failed")
 
@@ -38,9 +39,8 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     m = {
         "reward/mean": mean,
         "reward/std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
-        "success_rate": sum(r.reward > 0 for r in results) / n,
-        "success_rate/first_turn": sum(bool(r.trajectory.steps) and r.trajectory.steps[0].reward > 0
-                                       for r in results) / n,
+        "success_rate": sum(r.succeeded for r in results) / n,
+        "success_rate/first_turn": sum(r.first_turn_succeeded for r in results) / n,
         "episode/num_turns": sum(r.trajectory.num_turns for r in results) / n,
         "completions/mean_length": sum(lengths) / max(len(lengths), 1),
         "completions/clipped_ratio": sum(s.truncated for s in samples) / max(len(samples), 1),
@@ -57,10 +57,12 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     for reason in sorted(set(TERMINATION_REASONS) | set(reasons)):  # always all, so curves have no gaps
         m[f"episode/termination/{reason}"] = reasons[reason] / n
     groups = group_by_task_id(results).values()
-    solved = [sum(r.reward > 0 for r in g) / len(g) for g in groups]
+    solved = [sum(r.succeeded for r in g) / len(g) for g in groups]
     m["groups/solve_none"] = sum(s == 0 for s in solved) / len(solved)
     m["groups/solve_all"] = sum(s == 1 for s in solved) / len(solved)
     m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
+    if (distinct := distinct_answers(results)) is not None:  # 1.0 for long: a constant answer (trainer/collapse.py)
+        m["rollout/distinct_answers"] = distinct
     if env is not None:
         m.update(env.metrics(results))
     return m

@@ -1,0 +1,80 @@
+"""A policy that collapses says so: `rollout/distinct_answers` counts each group's distinct final answers, and
+`CollapseAlarm` warns once when every group held one answer for --collapse-alarm-steps steps with a reward mean
+below 1; real tiny runs on an env whose answer is a constant warn (serial and pipeline), and one whose answers
+vary does not."""
+
+from pathlib import Path
+
+import pytest
+
+from helpers import episode
+from nanorllm.trainer.collapse import CollapseAlarm, distinct_answers, final_answer
+from nanorllm.trainer.metrics import rollout_metrics
+from tests.procs import read_scalars, run_train
+from tests.runs import train_in_process
+
+ANSWERS = f"{Path(__file__).parent / 'answer_env.py'}:Answers"
+
+
+def constant_step(reward: float = 0.5) -> list:
+    """Two groups of one answer each: task a answers 42 four times, task b 7 twice."""
+    return [episode("a", "42", reward) for _ in range(4)] + [episode("b", "7", reward) for _ in range(2)]
+
+
+def test_distinct_answers_is_the_mean_over_groups_and_leaves_failed_episodes_out():
+    results = [episode("a", x) for x in "aabc"] + [episode("b", "x") for _ in range(4)]
+    results.append(episode("b", "z", reason="error"))  # an env error: says nothing about the policy
+    assert distinct_answers(results) == 2.0
+    assert rollout_metrics(results)["rollout/distinct_answers"] == 2.0
+    assert distinct_answers([episode("a", "y", reason="reward_failed")]) is None
+    assert "rollout/distinct_answers" not in rollout_metrics([episode("a", "y", reason="error")])
+
+
+def test_the_final_answer_is_the_graded_action_else_the_response_stripped():
+    assert final_answer(episode("a", "42", response="so \\boxed{42}")) == "42"
+    assert final_answer(episode("a", None, response="  the answer is 4\n")) == "the answer is 4"
+    assert distinct_answers([episode("a", None, response="4 "), episode("a", None, response=" 4")]) == 1.0
+    assert distinct_answers([episode("a", [1, 2]), episode("a", [1, 2]), episode("a", 3)]) == 2.0  # an agent's JSON
+
+
+def test_the_alarm_warns_once_after_its_steps_of_one_answer_a_group_naming_the_answer_and_its_share():
+    alarm = CollapseAlarm(3)
+    assert [alarm.feed(constant_step(), step) for step in (1, 2)] == [None, None]
+    warning = alarm.feed(constant_step(), 3)
+    assert warning == ("[collapse] step 3: warning: the last 3 steps' groups each held one distinct final answer "
+                       "(reward mean 0.50 < 1); the most common, '42', is 0.67 of their 18 episodes: the policy may "
+                       "have collapsed to a constant answer (docs/metrics.md)")
+    assert [alarm.feed(constant_step(), step) for step in range(4, 10)] == [None] * 6  # never twice
+
+
+def test_a_group_of_two_answers_restarts_the_count_and_a_full_reward_is_no_collapse():
+    alarm = CollapseAlarm(2)
+    mixed = constant_step() + [episode("c", "1"), episode("c", "2")]
+    assert [alarm.feed(s, i) for i, s in enumerate([constant_step(), mixed, constant_step()])] == [None] * 3
+    assert alarm.feed(constant_step(), 4).startswith("[collapse] step 4: warning: the last 2 steps'")
+    solved = CollapseAlarm(2)
+    assert [solved.feed(constant_step(reward=1.0), step) for step in range(5)] == [None] * 5
+    assert [CollapseAlarm(0).feed(constant_step(), step) for step in range(5)] == [None] * 5  # 0: off
+
+
+# ---- real runs ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_serial_run_whose_answer_is_constant_warns_once_and_one_whose_answers_vary_does_not(tmp_path):
+    flags = ["--env", ANSWERS, "--collapse-alarm-steps", "2", "--max-steps", "3", "--no-save-model"]
+    out = train_in_process(tmp_path, "constant", [*flags, "--env-arg", "answer=42"])
+    assert out.count("[collapse]") == 1
+    assert ("[collapse] step 2: warning: the last 2 steps' groups each held one distinct final answer (reward mean "
+            "0.50 < 1); the most common, '42', is 1.00 of their ") in out
+    assert [v for _, v in read_scalars(tmp_path / "constant")["rollout/distinct_answers"]] == [1.0, 1.0, 1.0]
+    out = train_in_process(tmp_path, "varied", flags)  # the tiny random model's responses are the answers
+    assert "[collapse]" not in out and "step 3/3" in out
+    assert all(v > 1 for _, v in read_scalars(tmp_path / "varied")["rollout/distinct_answers"])
+
+
+@pytest.mark.slow
+def test_the_pipelines_learner_warns_as_the_serial_loop_does(tmp_path):
+    rc, out, _ = run_train(["--num-workers", "1", "--env", ANSWERS, "--env-arg", "answer=42", "--collapse-alarm-steps",
+                            "2", "--max-steps", "2", "--run-name", "p", "--no-save-model"], tmp_path / "runs")
+    assert rc == 0, out
+    assert out.count("[collapse] step 2: warning: the last 2 steps' groups each held one distinct final answer") == 1
