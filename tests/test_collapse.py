@@ -57,6 +57,14 @@ def test_a_group_of_two_answers_restarts_the_count_and_a_full_reward_is_no_colla
     assert [CollapseAlarm(0).feed(constant_step(), step) for step in range(5)] == [None] * 5  # 0: off
 
 
+def test_a_policy_that_answers_each_task_its_own_way_is_not_a_constant_answer():
+    """Every group holds one answer, but each task its own: consistent, not collapsed (no answer is most episodes)."""
+    per_task = [episode(task, answer, 0.5) for task, answer in zip("abc", ("42", "7", "9")) for _ in range(4)]
+    alarm = CollapseAlarm(2)
+    assert [alarm.feed(per_task, step) for step in range(5)] == [None] * 5
+    assert alarm.feed(constant_step(), 5) is None and alarm.feed(constant_step(), 6) is not None  # 42: 8 of 12 then
+
+
 # ---- real runs ---------------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -158,8 +158,8 @@ class Sources(TaskSources, RewardModelSettings, RewardFunctions, ToolSettings, E
     """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
     the template and a raw response (a format mismatch shows in a minute). 0: off."""
     collapse_alarm_steps: int = 5
-    """When this many steps in a row held one distinct final answer in every group with a reward mean below 1, one
-    warning names the most common answer and its share (a policy collapsed to a constant guess; docs/metrics.md).
+    """When this many steps in a row held one distinct final answer in every group with a reward mean below 1, and
+    one answer is more than half of their episodes, one warning names that answer and its share (a policy collapsed to a constant guess; docs/metrics.md).
     Counted afresh after a resume. 0: off."""
 
 

@@ -44,7 +44,9 @@ def distinct_answers(results: list[RolloutResult]) -> float | None:
 
 class CollapseAlarm:
     """Fed each step's episodes; says once when `steps` steps in a row held one distinct final answer in every
-    group and a reward mean below 1 (steps = 0: never)."""
+    group and a reward mean below 1, and one answer is more than half of those steps' episodes (steps = 0: never).
+    Without that last condition a policy that answers each task consistently, if not always right, would read as
+    collapsed."""
 
     def __init__(self, steps: int):
         self.steps = steps
@@ -63,10 +65,12 @@ class CollapseAlarm:
         self.streak = [*self.streak, (Counter(a for g in groups for a in g), sum(rewards), len(rewards))][-self.steps:]
         if len(self.streak) < self.steps:
             return None
-        self.said = True
         answers = sum((c for c, _, _ in self.streak), Counter())
         n = sum(k for _, _, k in self.streak)
         (answer, count), = answers.most_common(1)
+        if count * 2 <= n:  # each task its own answer: a policy consistent per task, not a constant one
+            return None
+        self.said = True
         shown = answer if len(answer) <= 80 else answer[:80] + "..."
         return (f"[collapse] step {step}: warning: the last {self.steps} steps' groups each held one distinct final "
                 f"answer (reward mean {sum(s for _, s, _ in self.streak) / n:.2f} < 1); the most common, {shown!r}, "
