@@ -24,3 +24,10 @@ def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
     out = bench_rollout_batching(fresh_tiny_policy, tasks, max_new_tokens=5)
     assert out["_batched_tokens"] == out["_single_tokens"] == 3 * 5
     assert fresh_tiny_policy.eos_ids  # restored after the forced-length run
+
+
+def test_the_distillation_bench_times_both_updates_on_the_same_batch():
+    from nanorllm.bench.distill import compare
+
+    r = compare("tiny-random", 1)
+    assert r["rl_s"] > 0 and r["distill_s"] > 0 and r["ratio"] == r["distill_s"] / r["rl_s"] and r["tokens"] > 0
