@@ -117,3 +117,13 @@ def test_the_sft_loss_is_the_mean_negative_log_likelihood_of_the_trained_tokens(
         out = tiny_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
     direct = -token_logprobs(out.logits, batch["targets"])[0].mean()
     assert float(loss) == pytest.approx(float(direct), rel=1e-6) and float(metrics["tokens"]) == n
+
+
+def test_a_model_that_does_not_load_is_one_line_exit_2_and_no_run_folder(tmp_path, capsys):
+    from nanorllm.supervised.sft import main
+
+    rc = main(["--model", str(tmp_path / "no-such-model"), "--demos", "2", "--out", str(tmp_path / "out"),
+               "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: model: cannot load '{tmp_path / 'no-such-model'}'")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from nanorllm.config.errors import ConfigError, cannot_load
 from nanorllm.config.sft import SFTConfig
 from nanorllm.config.specs import lora_spec
 from nanorllm.core.types import StepSample
@@ -183,8 +184,11 @@ def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
         ckpt, state = checkpoint.load_latest(run_dir)
     lora = lora_spec(cfg)
     name = str(ckpt / "model") if state and lora is None else cfg.model
-    policy = HFCausalPolicy.from_name(name, device=device, dtype=cfg.dtype, seed=cfg.seed, lora=lora,
-                                      adapter=str(ckpt / "model") if state and lora else None)
+    try:
+        policy = HFCausalPolicy.from_name(name, device=device, dtype=cfg.dtype, seed=cfg.seed, lora=lora,
+                                          adapter=str(ckpt / "model") if state and lora else None)
+    except (OSError, ValueError) as e:
+        raise cannot_load("model", name, e, "--model") from None
     if cfg.grad_checkpointing:
         policy.enable_grad_checkpointing()
     train, held_out = split_rows(rows_for(policy), cfg.eval_frac, cfg.seed)
@@ -221,6 +225,9 @@ def main(argv: list[str]) -> int:
         run, start = start_run(cfg, lambda policy: sft_rows(cfg, policy))
     except (TaskFileError, EnvSpecError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:
+        print("\n".join(f"error: {p}" for p in e.problems), file=sys.stderr)
         return 2
     try:
         train_sft(run, start)

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
+from nanorllm.config.errors import cannot_load
 from nanorllm.config.specs import sampling_params
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
@@ -169,9 +170,8 @@ class TrainingRun:
                 self.policy = HFCausalPolicy.from_name(cfg.model, device=self.devices.learner, dtype=cfg.dtype,
                                                        seed=cfg.seed, lora=lora,
                                                        adapter=model_source if state else None)
-        except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError([f"model: cannot load {model_source!r}: {first}"], "--model") from None
+        except (OSError, ValueError) as e:
+            raise cannot_load("model", model_source, e, "--model") from None
         self.policy.graphs_enabled = cfg.cuda_graphs
         if cfg.grad_checkpointing:
             self.policy.enable_grad_checkpointing()

@@ -23,7 +23,7 @@ held in --dtype like a sampling replica, and is counted in the memory plan (memo
 import torch
 import torch.nn.functional as F
 
-from nanorllm.config.errors import ConfigError
+from nanorllm.config.errors import cannot_load, first_line
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import load_tokenizer
 from nanorllm.trainer.update import score
@@ -54,9 +54,8 @@ def load_teacher(cfg, learner_device: str) -> Teacher | None:
     try:
         return Teacher(cfg.teacher, device=cfg.teacher_device or learner_device, dtype=cfg.dtype,
                        temperature=cfg.temperature)
-    except (OSError, ValueError) as e:  # no such folder or hub id, a folder that needs its own code, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError([f"teacher: cannot load {cfg.teacher!r}: {first}"], "--teacher") from None
+    except (OSError, ValueError) as e:
+        raise cannot_load("teacher", cfg.teacher, e, "--teacher") from None
 
 
 def vocabulary_problem(student: str, teacher: str) -> str | None:
@@ -65,8 +64,7 @@ def vocabulary_problem(student: str, teacher: str) -> str | None:
     try:
         s, t = load_tokenizer(student).get_vocab(), load_tokenizer(teacher).get_vocab()
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return f"teacher: cannot read the tokenizer of {teacher!r} or of the student {student!r}: {first}"
+        return f"teacher: cannot read the tokenizer of {teacher!r} or of the student {student!r}: {first_line(e)}"
     if s == t:
         return None
     diff = sorted(set(s.items()) ^ set(t.items()), key=lambda kv: kv[1])[0][0]
