@@ -64,7 +64,11 @@ AGGREGATIONS = get_args(get_type_hints(LossSettings)["loss_agg"])
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
     """(N, V) logits -> (logprob of target (N,), entropy (N,)) under softmax(logits / T)."""
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return of_targets(F.log_softmax(logits.float() / temperature, dim=-1), targets)
+
+
+def of_targets(logp: torch.Tensor, targets: torch.Tensor):
+    """(N, V) log-distributions -> (logprob of target (N,), entropy (N,))."""
     entropy = -(logp.exp() * logp).sum(-1)
     return logp.gather(-1, targets[:, None])[:, 0], entropy
 
@@ -85,7 +89,8 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
     clip_low, clip_high = (s.gspo_clip_low, s.gspo_clip_high) if ratio_level == "sequence" else (s.clip_low, s.clip_high)
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    new_lp, entropy = token_logprobs(logits, batch["targets"], temperature)  # (N,), (N,)
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, V): a teacher's KL reads it too
+    new_lp, entropy = of_targets(logp, batch["targets"])  # (N,), (N,)
     old_lp, adv = batch["old_logprobs"], batch["advantages"]
     log_ratio = new_lp - old_lp  # vs the sampler
     ratio = torch.exp(log_ratio)
@@ -97,7 +102,7 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
         teacher_lp = teacher_logprobs.gather(-1, batch["targets"][:, None])[:, 0]
         sampled_kl = prox_lp - teacher_lp  # (N,), detached: log p_student - log p_teacher at each sampled token
         adv = (torch.zeros_like(adv) if distill.distill_only else adv) - distill.distill_coef * sampled_kl
-        distilled = distill_metrics(logits, teacher_logprobs, teacher_lp, sampled_kl, temperature)
+        distilled = distill_metrics(logp, teacher_logprobs, teacher_lp, sampled_kl)
     if correction != "none":
         ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
     if ratio_level == "sequence":
@@ -186,12 +191,13 @@ def loss_metrics(batch: dict, *, ratio, adv, prox_lp, old_lp, entropy, kl, is_w,
 
 
 @torch.no_grad()
-def distill_metrics(logits: torch.Tensor, teacher_logprobs: torch.Tensor, teacher_lp: torch.Tensor,
-                    sampled_kl: torch.Tensor, temperature: float) -> dict[str, torch.Tensor]:
+def distill_metrics(logp: torch.Tensor, teacher_logprobs: torch.Tensor, teacher_lp: torch.Tensor,
+                    sampled_kl: torch.Tensor) -> dict[str, torch.Tensor]:
     """Sums over a micro-batch's tokens: the exact reverse KL(student || teacher) over the vocabulary at each
-    position (the student as this forward has it; the vocabularies' common ids, a padded head's extra rows left
-    out), its one-sample estimate the advantage used, and log p_teacher of the sampled token."""
-    student = F.log_softmax(logits.detach().float() / temperature, dim=-1)
+    position (`logp`: the student's log-distributions as this forward has them; the vocabularies' common ids, a
+    padded head's extra rows left out), its one-sample estimate the advantage used, and log p_teacher of the
+    sampled token."""
+    student = logp.detach()
     v = min(student.shape[-1], teacher_logprobs.shape[-1])
     exact = (student[:, :v].exp() * (student[:, :v] - teacher_logprobs[:, :v])).sum(-1)
     return {"distill_kl": exact.sum(), "distill_kl_sampled": sampled_kl.sum(), "teacher_lp": teacher_lp.sum()}
