@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from nanorllm.bench.decode import bench_rollout_batching
@@ -26,6 +27,7 @@ def test_rollout_batching_compares_the_same_number_of_tokens(fresh_tiny_policy):
     assert fresh_tiny_policy.eos_ids  # restored after the forced-length run
 
 
+@pytest.mark.slow
 def test_the_distillation_bench_times_both_updates_on_the_same_batch():
     from nanorllm.bench.distill import compare
 
