@@ -3,12 +3,13 @@
 below 1; real tiny runs on an env whose answer is a constant warn (serial and pipeline), and one whose answers
 vary does not."""
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from helpers import episode
-from nanorllm.trainer.collapse import CollapseAlarm, distinct_answers, final_answer
+from nanorllm.trainer.collapse import CollapseAlarm, distinct_answers, effective_count, final_answer
 from nanorllm.trainer.metrics import rollout_metrics
 from tests.procs import read_scalars, run_train
 from tests.runs import train_in_process
@@ -63,6 +64,58 @@ def test_a_policy_that_answers_each_task_its_own_way_is_not_a_constant_answer():
     alarm = CollapseAlarm(2)
     assert [alarm.feed(per_task, step) for step in range(5)] == [None] * 5
     assert alarm.feed(constant_step(), 5) is None and alarm.feed(constant_step(), 6) is not None  # 42: 8 of 12 then
+
+
+def graded(task_id: str, answer: str, gold: str, reward: float) -> object:
+    """An episode of a task whose gold answer is `gold`."""
+    result = episode(task_id, answer, reward)
+    result.trajectory.task = {"task_id": task_id, "answer": gold}
+    return result
+
+
+def two_guesses_step(golds: str = "12345678") -> list:
+    """Eight tasks of golds 1..8, four episodes each: the policy answers 1 or 2 whatever the question (two
+    distinct answers in a group, so the one-answer rule does not see it); right only where the gold is 1 or 2."""
+    return [graded(f"t{g}", guess, g, float(guess == g)) for g in golds for guess in "1122"]
+
+
+def test_the_effective_count_is_one_over_the_squared_shares():
+    assert effective_count(Counter("aaaa")) == 1.0 and effective_count(Counter("abcd")) == 4.0
+    assert effective_count(Counter("aaab")) == pytest.approx(1.6)  # 16 / (9 + 1)
+
+
+def test_a_policy_of_two_guesses_whatever_the_question_warns_with_the_spread_of_its_answers_and_the_golds():
+    alarm = CollapseAlarm(3)
+    assert [alarm.feed(two_guesses_step(), step) for step in (1, 2)] == [None, None]
+    assert alarm.feed(two_guesses_step(), 3) == (
+        "[collapse] step 3: warning: the last 3 steps' final answers spread over 2.0 effective answers where their "
+        "tasks' golds spread over 8.0 (reward mean 0.12 < 1); the most common of their 96 episodes: '1' 0.50, "
+        "'2' 0.50: the policy's answers may not follow the question (docs/metrics.md)")
+    assert alarm.feed(two_guesses_step(), 4) is None  # once
+
+
+def test_answers_that_follow_the_golds_are_no_collapse_even_when_the_golds_are_few():
+    """A policy half right whose wrong answers vary, and a yes/no task answered yes and no: neither warns."""
+    half = [graded(f"t{g}", a, g, float(a == g)) for g in "12345678" for a in (g, g, str(int(g) + 10), str(int(g) + 20))]
+    yes_no = [graded(f"t{i}", a, g, float(a == g)) for i, g in enumerate(["yes", "no"] * 4) for a in ("yes", "no")]
+    for step_results in (half, yes_no):
+        alarm = CollapseAlarm(2)
+        assert [alarm.feed(step_results, step) for step in range(5)] == [None] * 5
+    alarm = CollapseAlarm(2)  # but yes whatever the question is a constant answer
+    only_yes = [graded(f"t{i}", "yes", g, float(g == "yes")) for i, g in enumerate(["yes", "no"] * 4) for _ in "ab"]
+    assert alarm.feed(only_yes, 1) is None
+    assert alarm.feed(only_yes, 2).startswith("[collapse] step 2: warning: the last 2 steps' groups each held one")
+
+
+def test_a_solved_step_or_tasks_without_golds_restart_or_skip_the_step_wide_rule():
+    alarm = CollapseAlarm(2)
+    solved = [graded(f"t{g}", g, g, 1.0) for g in "12" for _ in range(4)]
+    steps = [two_guesses_step(), solved, two_guesses_step()]
+    assert [alarm.feed(s, i) for i, s in enumerate(steps)] == [None] * 3
+    assert alarm.feed(two_guesses_step(), 3) is not None
+    no_golds = CollapseAlarm(2)  # the same answers, no `answer` in the tasks: only the one-answer rule applies
+    plain = [episode(f"t{g}", guess, 0.1) for g in "12345678" for guess in "1122"]
+    assert [no_golds.feed(plain, step) for step in range(4)] == [None] * 4
 
 
 # ---- real runs ---------------------------------------------------------------------------------------

@@ -158,9 +158,10 @@ class Sources(TaskSources, RewardModelSettings, RewardFunctions, ToolSettings, E
     """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
     the template and a raw response (a format mismatch shows in a minute). 0: off."""
     collapse_alarm_steps: int = 5
-    """When this many steps in a row held one distinct final answer in every group with a reward mean below 1, and
-    one answer is more than half of their episodes, one warning names that answer and its share (a policy collapsed to a constant guess; docs/metrics.md).
-    Counted afresh after a resume. 0: off."""
+    """When this many steps in a row, each with a reward mean below 1, held one distinct final answer in every group
+    with one answer more than half of their episodes (a constant guess), or spread their final answers over at most
+    half as many effective answers as their tasks' golds (a few guesses whatever the question), one warning names
+    the answers and their shares (docs/metrics.md). Counted afresh after a resume. 0: off."""
 
 
 @dataclass

@@ -7,6 +7,12 @@ the share the guess earns, which reads as a plateau rather than a collapse. `rol
 per step; `CollapseAlarm` prints one warning when it lasted --collapse-alarm-steps steps with a reward mean below 1
 (a policy that solves every task may well agree with itself).
 
+A policy may also collapse onto a few fixed guesses spread over its turns (1, then 2 after the retry): its groups
+keep two answers, but across the step's tasks its answers no longer follow the question. Where the tasks carry a
+gold `answer`, the alarm compares the spread of the policy's final answers with the spread of the golds of the same
+episodes, each as an effective number of answers (1 / the sum of the squared shares: 1 for one answer, k for k
+answers of equal share): a policy whose answers spread over at most half as many as the golds' says so too.
+
 An episode's final answer is its last step's `action` (what the env graded: the math env's boxed answer,
 reasoning-gym's <answer>) or, where the env records none, its last response, stripped. Failed episodes (an env
 error, a score that could not be computed) say nothing about the policy and are not counted.
@@ -14,7 +20,8 @@ error, a score that could not be computed) say nothing about the policy and are 
 The alarm's state is this process's: a resumed run starts its count afresh at the resume.
 """
 
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
@@ -42,37 +49,86 @@ def distinct_answers(results: list[RolloutResult]) -> float | None:
     return sum(len(set(g)) for g in groups) / len(groups) if groups else None
 
 
+def effective_count(counts: Counter) -> float:
+    """1 / the sum of the squared shares: how many equally common values the spread is worth."""
+    n = sum(counts.values())
+    return n * n / sum(c * c for c in counts.values())
+
+
+@dataclass
+class StepAnswers:
+    """One step's scored episodes as the alarm reads them."""
+    answers: Counter  # final answer -> episodes
+    golds: Counter | None  # gold answer -> episodes (None: some task carries no `answer`)
+    one_each: bool  # every group held one distinct final answer
+    reward: float  # the episodes' reward sum
+    episodes: int
+
+    @classmethod
+    def of(cls, results: list[RolloutResult]) -> "StepAnswers | None":
+        scored = [r for r in results if not r.failed]
+        if not scored:
+            return None
+        golds = [r.trajectory.task.get("answer") for r in scored]
+        return cls(Counter(final_answer(r) for r in scored),
+                   None if any(g is None for g in golds) else Counter(str(g).strip() for g in golds),
+                   all(len(set(g)) == 1 for g in group_answers(scored)), sum(r.reward for r in scored), len(scored))
+
+
 class CollapseAlarm:
-    """Fed each step's episodes; says once when `steps` steps in a row held one distinct final answer in every
-    group and a reward mean below 1, and one answer is more than half of those steps' episodes (steps = 0: never).
-    Without that last condition a policy that answers each task consistently, if not always right, would read as
-    collapsed."""
+    """Fed each step's episodes; says once when the last `steps` steps, each with a reward mean below 1, either held
+    one distinct final answer in every group with one answer more than half of their episodes (a constant answer;
+    without that last condition a policy that answers each task consistently, if not always right, would read as
+    collapsed), or spread their final answers over at most half as many effective answers as the golds of the same
+    episodes (a few fixed guesses). steps = 0: never."""
 
     def __init__(self, steps: int):
         self.steps = steps
-        self.streak: list[tuple[Counter, float, int]] = []  # the steps in a row so far: answers, reward sum, episodes
+        self.window: deque[StepAnswers] = deque(maxlen=max(steps, 1))
         self.said = False
 
     def feed(self, results: list[RolloutResult], step: int) -> str | None:
-        """The warning when step `step` completes the streak (once a run), else None."""
+        """The warning when step `step` completes a collapsed window (once a run), else None."""
         if not self.steps or self.said:
             return None
-        groups = group_answers(results)
-        rewards = [r.reward for r in results if not r.failed]
-        if not groups or any(len(set(g)) > 1 for g in groups) or sum(rewards) / len(rewards) >= 1:
-            self.streak.clear()
+        seen = StepAnswers.of(results)
+        if seen is None or seen.reward >= seen.episodes:  # nothing scored, or every episode solved
+            self.window.clear()
             return None
-        self.streak = [*self.streak, (Counter(a for g in groups for a in g), sum(rewards), len(rewards))][-self.steps:]
-        if len(self.streak) < self.steps:
+        self.window.append(seen)
+        if len(self.window) < self.steps:
             return None
-        answers = sum((c for c, _, _ in self.streak), Counter())
-        n = sum(k for _, _, k in self.streak)
+        warning = self.constant(step) or self.narrow(step)
+        self.said = warning is not None
+        return warning
+
+    def pooled(self) -> tuple[Counter, int, float]:
+        """The window's final answers, episodes and reward mean."""
+        n = sum(s.episodes for s in self.window)
+        return sum((s.answers for s in self.window), Counter()), n, sum(s.reward for s in self.window) / n
+
+    def constant(self, step: int) -> str | None:
+        answers, n, mean = self.pooled()
         (answer, count), = answers.most_common(1)
-        if count * 2 <= n:  # each task its own answer: a policy consistent per task, not a constant one
+        if not all(s.one_each for s in self.window) or count * 2 <= n:
             return None
-        self.said = True
-        shown = answer if len(answer) <= 80 else answer[:80] + "..."
         return (f"[collapse] step {step}: warning: the last {self.steps} steps' groups each held one distinct final "
-                f"answer (reward mean {sum(s for _, s, _ in self.streak) / n:.2f} < 1); the most common, {shown!r}, "
-                f"is {count / n:.2f} of their {n} episodes: the policy may have collapsed to a constant answer "
-                f"(docs/metrics.md)")
+                f"answer (reward mean {mean:.2f} < 1); the most common, {shown(answer)!r}, is {count / n:.2f} of their "
+                f"{n} episodes: the policy may have collapsed to a constant answer (docs/metrics.md)")
+
+    def narrow(self, step: int) -> str | None:
+        if any(s.golds is None for s in self.window):
+            return None
+        answers, n, mean = self.pooled()
+        spread, gold_spread = effective_count(answers), effective_count(sum((s.golds for s in self.window), Counter()))
+        if spread * 2 > gold_spread:
+            return None
+        top = ", ".join(f"{shown(a)!r} {c / n:.2f}" for a, c in answers.most_common(3))
+        return (f"[collapse] step {step}: warning: the last {self.steps} steps' final answers spread over "
+                f"{spread:.1f} effective answers where their tasks' golds spread over {gold_spread:.1f} (reward mean "
+                f"{mean:.2f} < 1); the most common of their {n} episodes: {top}: the policy's answers may not follow "
+                "the question (docs/metrics.md)")
+
+
+def shown(answer: str) -> str:
+    return answer if len(answer) <= 80 else answer[:80] + "..."
