@@ -48,7 +48,7 @@ hf_logging.disable_progress_bar()
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # (N, V) logits only at the N positions the batch asks for
+    logits: torch.Tensor  # (N, V) logits only at the N positions the batch asks for (none asked: (B, T, V), all)
 
 
 class HFCausalPolicy(Policy):
@@ -206,12 +206,14 @@ class HFCausalPolicy(Policy):
         return sample_with_uniforms(logits, params, u)
 
     # ---- scoring for the learner -------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None,
                 shared: int | None = None, position_ids: torch.Tensor | None = None) -> ForwardOutput:
         """The model's own logits, only where a token is scored.
 
         input_ids, attention_mask: (B, T), right-padded; positions: (N, 2) rows of (b, t) whose
-        logits predict token t + 1; returns (N, V) logits in the order of `positions`.
+        logits predict token t + 1; returns (N, V) logits in the order of `positions`. Without `positions`, every
+        position's: (B, T, V), as a plain causal LM forward returns them (`compute_policy_loss` takes either; the
+        learner gives positions, so the head runs on the scored tokens alone).
 
         The head runs on those N rows only, never on (B, T): a pre-hook on the model's output
         embedding hands it the N rows of the final hidden states, (1, N, H), gathered with indices
@@ -231,6 +233,11 @@ class HFCausalPolicy(Policy):
         `position_ids` (1, L) restarting at 0 at each; the masks are built from them so that attention
         never crosses a sequence's bounds (`full_masks`), and no prefix is shared.
         """
+        if positions is None:  # every (b, t), row-major
+            B, T = input_ids.shape
+            every = torch.arange(B * T, device=input_ids.device)
+            return ForwardOutput(self.forward(input_ids, attention_mask, torch.stack([every // T, every % T], 1),
+                                              0, position_ids).logits.view(B, T, -1))
         P = 0
         if position_ids is None and self.share_prefix and not self.train_module.training:
             P = shared if shared is not None else shared_columns_of(input_ids, attention_mask, positions)

@@ -77,7 +77,8 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
                         prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1,
                         teacher_logprobs: torch.Tensor | None = None, distill: Distillation | None = None):
-    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"]; `settings` the objective's group (a
+    """Returns (loss, metrics). `logits` are (N, V) at batch["positions"], or (B, T, V) at every position (a
+    forward without positions), read at batch["positions"]; `settings` the objective's group (a
     TrainConfig is one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch,
     so callers add them up across micro-batches without a host synchronisation. With
     batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
@@ -89,6 +90,8 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
     clip_low, clip_high = (s.gspo_clip_low, s.gspo_clip_high) if ratio_level == "sequence" else (s.clip_low, s.clip_high)
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if logits.dim() == 3:
+        logits = logits[batch["positions"][:, 0], batch["positions"][:, 1]]
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, V): a teacher's KL reads it too
     new_lp, entropy = of_targets(logp, batch["targets"])  # (N,), (N,)
     old_lp, adv = batch["old_logprobs"], batch["advantages"]

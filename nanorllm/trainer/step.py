@@ -5,12 +5,14 @@
     groups  = compute_advantage(groups)
     samples = flatten_step_samples(groups)
     batch   = collate_train_batch(samples, pad_id=...)
-    out     = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"], batch["shared_columns"])
-    loss, _ = compute_policy_loss(out.logits, batch)
+    out     = policy.forward(batch["input_ids"], batch["attention_mask"])
+    loss, _ = compute_policy_loss(out.logits, batch, cfg)
     loss.backward(); optimizer.step()
 
-`train_step` is exactly that: the first four lines here, the rest in `update` (trainer/update.py:
-micro-batches, the NaN guard, the optimizer step), then the step's scalars (trainer/step_metrics.py).
+`train_step` is exactly that: the first four lines here, the rest in `update` (trainer/update.py: micro-batches,
+the NaN guard, the optimizer step; its forward also gives `batch["positions"]` and `batch["shared_columns"]`, so
+the head runs on the scored tokens alone and the shared prompt template once), then the step's scalars
+(trainer/step_metrics.py).
 With `mask_truncated`, episodes cut at max_new_tokens still count in their group's advantage but
 contribute no gradient (DAPO's overlong filtering); with `overlong_buffer` their reward is shaped
 before the advantage (DAPO's soft overlong punishment).
