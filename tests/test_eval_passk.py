@@ -1,7 +1,6 @@
 """pass@k and mean@n beside greedy success, several held-out sets, in training and in launch/eval.py."""
 
 import json
-import sys
 
 import pandas as pd
 import pytest
@@ -14,9 +13,10 @@ from nanorllm.envs.registry import load_env
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.run import evaluation
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.evaluate import default_ks, evaluate_sampled, pass_at_k
-from tests.procs import ROOT, read_scalars
+from tests.procs import read_scalars
 from tests.runs import TINY_ARGS
 
 
@@ -75,13 +75,9 @@ def math_parquet(path, n=8):
 
 
 @pytest.mark.slow
-def test_launch_eval_prints_pass_at_4_on_a_parquet_file_one_row_per_set(tmp_path, length_rule_grader, capsys,
-                                                                        monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "launch"))
-    import eval as launch_eval
-
+def test_launch_eval_prints_pass_at_4_on_a_parquet_file_one_row_per_set(tmp_path, length_rule_grader, capsys):
     path = math_parquet(tmp_path / "math.parquet")
-    rc = launch_eval.main(["--model", "tiny-random", "--tasks", str(path), "--task-fields",
+    rc = evaluation.main(["--model", "tiny-random", "--tasks", str(path), "--task-fields",
                            "question=problem,answer=solution", "--eval-samples", "4", "--max-turns", "1",
                            "--max-new-tokens", "6", "--eval-set", "arith=arith:count=5,seed=1"])
     assert rc == 0
@@ -107,14 +103,11 @@ def test_training_logs_pass_at_k_for_every_set_and_keeps_them_in_eval_json(tmp_p
     assert "pass@2" in summary["after"] and "gain" in summary
 
 
-def test_launch_eval_refuses_bad_eval_flags_before_the_model_loads(capsys, monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "launch"))
-    import eval as launch_eval
-
+def test_launch_eval_refuses_bad_eval_flags_before_the_model_loads(capsys, tmp_path):
     path = math_parquet(tmp_path / "math.parquet")
-    assert launch_eval.main(["--model", "no-such-model", "--eval-samples", "2", "--eval-k", "4"]) == 2
+    assert evaluation.main(["--model", "no-such-model", "--eval-samples", "2", "--eval-k", "4"]) == 2
     assert "eval_k: each k must be in 1..2 (--eval-samples), got [4]" in capsys.readouterr().err
-    assert launch_eval.main(["--model", "no-such-model", "--tasks", str(path), "--task-fields", "question=nope"]) == 2
+    assert evaluation.main(["--model", "no-such-model", "--tasks", str(path), "--task-fields", "question=nope"]) == 2
     assert "column 'nope' (--task-fields question=nope) not found" in capsys.readouterr().err
 
 
@@ -126,12 +119,10 @@ def test_launch_eval_gives_pass_at_k_on_an_adapters_envs(monkeypatch, capsys):
 
     monkeypatch.setattr(rg_env, "extract", lambda response, answer_format: response)
     monkeypatch.setattr(rg_env, "score", lambda task, answer: float(len(answer) % 2))
-    monkeypatch.syspath_prepend(str(ROOT / "launch"))
-    import eval as launch_eval
 
     for env, tasks, turns in [("reasoning-gym:basic_arithmetic", "rg:basic_arithmetic,size=6,seed=3", "1"),
                               ("textarena:GuessTheNumber-v0", "ta:count=3,seed=5", "3")]:
-        rc = launch_eval.main(["--model", "tiny-random", "--env", env, "--tasks", tasks, "--eval-samples", "4",
+        rc = evaluation.main(["--model", "tiny-random", "--env", env, "--tasks", tasks, "--eval-samples", "4",
                                "--max-turns", turns, "--max-new-tokens", "6"])
         assert rc == 0, env
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]

@@ -112,8 +112,12 @@ def test_no_import_cycle_between_the_package_folders():
 
 
 def imports_launch(path: Path) -> bool:
-    """Whether `path` imports a launch/ script (`import launch.eval`, `from launch import eval`, ...)."""
+    """Whether `path` imports a launch/ script (`import launch.eval`, `from launch import eval`, ...), or puts
+    launch/ on the import path to import one by its bare name (`monkeypatch.syspath_prepend(ROOT / "launch")`)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("syspath_prepend", "insert", "append") \
+                and any("launch" in ast.unparse(a) for a in node.args) and "path" in ast.unparse(node.func):
+            return True
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
         if any(name == "launch" or name.startswith("launch.") for name in names):
@@ -124,7 +128,10 @@ def imports_launch(path: Path) -> bool:
 def test_the_launch_scripts_are_imported_by_nothing_so_they_stay_thin(tmp_path):
     (tmp_path / "a.py").write_text("def f():\n    import launch.eval as e\n")
     (tmp_path / "b.py").write_text("from launcher import x\nimport nanorllm.run\n")
+    (tmp_path / "c.py").write_text("def t(monkeypatch):\n    monkeypatch.syspath_prepend(str(ROOT / 'launch'))\n")
+    (tmp_path / "d.py").write_text("import sys\nsys.path.insert(0, 'launch')\nrows.append('launch')\n")
     assert imports_launch(tmp_path / "a.py") and not imports_launch(tmp_path / "b.py")
+    assert imports_launch(tmp_path / "c.py") and imports_launch(tmp_path / "d.py")
     tests = Path(__file__).resolve().parent
     offenders = [str(p) for p in [*PACKAGE.rglob("*.py"), *tests.rglob("*.py")] if imports_launch(p)]
     assert offenders == [], "a launch/ script imported (call the package function it calls): " + ", ".join(offenders)
