@@ -407,6 +407,7 @@ def test_a_run_prints_its_cache_size_and_refuses_one_that_cannot_fit(tmp_path):
     assert rc == 2 and "--max-batch-episodes" in out and ("GiB" in out or "kv " in out) and "step 1/1" not in out
 
 
+@pytest.mark.slow
 def test_the_compaction_benchmark_compares_both_rules_and_puts_the_engine_back():
     from nanorllm.bench.compaction_cpu import RULES, compare
 
