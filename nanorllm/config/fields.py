@@ -8,7 +8,8 @@ of them; `launch/eval.py`'s `EvalConfig` (trainer/eval_model.py) takes the model
 episode-shape, decode, eval and judge groups, so a flag means the same in both by the same name.
 Where a program reads only part of a group, that part is a group of its own and the wider group composes it
 (`Lora(LoraAdapters)`: SFT's config takes the adapters' shape, not the forms RL's final model keeps them in), so
-no program carries a flag it does not read. A new program composes its own the same way, adding only the fields no group holds:
+no program carries a flag it does not read.
+A new program composes its own the same way, adding only the fields no group holds:
 
     @dataclass
     class SFTConfig(Program, RunLog, Steps, Learner, AdamWSettings, LoraAdapters, TaskSources, ModelSettings):
@@ -469,7 +470,15 @@ class LearnerForward:
 
 
 @dataclass
-class Agreement(LearnerForward):
+class MemoryPlanning:
+    """The memory plan every training program checks at start (nanorllm/memory/plan.py, docs/memory.md)."""
+
+    memory_plan_only: bool = False
+    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
+
+
+@dataclass
+class Agreement(MemoryPlanning, LearnerForward):
     """Sampler / learner agreement, DAPO's filters and what bounds the learner's memory."""
 
     mask_truncated: bool = False
@@ -485,8 +494,6 @@ class Agreement(LearnerForward):
     linearly over the buffer's tokens, from its episode's reward before advantages (0: off)."""
     overlong_penalty: float = 1.0
     """The most an overlong response loses (overlong_buffer > 0)."""
-    memory_plan_only: bool = False
-    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
 
 
 @dataclass

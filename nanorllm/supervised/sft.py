@@ -216,13 +216,16 @@ def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
 
 
 def main(argv: list[str]) -> int:
-    """launch/sft.py: parse, check (flags, tools, every row) before anything is written, train; 2 on bad input."""
+    """launch/sft.py: parse, check (flags, the memory plan before anything loads, tools, every row) before anything
+    is written, train; 2 on bad input, 0 after the plan alone under --memory-plan-only."""
     import sys
 
     import tyro
 
     from nanorllm.config.sft import SFT_DEFAULTS
     from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.memory.plan import MemoryPlanError, check_plan
+    from nanorllm.memory.sft import plan_sft
     from nanorllm.utils.modules import EnvSpecError
 
     cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=__doc__)
@@ -231,8 +234,10 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     try:
+        if not check_plan(plan_sft(cfg, learner_device(cfg.devices)), cfg.model, plan_only=cfg.memory_plan_only):
+            return 0
         run, start = start_run(cfg, lambda policy: sft_rows(cfg, policy))
-    except (TaskFileError, EnvSpecError) as e:
+    except (TaskFileError, EnvSpecError, MemoryPlanError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:
