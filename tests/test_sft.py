@@ -9,7 +9,7 @@ from nanorllm.datasets.errors import TaskFileError
 from nanorllm.envs.calc_tool import EXAMPLE, calc
 from nanorllm.envs.tools import tool_schema
 from nanorllm.policy.tool_calls import parse
-from nanorllm.supervised.sft import sft_loss
+from nanorllm.supervised.sft import SFTLoss
 from nanorllm.supervised.sft_data import load_sft_rows
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
@@ -113,7 +113,7 @@ def test_the_sft_loss_is_the_mean_negative_log_likelihood_of_the_trained_tokens(
     batch = collate_train_batch(row, pad_id=tiny_policy.pad_id)
     n = int(batch["loss_mask"].sum())
     with torch.no_grad():
-        loss, metrics = sft_loss(tiny_policy, batch, None, normalizer=n)
+        loss, metrics = SFTLoss()(tiny_policy, batch, row, SFTLoss().normalizer({"tokens": n}))
         out = tiny_policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"])
     direct = -token_logprobs(out.logits, batch["targets"])[0].mean()
     assert float(loss) == pytest.approx(float(direct), rel=1e-6) and float(metrics["tokens"]) == n

@@ -35,7 +35,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.supervised.demos import demonstration_rows
-from nanorllm.supervised.sft import sft_loss
+from nanorllm.supervised.sft import SFTLoss
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer, update
 
@@ -88,7 +88,7 @@ def run_packing_bench(b: PackingBenchConfig) -> int:
     def sft_update(packing: bool) -> dict:
         run_cfg = replace(sft_cfg, packing=packing)
         t0 = time.perf_counter()
-        n = update(policy, make_optimizer(policy, run_cfg), rows, run_cfg, ranks=ranks, host={}, loss_fn=sft_loss)
+        n = update(policy, make_optimizer(policy, run_cfg), rows, run_cfg, ranks=ranks, loss=SFTLoss(), host={})
         return {"s": time.perf_counter() - t0, "tokens": n["tokens"],
                 "pad_frac": 1 - n["real_tokens"] / max(n["padded_tokens"], 1)}
 

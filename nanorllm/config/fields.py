@@ -6,12 +6,15 @@ A program's config is the groups it reads, composed by inheritance: every field 
 `LossSettings`; a TrainConfig, which is one, can be handed to it as it is). Training's `TrainConfig` is all
 of them; `launch/eval.py`'s `EvalConfig` (trainer/eval_model.py) takes the model, env, reward, tool,
 episode-shape, decode, eval and judge groups, so a flag means the same in both by the same name.
+Where a program reads only part of a group, that part is a group of its own and the wider group composes it
+(`Lora(LoraAdapters)`: SFT's config takes the adapters' shape, not the forms RL's final model keeps them in), so
+no program carries a flag it does not read.
 A new program composes its own the same way, adding only the fields no group holds:
 
     @dataclass
-    class SFTConfig(Program, RunFolder, Learner, Optimizer, Lora, TaskSources, ModelSettings):
-        epochs: int = 1
-        "Passes over the data."
+    class SFTConfig(Program, RunLog, Steps, Learner, AdamWSettings, LoraAdapters, TaskSources, ModelSettings):
+        rows_per_step: int = 8
+        "Conversations per optimizer step."
 
 (the last base class's fields come first in its flags and in config.json). `Program` gives every program the
 same reading of a file's lists. Checks live in checks.py, the file loader in files.py, the command line in cli.py.
@@ -51,12 +54,23 @@ class Seeding:
 
 
 @dataclass
-class EnvSource:
-    """What an episode is: its env (or agent), the env's options and limits, and the task sources' columns."""
+class EnvOptions:
+    """The env, its options and the task sources' columns: what loading its tasks and first prompts reads."""
 
     env: str = DEFAULT_ENV
     """The environment bundle (docs/environments.md): 'math' (self-refine), 'calc' (a calculator tool),
     module.path:Name or path/to/file.py:Name."""
+    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
+    task_fields: str | None = None
+    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
+    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
+
+
+@dataclass
+class EnvSource(EnvOptions):
+    """What an episode is: its env (or agent), the env's options and limits, and the task sources' columns."""
+
     agent: str | None = None
     """An agent written against the OpenAI client instead of an env (docs/environments.md): path/to/file.py:fn or
     module.path:fn, fn(task, client) -> reward or {"reward": ..., ...}, sync or async. Each rollout worker serves
@@ -64,28 +78,29 @@ class EnvSource:
     agent_timeout_s: float = AGENT_TIMEOUT_S
     """An --agent episode (or a verifiers env's, which runs on the same endpoint) still running this long after it
     started is ended as an env error (rollout/agent_timeouts)."""
-    env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
     env_timeout_s: float = ENV_TIMEOUT_S
     """Wall-clock limit (seconds) of one call to an env server (--env openenv:...: a reset or a step); past it that
     episode ends as an env error (rollout/env_errors), and a server that does not answer at start is refused."""
-    task_fields: str | None = None
-    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
-    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
 
 
 @dataclass
-class ToolSettings:
+class ToolFunctions:
+    """The episodes' Python tools (docs/tools.md)."""
+
+    tools: str | None = None
+    """Python functions the episodes may call (docs/tools.md): path/to/tools.py:fn1,fn2, module.path:fn1,fn2, or a
+    file/module whose TOOLS list holds them; each needs type hints and a docstring with an Args: section (its JSON
+    schema is transformers' get_json_schema). Any --env; not with --agent (its requests carry their own tools)."""
+
+
+@dataclass
+class ToolSettings(ToolFunctions):
     """Python functions as the episodes' tools (docs/tools.md)."""
 
     tool_parser: Literal[("auto", *PARSERS)] = "auto"
     """The tool-call format read out of the model's replies, by the --agent endpoint and under --tools
     (docs/tools.md); auto: the one the policy's chat template writes (hermes where the fallback block renders
     the tools)."""
-    tools: str | None = None
-    """Python functions the episodes may call (docs/tools.md): path/to/tools.py:fn1,fn2, module.path:fn1,fn2, or a
-    file/module whose TOOLS list holds them; each needs type hints and a docstring with an Args: section (its JSON
-    schema is transformers' get_json_schema). Any --env; not with --agent (its requests carry their own tools)."""
     max_tool_calls: int = MAX_TOOL_CALLS
     """Tool calls an episode may make under --tools; after them a reply goes to the env as its answer."""
     tool_timeout_s: float = TOOL_TIMEOUT_S
@@ -135,19 +150,25 @@ class RewardModelSettings:
 
 
 @dataclass
-class TaskSources:
-    """The training and held-out task sources."""
+class TrainingTasks:
+    """The training task source."""
 
     tasks: str | None = None
     """Training tasks in the env's format: for math, a JSONL file (seed schema or GSM8K format) or an arith:...
     spec. None: the env's own default tasks (math: arith sums and differences 0-20); the run's config.json
     records the spec it resolved to."""
+    limit: int | None = None
+    """Use only the first N training tasks."""
+
+
+@dataclass
+class TaskSources(TrainingTasks):
+    """The training and held-out task sources."""
+
     eval_tasks: str | None = None
     """Held-out tasks, same formats, or holdout:frac=F,seed=S:SPEC ('': none). None: with --tasks, a seeded tenth
     of them (holdout:frac=0.1,seed=0:TASKS); without, the env's own held-out set. Tasks also held out are removed
     from training."""
-    limit: int | None = None
-    """Use only the first N training tasks."""
 
 
 @dataclass
@@ -226,17 +247,23 @@ class PromptLimit:
 
 
 @dataclass
-class EpisodeShape:
+class FirstPrompt:
+    """What an episode's first prompt holds beside the question."""
+
+    system_prompt: str | None = None
+    """System prompt; None uses the built-in one."""
+    worked_example: bool = True
+    """Put one worked question/answer pair before the question (teaches the \\boxed{} format)."""
+
+
+@dataclass
+class EpisodeShape(FirstPrompt):
     """One episode's turns, its responses' length, its prompt and its grading: the same in training and evaluation."""
 
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
     max_new_tokens: int = 32
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
-    system_prompt: str | None = None
-    """System prompt; None uses the built-in one."""
-    worked_example: bool = True
-    """Put one worked question/answer pair before the question (teaches the \\boxed{} format)."""
     grader_timeout_s: float = GRADER_TIMEOUT_S
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
 
@@ -300,8 +327,8 @@ class LossSettings:
 
 
 @dataclass
-class Optimizer:
-    """AdamW and its learning-rate schedule."""
+class AdamWSettings:
+    """AdamW and the gradient clipping before its step."""
 
     lr: float = 6e-6
     """AdamW learning rate."""
@@ -309,6 +336,12 @@ class Optimizer:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+
+
+@dataclass
+class Optimizer(AdamWSettings):
+    """AdamW and its learning-rate schedule."""
+
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
     at max_steps (a function of the step, so a resume continues it exactly)."""
@@ -336,12 +369,20 @@ class Learner:
 
 
 @dataclass
-class GRPO(Learner, Optimizer, LossSettings, Decode):
-    """The update: steps and groups, advantages, passes over a batch, with the loss, optimizer, learner and decode
-    groups."""
+class Steps:
+    """How long training runs: its optimizer steps and passes."""
 
     max_steps: int = 24
     """Learner updates."""
+    epochs: int = 1
+    """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
+
+
+@dataclass
+class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
+    """The update: steps and groups, advantages, passes over a batch, with the loss, optimizer, learner and decode
+    groups."""
+
     tasks_per_step: int = 8
     """Groups (distinct tasks) per update."""
     num_samples_per_task: int = 4
@@ -373,8 +414,6 @@ class GRPO(Learner, Optimizer, LossSettings, Decode):
     """Optimizer steps per rollout batch: its groups split into this many mini-batches (by task-stream position
     mod this), one step each. A step (max_steps, checkpoints, published weights, lr_schedule) is still one
     rollout batch."""
-    epochs: int = 1
-    """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
 
 
 @dataclass
@@ -395,8 +434,8 @@ class Distillation:
 
 
 @dataclass
-class Lora:
-    """LoRA adapters (policy/lora.py, docs/lora.md)."""
+class LoraAdapters:
+    """LoRA adapters: which layers get them and their shape (policy/lora.py, docs/lora.md)."""
 
     lora_rank: int = 0
     """LoRA adapter rank; 0: full fine-tune. > 0: the base is frozen in --dtype and held once, only the fp32
@@ -409,17 +448,40 @@ class Lora:
     lora_targets: str = "attn-mlp"
     """Layers that get adapters: 'attn-mlp' (every linear projection of the attention and MLP blocks), 'all-linear'
     (every linear layer but the head), or a comma list of module names (q_proj,v_proj)."""
+
+
+@dataclass
+class Lora(LoraAdapters):
+    """LoRA adapters and the forms the final model keeps them in."""
+
     lora_merged: bool = True
     """With LoRA, final_model/ holds the adapter (peft's format) and final_model/merged/ the adapter merged into the
     base (loadable by transformers alone); --no-lora-merged skips merged/."""
 
 
 @dataclass
-class Agreement:
-    """Sampler / learner agreement, DAPO's filters and what bounds the learner's memory."""
+class LearnerForward:
+    """The learner's forward: dropout (what the sampler computes) and activation checkpointing."""
 
     disable_dropout: bool = True
     """Run the learner's forward without dropout (eval mode), like the sampler, so fresh samples have ratio 1."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing (transformers' own, non-reentrant): each decoder layer keeps only its input for the
+    backward and is recomputed there: less learner memory for more compute; turns the shared-prompt-prefix forward off."""
+
+
+@dataclass
+class MemoryPlanning:
+    """The memory plan every training program checks at start (nanorllm/memory/plan.py, docs/memory.md)."""
+
+    memory_plan_only: bool = False
+    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
+
+
+@dataclass
+class Agreement(MemoryPlanning, LearnerForward):
+    """Sampler / learner agreement, DAPO's filters and what bounds the learner's memory."""
+
     mask_truncated: bool = False
     """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
     fill_batch: bool = False
@@ -433,16 +495,19 @@ class Agreement:
     linearly over the buffer's tokens, from its episode's reward before advantages (0: off)."""
     overlong_penalty: float = 1.0
     """The most an overlong response loses (overlong_buffer > 0)."""
-    grad_checkpointing: bool = False
-    """Activation checkpointing (transformers' own, non-reentrant): each decoder layer keeps only its input for the
-    backward and is recomputed there: less learner memory for more compute; turns the shared-prompt-prefix forward off."""
-    memory_plan_only: bool = False
-    """Print the run's memory plan (nanorllm/memory/plan.py, docs/memory.md) and exit 0 without loading anything."""
 
 
 @dataclass
-class Processes:
-    """Processes and devices."""
+class Devices:
+    """Where the learner runs."""
+
+    devices: str = "auto"
+    """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers'."""
+
+
+@dataclass
+class Processes(Devices):
+    """Processes and devices: the rollout workers, the learner ranks and what passes between them."""
 
     serial: bool = False
     """Run rollout and learning in this one process (the debug path)."""
@@ -450,8 +515,6 @@ class Processes:
     """Rollout worker processes (pipeline mode)."""
     max_policy_lag: int = 1
     """Drop samples generated by weights more than this many versions behind the learner."""
-    devices: str = "auto"
-    """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers'."""
     learner_devices: str | None = None
     """Learner ranks (data-parallel, ranks/group.py): a count ('2': the first 2 devices of --devices) or a list
     ('cuda:0,cuda:1'); workers share the devices left. None: one rank on the first device (under torchrun, one per
@@ -470,8 +533,8 @@ class Processes:
 
 
 @dataclass
-class RunFolder(Seeding):
-    """The run folder, logging and checkpoints."""
+class RunLog(Seeding):
+    """The run folder: its sinks, held-out evaluations and checkpoints."""
 
     output_dir: str = "runs"
     """Where run folders go."""
@@ -482,17 +545,24 @@ class RunFolder(Seeding):
     (pip install -e .[wandb]; WANDB_MODE=offline needs no network)."""
     exp_name: str = "grpo"
     """Experiment name used in the run folder name."""
-    resume_new_data: bool = False
-    """With --resume: accept a task order that differs from the checkpoint's (another task file, seed, limit or
-    held-out set); it starts at a new epoch. Never saved: each resume decides."""
     eval_every: int = 0
     """Evaluate held-out tasks every N steps (0: only before and after training)."""
-    sample_every: int = 10
-    """Log a few whole trajectories as text every N steps."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk."""
+
+
+@dataclass
+class RunFolder(RunLog):
+    """The run folder, logging and checkpoints, with what an RL run keeps beside them: trajectories as text,
+    rollouts.jsonl, the final model."""
+
+    resume_new_data: bool = False
+    """With --resume: accept a task order that differs from the checkpoint's (another task file, seed, limit or
+    held-out set); it starts at a new epoch. Never saved: each resume decides."""
+    sample_every: int = 10
+    """Log a few whole trajectories as text every N steps."""
     rollout_dump_size: int = 512
     """Most recent episodes kept in runs/<run>/rollouts.jsonl."""
     save_model: bool = True

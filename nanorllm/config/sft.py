@@ -1,22 +1,28 @@
 """The SFT program's config (launch/sft.py): the training groups it reads, composed as TrainConfig composes them,
-and one group of its own.
+and one group of its own; no RL-only field (tests/test_sft_config.py: every field is read by an SFT run).
 
-The learner's fields mean what they mean in training (fields.GRPO: --lr, --max-steps, --epochs, --micro-batch-tokens,
---packing, --dtype; fields.Lora; fields.Agreement's --grad-checkpointing; fields.Processes' --threads and --devices;
-fields.RunFolder's sinks and checkpoints; fields.Sources' --model, --env, --tools, --task-fields; fields.Episodes'
---system-prompt and --worked-example, which shape a demonstration's prompt as they shape RL's). Two read
-differently here, as a supervised pass needs: --epochs counts passes over the data, and --max-steps (0: none)
-caps the optimizer steps those passes make. This program's own defaults (`SFT_DEFAULTS`) are values, not
-second declarations of those fields.
+Its fields mean what they mean in training (fields.Learner: --micro-batch-tokens, --max-pad-frac,
+--packing, --tf32; fields.AdamWSettings: --lr, --weight-decay, --max-grad-norm; fields.LearnerForward:
+--disable-dropout, --grad-checkpointing; fields.MemoryPlanning's --memory-plan-only (memory/sft.py);
+fields.LoraAdapters; fields.Devices' --devices (its first entry);
+fields.RunLog's folder, sinks and checkpoints, --eval-every for the held-out loss; fields.ModelSettings' --model,
+--dtype, --threads; fields.EnvOptions' --env, --env-arg, --task-fields; fields.ToolFunctions' --tools;
+fields.TrainingTasks' --tasks (the tasks --demos draws from) and --limit (--data's rows);
+fields.FirstPrompt's --system-prompt and --worked-example, which shape a demonstration's prompt as they shape
+RL's). Two of fields.Steps read differently here, as a supervised pass needs: --epochs counts passes over the
+data, and --max-steps (0: none) caps the optimizer steps those passes make. This program's own defaults
+(`SFT_DEFAULTS`) are values, not second declarations of those fields.
 """
 
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import GRPO, Agreement, Episodes, Lora, Processes, RunFolder, Sources
+from nanorllm.config.fields import (AdamWSettings, Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
+                                    LoraAdapters, MemoryPlanning, ModelSettings, Processes, RunFolder, RunLog,
+                                    Sources, Steps, ToolFunctions, TrainingTasks)
 
-SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft", "save_model": True}
+SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft"}
 
 
 @dataclass
@@ -47,7 +53,8 @@ class SFTSettings:
 
 
 @dataclass
-class SFTConfig(SFTSettings, RunFolder, Processes, Agreement, Lora, GRPO, Episodes, Sources):
+class SFTConfig(SFTSettings, RunLog, Devices, MemoryPlanning, LearnerForward, LoraAdapters, Steps, AdamWSettings,
+                Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions, ModelSettings):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 
     def validate(self) -> list[str]:

@@ -8,8 +8,10 @@ defaults are the specs' (tests/test_config.py checks every one); a group a progr
 evaluation has no reward model) gives no part.
 """
 
-from nanorllm.config.fields import (EnvSource, EpisodeShape, JudgeSettings, Lora, PromptLimit, RewardFunctions,
-                                    RewardModelSettings, Sampling, ToolSettings)
+from dataclasses import replace
+
+from nanorllm.config.fields import (EnvOptions, EnvSource, EpisodeShape, FirstPrompt, JudgeSettings, LoraAdapters,
+                                    PromptLimit, RewardFunctions, RewardModelSettings, Sampling, ToolSettings)
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec, RewardModelSpec
 from nanorllm.policy.base import SamplingParams
@@ -17,7 +19,7 @@ from nanorllm.policy.lora import LoraSpec, effective_alpha
 from nanorllm.rewards.judge import JudgeSpec
 
 
-def lora_spec(cfg: Lora) -> LoraSpec | None:
+def lora_spec(cfg: LoraAdapters) -> LoraSpec | None:
     """The run's LoRA settings (the lora_* fields); None for a full fine-tune."""
     if not cfg.lora_rank:
         return None
@@ -31,16 +33,22 @@ def sampling_params(cfg: Sampling | EpisodeShape) -> SamplingParams:
 
 
 def episode_settings(cfg: EnvSource | EpisodeShape) -> EpisodeSettings:
-    """The episode fields every bundle may read; a --task-fields the config's checks refuse reads as none."""
+    """The episode fields every bundle may read."""
+    return replace(prompt_settings(cfg), max_turns=cfg.max_turns, grader_timeout_s=cfg.grader_timeout_s,
+                   env_timeout_s=cfg.env_timeout_s, max_row_tokens=agent_row_tokens(cfg))
+
+
+def prompt_settings(cfg: EnvOptions | FirstPrompt) -> EpisodeSettings:
+    """What a bundle's first prompt and task sources read (the system prompt, the worked example, the task
+    columns), the turn and time limits at EpisodeSettings' own: what a program that plays no episode (SFT's
+    demonstrations) hands a bundle. A --task-fields the config's checks refuse reads as none."""
     from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 
     try:
         task_fields = parse_task_fields(cfg.task_fields)
     except TaskFieldsError:
         task_fields = None  # config_problems names the field
-    return EpisodeSettings(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt, worked_example=cfg.worked_example,
-                           grader_timeout_s=cfg.grader_timeout_s, env_timeout_s=cfg.env_timeout_s,
-                           task_fields=task_fields, max_row_tokens=agent_row_tokens(cfg))
+    return EpisodeSettings(system_prompt=cfg.system_prompt, worked_example=cfg.worked_example, task_fields=task_fields)
 
 
 def agent_row_tokens(cfg: PromptLimit | EpisodeShape) -> int | None:

@@ -284,7 +284,12 @@ def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle
     (datasets/holdout.py), never the env's own set, which may have nothing to do with them."""
     if eval_tasks is None:
         eval_tasks = (env.default_eval_tasks or "") if tasks is None else default_holdout(tasks)
-    return (env.default_tasks if tasks is None else tasks), eval_tasks
+    return training_task_spec(tasks, env), eval_tasks
+
+
+def training_task_spec(tasks: str | None, env: EnvBundle) -> str | None:
+    """The training task spec: the one given, else the env's own default."""
+    return env.default_tasks if tasks is None else tasks
 
 
 def load_env_tasks(env: EnvBundle, spec: str, limit: int | None = None) -> list[dict]:

@@ -25,7 +25,7 @@ what a backward keeps alive at its peak, not the CUDA micro-batch sizing's delib
 It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
 first prompt measured with the tokenizer, memory/tasks.py; every turn's response at --max-new-tokens)
 as the token budget holds, the prompt's shared leading tokens once (the shared-prefix forward), each
-row's responses scored.
+row's responses scored. A supervised run's plan (memory/sft.py) is its learner alone, from the same parts.
 """
 
 import os
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.memory.tasks import TaskShape, task_shape
+from nanorllm.trainer.micro_batches import CPU_MICRO_BATCH_TOKENS
 from nanorllm.trainer.parts import RunParts
 
 UNKNOWN = 1 << 62  # a free figure nothing could read (policy/slot_cache.py)
@@ -49,6 +50,8 @@ CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input
 FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/tasks.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
 GB = 1e9
+SHRINK_LEARNER = "--lora-rank 16, --dtype bf16, --grad-checkpointing, --micro-batch-tokens"  # a refusal names them
+SHRINK_RUN = f"{SHRINK_LEARNER}, --max-batch-episodes, --num-workers"
 
 
 class MemoryPlanError(ValueError):
@@ -136,6 +139,7 @@ class MemoryPlan:
     shm_free: int
     free: dict[str, int]  # bytes free per device ("cpu": what the host has available for this process)
     micro_batch_tokens: int
+    shrink: str  # the flags that shrink the plan, named by a refusal (SHRINK_RUN, SHRINK_LEARNER)
     host_source: str = "MemAvailable"  # where the host's figure came from (a cgroup's limit file, ...)
 
     def held(self):
@@ -170,8 +174,7 @@ class MemoryPlan:
                 where = (f"the host (all CPU processes, every runtime; {self.host_source})" if device == "cpu"
                          else device)
                 out.append(f"the plan needs {need / GB:.1f} GB on {where}, "
-                           f"{free / GB:.1f} GB is free there; biggest: {biggest}. Shrink it with --lora-rank 16, "
-                           f"--dtype bf16, --grad-checkpointing, --micro-batch-tokens, --max-batch-episodes, --num-workers")
+                           f"{free / GB:.1f} GB is free there; biggest: {biggest}. Shrink it with {self.shrink}")
         if self.shm_bytes > FIT_SHARE * self.shm_free:
             out.append(f"the shared weight block needs {self.shm_bytes / GB:.2f} GB of /dev/shm, {self.shm_free / GB:.2f} GB "
                        f"is free there; enlarge /dev/shm (a container: docker run --shm-size=2g, or --ipc=host), "
@@ -179,11 +182,40 @@ class MemoryPlan:
         return out
 
 
+def check_plan(plan: MemoryPlan | None, model: str, *, plan_only: bool, quiet: bool = False) -> bool:
+    """Print `plan` (one line; quiet: only under `plan_only`) and say whether the program goes on: False under
+    --memory-plan-only (the caller stops, exit 0); MemoryPlanError, naming the figures, where it does not fit.
+    A plan of None (`model`'s config cannot be read without loading it) is said and lets the program go on."""
+    if plan is None:
+        if not quiet or plan_only:
+            print(f"[memory] no plan: the config of {model!r} cannot be read without loading it", flush=True)
+        return not plan_only
+    if not quiet or plan_only:
+        print(plan.table(), flush=True)
+    if plan_only:
+        return False
+    problems = plan.problems()
+    if problems:
+        raise MemoryPlanError("; ".join(problems))
+    return True
+
+
 def free_bytes(device: str) -> int:
     """CUDA's free memory on `device`, or what the host has available for this process (host_memory)."""
     from nanorllm.policy.slot_cache import free_memory
 
     return free_memory(torch.device(device))
+
+
+def read_free(devices: set[str]) -> tuple[dict[str, int], str]:
+    """(bytes free per device, where the host's figure came from): CUDA's free memory, and what the host has
+    available for this process (host_memory), each after this process handed back what it freed."""
+    from nanorllm.policy.slot_cache import host_memory, release_freed
+
+    free = {d: free_bytes(d) for d in sorted(devices) if d != "cpu"}
+    release_freed(torch.device("cpu"))  # as free_bytes does: what this process freed counts as free
+    free["cpu"], source = host_memory()
+    return free, source
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int:
@@ -197,6 +229,23 @@ def layer_bytes(config, dtype_bytes: int) -> int:
     """Bytes one decoder layer's forward keeps alive per token (module docstring)."""
     inter = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+
+
+def compute_bytes(dtype: str) -> int:
+    """Bytes per value in the compute dtype (--dtype)."""
+    return 2 if dtype in ("bfloat16", "bf16") else 4
+
+
+def budget_tokens(micro_batch_tokens: int | None) -> int:
+    """The token budget of a micro-batch the plan counts: --micro-batch-tokens, else the CPU learner's own size."""
+    return micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
+
+
+def trained_parts(total: int, trainable: int, *, lora: bool, dtype_bytes: int) -> list[Part]:
+    """A learner's weights (fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters),
+    grads and AdamW's two moments (fp32, of what trains)."""
+    weights = total * 4 if not lora else (total - trainable) * dtype_bytes + trainable * 4
+    return [Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8)]
 
 
 def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, checkpointing: bool) -> int:
@@ -259,11 +308,9 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     if config is None:
         return None
     total, trainable = parameter_counts(config, lora)
-    compute = 2 if cfg.dtype in ("bfloat16", "bf16") else 4
+    compute = compute_bytes(cfg.dtype)
     learner_dev = devices.learner
-    # weights: fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters
-    weights = total * 4 if lora is None else (total - trainable) * compute + trainable * 4
-    tokens = cfg.micro_batch_tokens or 4096
+    tokens = budget_tokens(cfg.micro_batch_tokens)
     # the longest first prompt the run accepts (rollout/prompt_budget.py): a longer one is refused or dropped
     context = getattr(config, "max_position_embeddings", None)
     room = longest_episode(0, sampling_params(cfg), cfg.max_turns)  # the turns' responses and feedback
@@ -288,7 +335,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     eval_episodes = (cfg.max_batch_episodes if tasks.eval_tasks is None else tasks.eval_tasks) * (cfg.eval_samples or 1)
     learner_rows = max(rollout_rows if cfg.serial else 0, min(cfg.max_batch_episodes, eval_episodes) + 1)
     learner = Process("learner", learner_dev, [
-        Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8),
+        *trained_parts(total, trainable, lora=lora is not None, dtype_bytes=compute),
         Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
         Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute),
              f"agent rows of up to {width} tokens (--max-prompt-tokens bounds them)" if cfg.agent else ""),
@@ -320,16 +367,11 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         for proc in scorers:
             proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
                                    f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
-    devices_used = {"cpu"} | {p.device for p in processes}
     host_source = "given"
     if free is None:
-        from nanorllm.policy.slot_cache import host_memory, release_freed
-
-        free = {d: free_bytes(d) for d in sorted(devices_used) if d != "cpu"}
-        release_freed(torch.device("cpu"))  # as free_bytes does: what this process freed counts as free
-        free["cpu"], host_source = host_memory()
+        free, host_source = read_free({"cpu"} | {p.device for p in processes})
     return MemoryPlan(processes=processes, shm_bytes=shm, shm_free=shm_free_bytes() if shm_free is None else shm_free,
-                      free=dict(free), micro_batch_tokens=tokens, host_source=host_source)
+                      free=dict(free), micro_batch_tokens=tokens, shrink=SHRINK_RUN, host_source=host_source)
 
 
 def teacher_bytes(cfg, mb: MicroBatch) -> int | None:
@@ -339,7 +381,7 @@ def teacher_bytes(cfg, mb: MicroBatch) -> int | None:
     config = model_config(cfg.teacher)
     if config is None:
         return None
-    dtype_bytes = 2 if cfg.dtype in ("bfloat16", "bf16") else 4
+    dtype_bytes = compute_bytes(cfg.dtype)
     total, _ = parameter_counts(config, None)
     layer = layer_bytes(config, dtype_bytes)
     return int(total * dtype_bytes + mb.tokens * layer + 3 * 4 * mb.scored * config.vocab_size)

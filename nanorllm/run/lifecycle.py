@@ -32,7 +32,7 @@ import torch
 from nanorllm.config import ConfigError, TrainConfig
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.envs.base import EnvBundle
-from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, plan_run
+from nanorllm.memory.plan import MemoryPlan, MemoryPlanError, check_plan, plan_run
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.pipeline.messages import WorkerStart
 from nanorllm.policy.lora import LoraError
@@ -80,20 +80,8 @@ def check_memory(parts: RunParts, *, quiet: bool = False) -> tuple[bool, MemoryP
     """(go on, the memory plan of the run assembled as `parts`), the plan printed (one line); MemoryPlanError
     if it does not fit. False: --memory-plan-only (the caller stops, exit 0). Before any model loads or
     anything is written."""
-    cfg = parts.cfg
     plan = plan_run(parts)
-    if plan is None:
-        if not quiet or cfg.memory_plan_only:
-            print(f"[memory] no plan: the config of {cfg.model!r} cannot be read without loading it", flush=True)
-        return not cfg.memory_plan_only, None
-    if not quiet or cfg.memory_plan_only:
-        print(plan.table(), flush=True)
-    if cfg.memory_plan_only:
-        return False, plan
-    problems = plan.problems()
-    if problems:
-        raise MemoryPlanError("; ".join(problems))
-    return True, plan
+    return check_plan(plan, parts.cfg.model, plan_only=parts.cfg.memory_plan_only, quiet=quiet), plan
 
 
 def _attempt(what: str, fn: Callable[[], object]) -> None:

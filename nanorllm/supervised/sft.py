@@ -5,7 +5,7 @@
 Why the RL learner and not a second trainer: the rows are StepSamples rendered as rollouts are
 (supervised/sft_data.py), so the update that trains a rollout batch trains them too, with the same
 micro-batches, packing, precision, LoRA, grad checkpointing and non-finite guard (trainer/update.py); only
-the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`sft_loss`).
+the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`SFTLoss`).
 
 Steps: each optimizer step trains --rows-per-step conversations, drawn in a fresh seeded order each epoch;
 the step alone says which rows it trains, and no update draws a random number, so a resumed run (the
@@ -44,13 +44,22 @@ from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
 
 
-def sft_loss(policy, batch: dict, cfg, *, ref_policy=None, teacher=None, normalizer: float) -> tuple[torch.Tensor, dict]:
-    """A micro-batch's share of the step's mean negative log-likelihood over its trained tokens, and its metrics
-    as update() sums them (trainer/step_metrics.py)."""
-    logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)
-    loss = -logp.sum() / max(normalizer, 1)
-    zero = loss.detach().new_zeros(())
-    return loss, {"tokens": zero + logp.numel(), "entropy": entropy.detach().sum(), "is_weight_max": zero}
+class SFTLoss:
+    """The loss update() trains SFT's rows with (trainer/update.py; RL's is its PolicyLoss): the mean negative
+    log-likelihood of the step's trained tokens, one grad forward per micro-batch and none before it."""
+
+    proximal = False
+
+    def normalizer(self, step: dict) -> float:
+        """The step's trained tokens over every rank: the loss is their mean."""
+        return max(step["tokens"], 1)
+
+    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
+        """A micro-batch's share of the step's loss, and its metrics as update() sums them (trainer/step_metrics.py)."""
+        logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)
+        loss = -logp.sum() / normalizer
+        zero = loss.detach().new_zeros(())
+        return loss, {"tokens": zero + logp.numel(), "entropy": entropy.detach().sum(), "is_weight_max": zero}
 
 
 @dataclass
@@ -118,7 +127,7 @@ def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
         samples = [s for row in run.rows_of_step(step) for s in row]
         t0 = time.perf_counter()
         with matmul_precision(run.policy.device, tf32=cfg.tf32):  # as RL's update: TF32 on CUDA (--tf32)
-            n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, host={}, loss_fn=sft_loss)
+            n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, loss=SFTLoss(), host={})
         seconds = time.perf_counter() - t0
         last = {"sft/loss": n["loss"], "sft/assistant_tokens": n["tokens"], "sft/tokens_per_s": n["tokens"] / seconds,
                 "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
@@ -207,13 +216,16 @@ def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
 
 
 def main(argv: list[str]) -> int:
-    """launch/sft.py: parse, check (flags, tools, every row) before anything is written, train; 2 on bad input."""
+    """launch/sft.py: parse, check (flags, the memory plan before anything loads, tools, every row) before anything
+    is written, train; 2 on bad input, 0 after the plan alone under --memory-plan-only."""
     import sys
 
     import tyro
 
     from nanorllm.config.sft import SFT_DEFAULTS
     from nanorllm.datasets.errors import TaskFileError
+    from nanorllm.memory.plan import MemoryPlanError, check_plan
+    from nanorllm.memory.sft import plan_sft
     from nanorllm.utils.modules import EnvSpecError
 
     cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=__doc__)
@@ -222,8 +234,10 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2
     try:
+        if not check_plan(plan_sft(cfg, learner_device(cfg.devices)), cfg.model, plan_only=cfg.memory_plan_only):
+            return 0
         run, start = start_run(cfg, lambda policy: sft_rows(cfg, policy))
-    except (TaskFileError, EnvSpecError) as e:
+    except (TaskFileError, EnvSpecError, MemoryPlanError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ConfigError as e:

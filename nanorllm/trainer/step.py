@@ -36,7 +36,7 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.precision import matmul_precision
 from nanorllm.trainer.schedule import lr_at
 from nanorllm.trainer.step_metrics import merge_updates, step_metrics
-from nanorllm.trainer.update import batch_proximal_logprobs, update
+from nanorllm.trainer.update import PolicyLoss, batch_proximal_logprobs, update
 
 
 def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_task: int, *,
@@ -71,7 +71,8 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
     set_step_lr(optimizer, policy.version, cfg)
     with matmul_precision(policy.device, tf32=cfg.tf32):
         if cfg.updates_per_batch == 1 and cfg.epochs == 1:
-            n = update(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher, host=host)
+            n = update(policy, optimizer, samples, cfg, ranks=ranks, loss=PolicyLoss(cfg, ref_policy, teacher),
+                       host=host)
         else:
             group_of = {s.episode_id: g for g, rs in groups.items() for r in rs for s in r.step_samples}
             n = several_updates(policy, optimizer, samples, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher,
@@ -137,11 +138,11 @@ def several_updates(policy, optimizer, samples: list[StepSample], cfg, *, ranks,
     prox = None
     if cfg.off_policy_correction != "none":  # the batch's first policy, before any of its steps
         prox = batch_proximal_logprobs(policy, samples, cfg, ranks=ranks)
+    loss = PolicyLoss(cfg, ref_policy, teacher, prox)
     parts = mini_batches(samples, cfg.updates_per_batch, group_of)
     ns = []
     zeros = dict.fromkeys(host, 0.0)
     for _ in range(cfg.epochs):
         for part in parts:
-            ns.append(update(policy, optimizer, part, cfg, ranks=ranks, ref_policy=ref_policy, teacher=teacher,
-                             host=host if not ns else zeros, prox=prox))
+            ns.append(update(policy, optimizer, part, cfg, ranks=ranks, loss=loss, host=host if not ns else zeros))
     return merge_updates(ns)

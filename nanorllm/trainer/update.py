@@ -1,7 +1,10 @@
 """The update: a step's samples -> micro-batches -> (collate -> forward -> loss -> backward) each -> clip
 -> optimizer step, or no step when the loss or the gradient is not finite.
 
-Gradients accumulate against the whole step's normaliser (token or sample count over every learner
+The micro-batch's loss is the update's argument: RL's clipped objective (`PolicyLoss`, which reads the loss,
+episode and distillation fields) or supervised fine-tuning's cross-entropy (supervised/sft.py); the update itself
+reads only the learner, optimizer and forward fields, so SFT's config holds no RL field. Gradients accumulate
+against the whole step's normaliser (the loss's, from the token and sample counts over every learner
 rank), so the update equals one big batch whatever the micro-batching. The forward runs in eval mode
 unless `disable_dropout` is off, so learner and sampler compute the same function; each token's policy
 lag (policy.version - the version that sampled it) rides in the batch, so the sampler-vs-learner
@@ -20,9 +23,11 @@ trainer/precision.py).
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from nanorllm.config.fields import AdamWSettings, Learner, LearnerForward, TrainConfig
 from nanorllm.core.types import StepSample
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
@@ -52,16 +57,13 @@ def score(policy, batch: dict):
                           position_ids=batch.get("position_ids"))
 
 
-def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], cfg, *, ranks: LearnerRanks,
-           ref_policy=None, teacher=None, host: dict[str, float], prox: dict[int, torch.Tensor] | None = None,
-           loss_fn=None) -> dict[str, float]:
-    """Train on this rank's `samples` (whole episodes); returns the step's sums over all ranks (with
-    `host`'s counts), the gradient norm and `skipped_nan`, as numbers. `prox`: pi_prox per sample
-    (id -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer steps share a rollout batch.
-    `loss_fn`: a micro-batch's loss as `micro_batch_loss` computes it (its arguments, its (loss, metrics));
-    supervised fine-tuning passes its own (supervised/sft.py), RL the clipped objective. `teacher`: the distillation
-    teacher (trainer/teacher.py), scoring each micro-batch beside the reference."""
-    correct = cfg.off_policy_correction != "none"
+def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
+           cfg: Learner | AdamWSettings | LearnerForward, *, ranks: LearnerRanks, loss,
+           host: dict[str, float]) -> dict[str, float]:
+    """Train on this rank's `samples` (whole episodes) with `loss`: RL's `PolicyLoss`, or supervised fine-tuning's
+    (supervised/sft.py), each a micro-batch's (loss, metrics) from (policy, batch, its samples, the step's
+    normaliser), with `normalizer(step counts)` and `proximal` (whether it runs a no-grad forward first). Returns
+    the step's sums over all ranks (with `host`'s counts), the gradient norm and `skipped_nan`, as numbers."""
     optimizer.zero_grad(set_to_none=True)
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
     step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
@@ -71,25 +73,20 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
     sums = StepSums(policy.device, {**host, "samples": len(samples), "padded_tokens": 0, "real_tokens": 0})
     if step["samples"]:
         policy.train_module.train(not cfg.disable_dropout)
-        normalizer = step["tokens"] if cfg.loss_agg == "token-mean" else step["samples"]
-        if cfg.loss_agg == "seq-mean-token-sum-norm":  # Dr. GRPO: a constant per sample, not its length
-            normalizer = step["samples"] * cfg.max_new_tokens
+        normalizer = loss.normalizer(step)
         runs = ranks.micro_batch_count(len(chunks))  # with idle ones, so every rank runs the same collectives
         for i in range(runs):
             with ranks.accumulating(policy, last=i == runs - 1):
                 if i >= len(chunks):
-                    ranks.idle_backward(policy, proximal=correct and not cfg.disable_dropout and prox is None)
+                    ranks.idle_backward(policy, proximal=loss.proximal)
                     continue
                 batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
-                if prox is not None:
-                    batch["prox_logprobs"] = torch.cat([prox[id(s)] for s in chunks[i]])  # token order = sample order
                 sums.host["padded_tokens"] += batch["input_ids"].numel()
                 sums.host["real_tokens"] += batch["num_tokens"]
-                loss, metrics = (loss_fn or micro_batch_loss)(policy, batch, cfg, ref_policy=ref_policy,
-                                                              teacher=teacher, normalizer=normalizer)
+                value, metrics = loss(policy, batch, chunks[i], normalizer)
                 # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
-                (loss * ranks.world).backward()
-                sums.add(loss, metrics)
+                (value * ranks.world).backward()
+                sums.add(value, metrics)
     norm = None
     if step["samples"]:
         norm = torch.nn.utils.clip_grad_norm_(policy.train_module.parameters(), cfg.max_grad_norm)
@@ -106,23 +103,52 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample], 
     return n
 
 
-def micro_batch_loss(policy, batch: dict, cfg, *, ref_policy=None, teacher=None,
-                     normalizer: float) -> tuple[torch.Tensor, dict]:
-    """One micro-batch's forward(s) and loss, with its metrics as tensors."""
-    batch["lag"] = policy.version - batch["policy_version"]  # (N,)
-    prox_lp = batch.get("prox_logprobs")  # several steps on one batch: the batch's first policy, computed before
-    if prox_lp is None and cfg.off_policy_correction != "none" and not cfg.disable_dropout:  # dropout: pi_prox apart
-        prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
-    ref_lp = None
-    if cfg.kl_coef > 0:
-        with torch.no_grad():
-            ref_out = score(ref_policy, batch)
-            ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-    teacher_logp = teacher.logprobs(batch) if teacher is not None else None  # (N, V)
-    out = score(policy, batch)
-    return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
-                               normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens,
-                               teacher_logprobs=teacher_logp, distill=cfg)
+@dataclass
+class PolicyLoss:
+    """RL's micro-batch loss: the clipped objective (trainer/loss.py) over the policy's forward, with the forwards
+    it reads: the frozen reference's (kl_coef > 0), the distillation `teacher`'s (trainer/teacher.py), and pi_prox
+    under a correction: `prox` (id(sample) -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer
+    steps share a rollout batch, else with dropout on one no-grad forward per micro-batch (with it off the grad
+    forward's own value is pi_prox)."""
+
+    cfg: TrainConfig
+    ref_policy: object = None
+    teacher: object = None
+    prox: dict[int, torch.Tensor] | None = None
+
+    @property
+    def proximal(self) -> bool:
+        """Whether each micro-batch runs a no-grad forward for pi_prox before its grad forward."""
+        return self.prox is None and self.cfg.off_policy_correction != "none" and not self.cfg.disable_dropout
+
+    def normalizer(self, step: dict) -> float:
+        """The step's normaliser by loss_agg: its response tokens (token-mean), its samples (seq-mean), or its
+        samples x max_new_tokens (seq-mean-token-sum-norm, Dr. GRPO: a constant per sample, not its length)."""
+        if self.cfg.loss_agg == "token-mean":
+            return step["tokens"]
+        if self.cfg.loss_agg == "seq-mean-token-sum-norm":
+            return step["samples"] * self.cfg.max_new_tokens
+        return step["samples"]
+
+    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
+        """One micro-batch's forward(s) and loss, with its metrics as tensors."""
+        cfg = self.cfg
+        batch["lag"] = policy.version - batch["policy_version"]  # (N,)
+        prox_lp = None
+        if self.prox is not None:  # the batch's first policy, computed before its steps; token order = sample order
+            prox_lp = torch.cat([self.prox[id(s)] for s in samples])
+        elif self.proximal:
+            prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
+        ref_lp = None
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_out = score(self.ref_policy, batch)
+                ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
+        teacher_logp = self.teacher.logprobs(batch) if self.teacher is not None else None  # (N, V)
+        out = score(policy, batch)
+        return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
+                                   normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens,
+                                   teacher_logprobs=teacher_logp, distill=cfg)
 
 
 def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:
