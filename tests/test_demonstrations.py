@@ -6,7 +6,7 @@ import pytest
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.envs.base import EnvBundle
 from nanorllm.utils.modules import EnvSpecError
-from nanorllm.envs.registry import EnvSpec, load_bundle
+from nanorllm.envs.registry import EnvSpec, load_bundle, load_env_tasks, resolve_task_specs, training_tasks
 from nanorllm.supervised.demos import demonstration_conversations
 from nanorllm.supervised.sft import sft_rows
 
@@ -35,7 +35,7 @@ def test_every_demonstration_scores_full_reward_as_the_policy_would_write_it(tin
     bundle = load_bundle(EnvSpec(env=env, tools=tools), rewards=False)
     bundle.use_tokenizer(tiny_policy.tokenizer)
     rows = sft_rows(cfg, tiny_policy)
-    tasks = bundle.load_tasks(bundle.default_tasks, limit=3)
+    tasks = training_tasks(bundle, None, limit=3)
     assert len(rows) == 3
     for task, row in zip(tasks, rows):
         replies = [tiny_policy.tokenizer.decode(s.response_ids[:-1]) for s in row]  # the end-of-turn token: a stop
@@ -54,6 +54,24 @@ def test_a_demonstration_opens_with_the_rl_episodes_first_prompt_and_trains_no_w
     assert any(m["role"] == "assistant" for m in agent.messages)  # the worked exchange: prompt, not a trained turn
     (_, messages, start), = demonstration_conversations(bundle.inner, [task])
     assert start == len(agent.messages) and messages[:start] == agent.messages
+
+
+def test_demonstrations_leave_out_the_tasks_the_training_run_holds_out(tiny_policy, tmp_path):
+    """--tasks FILE: a training run holds out a seeded tenth of it, so the demonstrations (and the rejection
+    sampler, the same `training_tasks`) are drawn from the other nine tenths, however many are asked for."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(f'{{"task_id": "q{i}", "question": "What is {i} + 1?", "answer": "{i + 1}"}}\n'
+                            for i in range(40)))
+    bundle = load_bundle(EnvSpec(env="math"), rewards=False)
+    held = {t["task_id"] for t in load_env_tasks(bundle, resolve_task_specs(str(path), None, bundle)[1])}
+    assert 0 < len(held) < 10
+    rows = sft_rows(config("math", None, tasks=str(path), demos=40), tiny_policy)
+    drawn = {row[0].task_id for row in rows}
+    assert len(rows) == 40 - len(held) and not drawn & held
+    assert [t["task_id"] for t in training_tasks(bundle, str(path), limit=5)] == sorted(
+        drawn, key=lambda i: int(i[1:]))[:5]
+    own = load_env_tasks(bundle, f"holdout:frac=0.5,seed=1:{path}")  # a given held-out set is the one left out
+    assert len(training_tasks(bundle, str(path), f"holdout:frac=0.5,seed=1:{path}")) == 40 - len(own) < 40
 
 
 def test_an_env_without_demonstrations_is_refused_in_one_line():

@@ -24,7 +24,8 @@ def reply(call: int, row: int, messages: list[dict]) -> str:
 def test_only_rewarded_episodes_are_kept_once_each_with_their_prompt_and_replies(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-    cfg = SampleConfig(model="tiny-random", env="math", tasks=str(path), samples_per_task=3, out="x", max_turns=2)
+    cfg = SampleConfig(model="tiny-random", env="math", tasks=str(path), eval_tasks="", samples_per_task=3, out="x",
+                       max_turns=2)  # no held-out set: all three tasks sampled
     rows, sampled = sample_rows(cfg, ScriptedPolicy(reply))
     assert sampled == 9
     got = [(r["task_id"], [m["content"] for m in r["completion"] if m["role"] == "assistant"], r["reward"])

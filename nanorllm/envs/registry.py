@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from nanorllm.core.limits import AGENT_TIMEOUT_S, MAX_TOOL_CALLS, REWARD_TIMEOUT_S, TOOL_TIMEOUT_S
 from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
+from nanorllm.datasets.tasks import remove_overlap
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
@@ -284,12 +285,17 @@ def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle
     (datasets/holdout.py), never the env's own set, which may have nothing to do with them."""
     if eval_tasks is None:
         eval_tasks = (env.default_eval_tasks or "") if tasks is None else default_holdout(tasks)
-    return training_task_spec(tasks, env), eval_tasks
+    return env.default_tasks if tasks is None else tasks, eval_tasks
 
 
-def training_task_spec(tasks: str | None, env: EnvBundle) -> str | None:
-    """The training task spec: the one given, else the env's own default."""
-    return env.default_tasks if tasks is None else tasks
+def training_tasks(env: EnvBundle, tasks: str | None, eval_tasks: str | None = None,
+                   limit: int | None = None) -> list[dict]:
+    """The first `limit` of the tasks a training run with these specs trains on: `tasks` (None: the env's default)
+    less those its held-out set holds (`eval_tasks`; None: the one launch/train.py holds out by default), by
+    datasets/tasks.py's OVERLAP_RULE. What demonstrations and rejection sampling draw from, so that nothing they
+    write for SFT is a task the RL run evaluates."""
+    train, heldout = resolve_task_specs(tasks, eval_tasks, env)
+    return remove_overlap(load_env_tasks(env, train), load_env_tasks(env, heldout) if heldout else [])[0][:limit]
 
 
 def load_env_tasks(env: EnvBundle, spec: str, limit: int | None = None) -> list[dict]:

@@ -10,7 +10,7 @@ the first prompt RL will show and the replies its env and tool parser read.
 from nanorllm.config.specs import prompt_settings
 from nanorllm.core.types import StepSample
 from nanorllm.utils.modules import EnvSpecError
-from nanorllm.envs.registry import load_env, training_task_spec
+from nanorllm.envs.registry import load_env, training_tasks
 from nanorllm.supervised.sft_data import checked_rows, render_row
 
 
@@ -29,10 +29,11 @@ def demonstration_conversations(bundle, tasks: list[dict]) -> list[tuple[str, li
 
 
 def demonstration_rows(cfg, policy, tools: list[dict] | None) -> list[list[StepSample]]:
-    """--demos N of --env's training tasks as SFT rows for `policy`'s template; TaskFileError names a bad one."""
+    """--demos N of --env's training tasks (held-out ones left out, as a training run leaves them out) as SFT rows
+    for `policy`'s template; TaskFileError names a bad one."""
     bundle = load_env(cfg.env, prompt_settings(cfg), cfg.env_arg)
     bundle.use_tokenizer(policy.tokenizer)
-    tasks = bundle.load_tasks(training_task_spec(cfg.tasks, bundle), limit=cfg.demos)
+    tasks = training_tasks(bundle, cfg.tasks, limit=cfg.demos)
     context = cfg.max_tokens or policy.model.config.max_position_embeddings
     return checked_rows(cfg.env, [(task_id, render_row(task_id, messages, tools, policy.tokenizer, policy.eos_ids,
                                                        max_tokens=context, whole=cfg.sft_loss == "all", start=start))

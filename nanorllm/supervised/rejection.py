@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 from nanorllm.config.sft import SampleConfig
-from nanorllm.config.specs import env_spec, sampling_params, task_specs
+from nanorllm.config.specs import env_spec, sampling_params
 from nanorllm.core.types import RolloutResult, Trajectory
-from nanorllm.envs.registry import load_bundle
+from nanorllm.envs.registry import load_bundle, training_tasks
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.utils.files import write_atomic
 
@@ -55,7 +55,7 @@ def kept_rows(results: list[RolloutResult], prompts: dict[str, list[dict]], *, m
 def sample_rows(cfg: SampleConfig, policy) -> tuple[list[dict], int]:
     """(the kept rows, episodes sampled): --samples-per-task episodes of each task from `policy` on --env."""
     bundle = load_bundle(env_spec(cfg))
-    tasks = bundle.load_tasks(task_specs(cfg, bundle)[0], limit=cfg.limit)
+    tasks = training_tasks(bundle, cfg.tasks, cfg.eval_tasks, cfg.limit)
     engine = RolloutEngine(policy, sampling=sampling_params(cfg), env=bundle)
     results = engine.run(tasks, num_samples=cfg.samples_per_task, seed=cfg.seed).results
     prompts = {}
