@@ -148,6 +148,22 @@ class LearnerRanks:
             return contextlib.nullcontext()
         return policy.train_module.no_sync()
 
+    def passes(self, policy, chunks: list, *, proximal: bool):
+        """This rank's micro-batches to train, each yielded inside its gradient accumulation (DDP: the all-reduce
+        at the rank's last), then the idle passes (`idle_backward`) that give every rank the same collectives."""
+        runs = self.micro_batch_count(len(chunks))
+        for i in range(runs):
+            with self.accumulating(policy, last=i == runs - 1):
+                if i < len(chunks):
+                    yield chunks[i]
+                else:
+                    self.idle_backward(policy, proximal=proximal)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """A micro-batch's backward as a part of the whole step's sum: DDP and FSDP average the ranks' gradients,
+        and the step's normaliser already counts every rank's tokens, so each rank's loss is scaled by the world."""
+        (loss * self.world).backward()
+
     def micro_batch_count(self, n: int) -> int:
         """Micro-batches this rank runs when it has `n` to train: under DDP at least one (a rank with
         nothing still joins the gradient all-reduce), under FSDP as many as any rank has (every

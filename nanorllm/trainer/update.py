@@ -74,19 +74,13 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
     if step["samples"]:
         policy.train_module.train(not cfg.disable_dropout)
         normalizer = loss.normalizer(step)
-        runs = ranks.micro_batch_count(len(chunks))  # with idle ones, so every rank runs the same collectives
-        for i in range(runs):
-            with ranks.accumulating(policy, last=i == runs - 1):
-                if i >= len(chunks):
-                    ranks.idle_backward(policy, proximal=loss.proximal)
-                    continue
-                batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
-                sums.host["padded_tokens"] += batch["input_ids"].numel()
-                sums.host["real_tokens"] += batch["num_tokens"]
-                value, metrics = loss(policy, batch, chunks[i], normalizer)
-                # DDP and FSDP average the ranks' gradients; the global normaliser already made them parts of one sum.
-                (value * ranks.world).backward()
-                sums.add(value, metrics)
+        for chunk in ranks.passes(policy, chunks, proximal=loss.proximal):  # + idle ones: the same collectives
+            batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
+            sums.host["padded_tokens"] += batch["input_ids"].numel()
+            sums.host["real_tokens"] += batch["num_tokens"]
+            value, metrics = loss(policy, batch, chunk, normalizer)
+            ranks.backward(value)
+            sums.add(value, metrics)
     norm = None
     if step["samples"]:
         norm = torch.nn.utils.clip_grad_norm_(policy.train_module.parameters(), cfg.max_grad_norm)
