@@ -1,10 +1,13 @@
 """Rejection sampling keeps exactly the rewarded episodes, each task's identical ones once, as SFT rows."""
 
 import json
+import re
+
+import pytest
 
 from helpers import ScriptedPolicy
 from nanorllm.config.sft import SampleConfig
-from nanorllm.supervised.rejection import sample_rows
+from nanorllm.supervised.rejection import main, sample_rows
 from nanorllm.supervised.sft_data import conversation, sft_columns
 
 TASKS = [{"task_id": "a", "question": "What is 1 + 1?", "answer": "2"},
@@ -36,3 +39,13 @@ def test_only_rewarded_episodes_are_kept_once_each_with_their_prompt_and_replies
     messages, _, start = conversation(rows[0], sft_columns(None), None)
     assert messages[start - 1]["content"] == "What is 1 + 1?" and messages[start:] == rows[0]["completion"]
     assert any(m["role"] == "assistant" for m in messages[:start])  # the worked example stays prompt
+
+
+def test_the_samplers_help_offers_no_run_folder_or_process_flag(capsys):
+    """It writes one file and runs in one process: no run folder, sinks, checkpoints, workers or learner ranks."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    flags = set(re.findall(r"^\W{0,2}(--[a-z][a-z0-9-]*)", capsys.readouterr().out, re.M))
+    assert stop.value.code == 0 and {"--out", "--samples-per-task", "--min-reward", "--seed", "--devices"} <= flags
+    assert flags & {"--output-dir", "--run-name", "--report-to", "--eval-every", "--save-every", "--save-model",
+                    "--rollout-dump-size", "--serial", "--num-workers", "--learner-devices", "--queue-size"} == set()

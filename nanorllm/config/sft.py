@@ -19,7 +19,7 @@ from typing import Literal
 
 from nanorllm.config.checks import bound_problems
 from nanorllm.config.fields import (AdamWSettings, Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
-                                    LoraAdapters, MemoryPlanning, ModelSettings, Processes, RunFolder, RunLog,
+                                    LoraAdapters, MemoryPlanning, ModelSettings, RunLog, Seeding,
                                     Sources, Steps, ToolFunctions, TrainingTasks)
 
 SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft"}
@@ -90,7 +90,7 @@ class SampleSettings:
 
 
 @dataclass
-class SampleConfig(SampleSettings, RunFolder, Processes, Episodes, Sources):
+class SampleConfig(SampleSettings, Devices, Seeding, Episodes, Sources):
     """Sample episodes from a model on an env and keep the rewarded ones as SFT rows (RFT / STaR / expert
     iteration; launch/sample.py). --seed seeds the sampling; the task, env and episode fields mean what they mean
     in training."""
