@@ -134,6 +134,15 @@ def test_a_serial_run_whose_answer_is_constant_warns_once_and_one_whose_answers_
 
 
 @pytest.mark.slow
+def test_a_serial_run_of_two_guesses_whatever_the_math_question_warns_with_the_golds_spread(tmp_path):
+    out = train_in_process(tmp_path, "two", ["--env", ANSWERS, "--env-arg", "answer=1|2", "--collapse-alarm-steps",
+                                             "2", "--max-steps", "3", "--no-save-model"])
+    assert out.count("[collapse]") == 1 and "[collapse] step 2: warning: the last 2 steps' final answers spread over" in out
+    assert "effective answers where their tasks' golds spread over" in out
+    assert any(v > 1 for _, v in read_scalars(tmp_path / "two")["rollout/distinct_answers"])  # not one a group
+
+
+@pytest.mark.slow
 def test_the_pipelines_learner_warns_as_the_serial_loop_does(tmp_path):
     rc, out, _ = run_train(["--num-workers", "1", "--env", ANSWERS, "--env-arg", "answer=42", "--collapse-alarm-steps",
                             "2", "--max-steps", "2", "--run-name", "p", "--no-save-model"], tmp_path / "runs")
