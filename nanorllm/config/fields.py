@@ -373,9 +373,11 @@ class Steps:
     """How long training runs: its optimizer steps and passes."""
 
     max_steps: int = 24
-    """Learner updates."""
+    """Optimizer steps: training's learner updates; launch/sft.py's cap on the steps its --epochs make (0: no
+    cap)."""
     epochs: int = 1
-    """Passes over each rollout batch (each pass makes updates_per_batch optimizer steps)."""
+    """Passes: in training over each rollout batch (each pass makes updates_per_batch optimizer steps); in
+    launch/sft.py over the data."""
 
 
 @dataclass
@@ -502,7 +504,8 @@ class Devices:
     """Where the learner runs."""
 
     devices: str = "auto"
-    """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers'."""
+    """'auto', 'cpu', or a list like 'cuda:0,cuda:1': the first is the learner's, the rest the workers' (programs
+    without workers, launch/sft.py and launch/sample.py, use the first)."""
 
 
 @dataclass
@@ -546,7 +549,8 @@ class RunLog(Seeding):
     exp_name: str = "grpo"
     """Experiment name used in the run folder name."""
     eval_every: int = 0
-    """Evaluate held-out tasks every N steps (0: only before and after training)."""
+    """Evaluate held-out tasks every N steps (launch/sft.py: the held-out rows' loss) (0: only before and after
+    training)."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = 3
