@@ -187,6 +187,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _names_pid(name: str, pid: int) -> bool:
+    """A CUDA IPC producer's /dev/shm file: torch's `torch_<pid>_<random>_<n>` reference counts or the
+    driver's `cuda.shm.<device>.<pid in hex>.<n>`."""
+    parts = name.split(".")
+    return name.startswith(f"torch_{pid}_") or (name.startswith("cuda.shm.") and len(parts) == 5
+                                                and parts[3] == f"{pid:x}")
+
+
 def _worker_loading(store: SharedWeights, learner_pid: int, device: str, out) -> None:
     """A pipeline worker's part: dies with its learner (lifeline.py), loads in a loop until then."""
     from nanorllm.utils.lifeline import die_with_parent
@@ -240,7 +248,10 @@ def test_a_learner_killed_while_publishing_takes_its_worker_and_the_memory_with_
         time.sleep(0.1)
     assert _gone(worker_pid), "the worker outlived its learner"
     time.sleep(1.0)  # the driver and the kernel release what the dead processes held
-    assert not shm_entries() - shm_before - shm_held()  # an entry a live process holds is not this run's (parallel tests)
+    left = shm_entries() - shm_before - shm_held()  # an entry a live process holds is not this run's (parallel tests)
+    # Only a CUDA IPC producer's own bookkeeping may stay: torch's reference-count file and the driver's
+    # file, both named by the killed learner's pid, which only that process could have unlinked.
+    assert left == ({n for n in left if _names_pid(n, learner.pid)} if device == "cuda" else set()), left
     if device == "cuda":
         assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)  # within 64 MiB: nothing held
 
@@ -307,18 +318,29 @@ def test_with_every_reader_on_cuda_ipc_the_host_buffer_is_made_only_when_a_reade
     assert reader.load_into(block)[0] == 2 and bool((replica[0].weight == 3.0).all())
 
 
+def _attach_and_report(reader: SharedWeights, out) -> None:
+    block = reader.attach(_model(device="cuda"))
+    version = reader.load_into(block)[0]
+    out.put((reader.reads_gpu, version, float(block[0])))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_gpu_learner_with_cuda_readers_keeps_no_host_copy_until_a_reader_falls_back():
-    """On a GPU, in one process: every reader on CUDA IPC leaves no host buffer; a reader whose handle
-    cannot be opened fails with the reason, and the worker started after it loads through a host buffer
-    made then, with the current weights."""
+    """On a GPU: every reader on CUDA IPC leaves no host buffer; a reader whose handle cannot be opened
+    fails with the reason, and the worker started after it loads through a host buffer made then, with
+    the current weights. The mapped reader is another process, as a worker is: a process cannot open
+    its own CUDA IPC handle (torch 2.11's rebuild misses its own cache and the driver refuses)."""
     learner = _model(1.0, device="cuda")
     store = SharedWeights(learner, readers=["cuda"])
     try:
         assert store.ipc and store.flat is None
-        mapped = store.reader("cuda")
-        block = mapped.attach(_model(device="cuda"))
-        assert mapped.reads_gpu and mapped.load_into(block)[0] == 0 and float(block[0]) == 1.0
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        child = ctx.Process(target=_attach_and_report, args=(store.reader("cuda"), out))
+        child.start()
+        assert out.get(timeout=120) == (True, 0, 1.0)  # mapped through CUDA IPC, version 0's weights
+        child.join(timeout=30)
+        assert store.flat is None  # still no host copy
         broken = store.reader("cuda")
         broken._share = (lambda: (_ for _ in ()).throw(RuntimeError("no IPC here")), ())
         with pytest.raises(RuntimeError, match="no IPC here"):
