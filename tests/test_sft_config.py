@@ -8,14 +8,14 @@ import pytest
 import tyro
 
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
-from nanorllm.supervised.sft import main
+from nanorllm.run.sft import main
 from test_sft import write_jsonl
 from test_sft_run import ROWS
 
 RL_ONLY = """--kl-coef --clip-low --clip-high --loss-agg --off-policy-correction --entropy-coef --fill-batch
     --mask-truncated --overlong-buffer --tasks-per-step --num-samples-per-task --adv-estimator --turn-credit
     --updates-per-batch --reward --reward-model --reward-mode --judge --teacher --agent --tool-parser --max-tool-calls
-    --num-workers --serial --max-policy-lag --learner-devices --learner-parallel --queue-size --temperature --top-p
+    --num-workers --serial --max-policy-lag --queue-size --temperature --top-p
     --max-turns --max-new-tokens --max-prompt-tokens --grader-timeout-s --env-timeout-s --max-batch-episodes
     --cuda-graphs --collapse-alarm-steps --tool-alarm-steps --lr-schedule --warmup-steps --lora-merged
     --sample-every --rollout-dump-size --save-model --resume-new-data --eval-tasks""".split()

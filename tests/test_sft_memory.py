@@ -11,7 +11,7 @@ from nanorllm.memory.plan import GB, activation_bytes, model_config, parameter_c
 from nanorllm.memory.sft import plan_sft
 from nanorllm.memory.tasks import TaskShape
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.supervised.sft import main
+from nanorllm.run.sft import main
 from nanorllm.utils.devices import DeviceMap
 from tests.test_memory import on
 

@@ -4,7 +4,8 @@ and one group of its own; no RL-only field (tests/test_sft_config.py: every fiel
 Its fields mean what they mean in training (fields.Learner: --micro-batch-tokens, --max-pad-frac,
 --packing, --tf32; fields.AdamWSettings: --lr, --weight-decay, --max-grad-norm; fields.LearnerForward:
 --disable-dropout, --grad-checkpointing; fields.MemoryPlanning's --memory-plan-only (memory/sft.py);
-fields.LoraAdapters; fields.Devices' --devices (its first entry);
+fields.LoraAdapters; fields.LearnerRankSettings' --devices (its first entry) and learner ranks (--learner-devices N:
+the first N, each step's rows split over them; --learner-parallel, --learner-timeout-s);
 fields.RunLog's folder, sinks and checkpoints, --eval-every for the held-out loss; fields.ModelSettings' --model,
 --dtype, --threads; fields.EnvOptions' --env, --env-arg, --task-fields; fields.ToolFunctions' --tools;
 fields.TrainingTasks' --tasks (the tasks --demos draws from) and --limit (--data's rows);
@@ -19,7 +20,7 @@ from typing import Literal
 
 from nanorllm.config.checks import bound_problems
 from nanorllm.config.fields import (AdamWSettings, Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
-                                    LoraAdapters, MemoryPlanning, ModelSettings, RunLog, Seeding,
+                                    LearnerRankSettings, LoraAdapters, MemoryPlanning, ModelSettings, RunLog, Seeding,
                                     Sources, Steps, ToolFunctions, TrainingTasks)
 
 SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft"}
@@ -53,7 +54,7 @@ class SFTSettings:
 
 
 @dataclass
-class SFTConfig(SFTSettings, RunLog, Devices, MemoryPlanning, LearnerForward, LoraAdapters, Steps, AdamWSettings,
+class SFTConfig(SFTSettings, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward, LoraAdapters, Steps, AdamWSettings,
                 Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions, ModelSettings):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 

@@ -76,6 +76,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def where_line(where: list[tuple[str, int, str]]) -> str:
+    """`attach`'s answer as the run prints it (the fault suite reads each rank's pid from it)."""
+    return f"[ranks] {len(where)} learner ranks: " + ", ".join(
+        f"rank {r} on {host} {device} pid {pid}" for r, (host, pid, device) in enumerate(where))
+
+
 class LearnerRanks:
     def __init__(self, *, rank: int = 0, world: int = 1, local_rank: int = 0, local_world: int = 1,
                  device: str = "cpu", parallel: str = "ddp"):
@@ -175,13 +181,25 @@ class LearnerRanks:
     def idle_backward(self, policy, *, proximal: bool = False) -> None:
         """A micro-batch with nothing to train, with the collectives of a real one: a zero gradient,
         after the no-grad proximal forward when real micro-batches run one."""
-        ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
-        positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)  # one scored position: (0, 0)
-        args = (ids, torch.ones_like(ids), positions, 0)  # nothing shared: no count read from the device
         if proximal:
             with torch.no_grad():
-                policy.forward(*args)
-        (policy.forward(*args).logits.sum() * 0.0).backward()
+                self.idle_forward(policy)
+        (self.idle_forward(policy).logits.sum() * 0.0).backward()
+
+    @staticmethod
+    def idle_forward(policy):
+        """A forward of nothing: two pad tokens, one scored position, nothing shared (no count read from
+        the device). Under FSDP a rank with no real pass left runs it to join the others' collectives."""
+        ids = torch.full((1, 2), policy.pad_id, dtype=torch.long, device=policy.device)
+        positions = torch.zeros((1, 2), dtype=torch.long, device=policy.device)  # one scored position: (0, 0)
+        return policy.forward(ids, torch.ones_like(ids), positions, 0)
+
+    def reshard(self, policy) -> None:
+        """After forwards with no backward (a held-out loss): under FSDP the root's parameters go back to their
+        shards. FSDP leaves the root's gathered after a forward, for the backward that would follow; with none,
+        the model would keep them, and name other tensors than the optimizer's."""
+        if self.world > 1 and self.parallel == "fsdp":
+            policy.train_module.reshard()
 
     def updated(self, policy) -> dict:
         """After an optimizer step: under FSDP every rank gathers the new weights (rank 0 into the full
@@ -261,12 +279,13 @@ class LearnerRanks:
         self.in_step = self.rank == 0 and isinstance(step, int)
         return step
 
-    def share(self, results: list, version: int) -> list:
-        """Rank 0: send every rank its share of the step (groups whole); returns rank 0's own."""
+    def share(self, results: list, version: int, split=split_groups) -> list:
+        """Rank 0: send every rank its share of the step (`split`: RL's groups whole, or SFT's rows,
+        ranks/split.py); returns rank 0's own."""
         if self.world == 1:
             return results
         self.in_step, self.training = False, True
-        shares = [{"version": version, "results": s} for s in split_groups(results, self.world)]
+        shares = [{"version": version, "results": s} for s in split(results, self.world)]
         return self._scatter(shares)["results"]
 
     def release(self) -> None:

@@ -23,14 +23,13 @@ def start_learner(cfg, devices: DeviceMap) -> LearnerRanks:
 
 
 def start_ranks(devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0.0, *,
-                parallel: str = "ddp") -> LearnerRanks:
-    """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now. Until
-    the first step's shares go out, collectives wait up to `start_timeout_s` (imports, model loads
-    and the workers' start are slow); from then on `timeout_s`."""
+                parallel: str = "ddp", follower=follow) -> LearnerRanks:
+    """This process's rank: from torchrun's environment, or rank 0 of ranks it spawns now, each running
+    `follower(ranks)` (a module-level function: RL's `follow`, or SFT's). Until the first step's shares
+    go out, collectives wait up to `start_timeout_s` (imports, model loads and the workers' start are
+    slow); from then on `timeout_s`."""
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else len(devices.learners)
-    if parallel == "fsdp" and world == 1:
-        raise DeviceError(f"learner_parallel: fsdp shards the learner over several ranks, but there is one "
-                          f"({devices.learner}); give --learner-devices N > 1 or use --learner-parallel ddp")
+    check_parallel(parallel, world, devices.learner)
     if under_torchrun() and world > 1:
         local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
         if len(devices.learners) != local_world:
@@ -47,21 +46,28 @@ def start_ranks(devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0
     ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
     for r in range(1, n):
         p = ctx.Process(target=spawned_rank, name=f"nanorllm-learner-{r}", daemon=True,
-                        args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid()))
+                        args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid(), follower))
         p.start()
         ranks.procs[r], ranks.devices[r] = p, devices.learners[r]
     ranks.init(address, timeout_s, start_timeout_s)
     return ranks
 
 
+def check_parallel(parallel: str, world: int, device: str) -> None:
+    """DeviceError when `parallel` cannot run on `world` ranks (FSDP shards over several)."""
+    if parallel == "fsdp" and world == 1:
+        raise DeviceError(f"learner_parallel: fsdp shards the learner over several ranks, but there is one "
+                          f"({device}); give --learner-devices N > 1 or use --learner-parallel ddp")
+
+
 def spawned_rank(rank: int, world: int, address: str, device: str, timeout_s: float, start_timeout_s: float,
-                 parent_pid: int) -> None:
+                 parent_pid: int, follower=follow) -> None:
     """Entry point of a rank that rank 0 spawned (no torchrun)."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ranks = LearnerRanks(rank=rank, world=world, local_rank=rank, local_world=world, device=device)
     ranks.init(address, timeout_s, start_timeout_s)
-    code = follow(ranks)
+    code = follower(ranks)
     ranks.close()
     sys.exit(code)
 

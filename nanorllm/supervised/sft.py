@@ -2,6 +2,8 @@
 
     python launch/sft.py --model M --data rows.jsonl --out sft_model        # then: launch/train.py --model sft_model
 
+The program (flags, checks, learner ranks) is run/sft.py; this is the training it runs.
+
 Why the RL learner and not a second trainer: the rows are StepSamples rendered as rollouts are
 (supervised/sft_data.py), so the update that trains a rollout batch trains them too, with the same
 micro-batches, packing, precision, LoRA, grad checkpointing and non-finite guard (trainer/update.py); only
@@ -23,17 +25,19 @@ import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from nanorllm.config.errors import ConfigError, cannot_load
+from nanorllm.config.errors import cannot_load
 from nanorllm.config.sft import SFTConfig
 from nanorllm.config.specs import lora_spec
 from nanorllm.core.types import StepSample
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged
 from nanorllm.ranks.group import LearnerRanks
+from nanorllm.ranks.split import split_conversations
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
@@ -104,30 +108,57 @@ def split_rows(rows: list, eval_frac: float, seed: int) -> tuple[list, list]:
     return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
-def held_out_loss(run: SFTRun) -> float:
-    """Mean negative log-likelihood per trained token of the held-out rows (no grad, the learner's passes)."""
-    samples = [s for row in run.held_out for s in row]
+def held_out_loss(run: SFTRun, ranks: LearnerRanks) -> float:
+    """Mean negative log-likelihood per trained token of the held-out rows (no grad, the learner's passes), the
+    rows split over the learner ranks as a step's are."""
+    shares = split_conversations(run.held_out, ranks.world)
+    if ranks.world == 1:
+        return held_out_part(shares, run.cfg, run.policy, run.optimizer, ranks)
+    return ranks.together(partial(held_out_part, shares, run.cfg), run.policy, run.optimizer)
+
+
+def held_out_part(shares: list, cfg: SFTConfig, policy: HFCausalPolicy, optimizer, ranks: LearnerRanks) -> float:
+    """Every rank, together: the loss of its share of the held-out rows, summed over the ranks (under FSDP a rank
+    with fewer passes joins the others' forwards with empty ones)."""
+    samples = [s for row in shares[ranks.rank] for s in row]
+    chunks = step_micro_batches(policy, samples, cfg) if samples else []
+    passes = int(ranks.all_max(len(chunks))) if ranks.world > 1 and ranks.parallel == "fsdp" else len(chunks)
     total = tokens = 0.0
     with torch.no_grad():
-        for chunk in step_micro_batches(run.policy, samples, run.cfg):
-            batch = collate_train_batch(chunk, pad_id=run.policy.pad_id, device=run.policy.device,
-                                        pack=run.cfg.packing)
-            logp, _ = token_logprobs(score(run.policy, batch).logits, batch["targets"])
+        for i in range(passes):
+            if i >= len(chunks):
+                ranks.idle_forward(policy)
+                continue
+            batch = collate_train_batch(chunks[i], pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
+            logp, _ = token_logprobs(score(policy, batch).logits, batch["targets"])
             total, tokens = total - float(logp.sum()), tokens + logp.numel()
-    return total / max(tokens, 1)
+    ranks.reshard(policy)
+    sums = ranks.all_sum({"nll": total, "tokens": tokens})
+    return sums["nll"] / max(sums["tokens"], 1)
 
 
-def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
-    """Steps `start` .. run.steps: update, log, checkpoint; then the held-out loss and the model at --out."""
-    cfg, ranks = run.cfg, LearnerRanks(device=str(run.policy.device))
+def train_rows(policy: HFCausalPolicy, optimizer, rows: list[list[StepSample]], cfg: SFTConfig,
+               ranks: LearnerRanks) -> dict[str, float]:
+    """One optimizer step on this rank's `rows`, with the others' (update's sums are every rank's)."""
+    samples = [s for row in rows for s in row]
+    with matmul_precision(policy.device, tf32=cfg.tf32):  # as RL's update: TF32 on CUDA (--tf32)
+        return update(policy, optimizer, samples, cfg, ranks=ranks, loss=SFTLoss(), host={})
+
+
+def train_sft(run: SFTRun, start: int = 0, say=print, ranks: LearnerRanks | None = None) -> dict:
+    """Steps `start` .. run.steps: update, log, checkpoint; then the held-out loss and the model at --out. With
+    several learner `ranks` (rank 0 runs this; the others `run/sft.py follow_sft`) each step's rows are split over
+    them by tokens (ranks/split.py), and the held-out loss too."""
+    cfg, ranks = run.cfg, ranks or LearnerRanks(device=str(run.policy.device))
     last: dict = {}
     if run.held_out and start == 0:
-        run.logger.scalars({"sft/eval_loss": held_out_loss(run)}, 0)
+        run.logger.scalars({"sft/eval_loss": held_out_loss(run, ranks)}, 0)
     for step in range(start, run.steps):
-        samples = [s for row in run.rows_of_step(step) for s in row]
         t0 = time.perf_counter()
-        with matmul_precision(run.policy.device, tf32=cfg.tf32):  # as RL's update: TF32 on CUDA (--tf32)
-            n = update(run.policy, run.optimizer, samples, cfg, ranks=ranks, loss=SFTLoss(), host={})
+        with ranks.guarded():  # a rank that died or hangs: one RankError naming it
+            ranks.begin(step)
+            rows = ranks.share(run.rows_of_step(step), step, split=split_conversations)  # this rank's share
+            n = train_rows(run.policy, run.optimizer, rows, cfg, ranks)
         seconds = time.perf_counter() - t0
         last = {"sft/loss": n["loss"], "sft/assistant_tokens": n["tokens"], "sft/tokens_per_s": n["tokens"] / seconds,
                 "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
@@ -135,25 +166,25 @@ def train_sft(run: SFTRun, start: int = 0, say=print) -> dict:
                 max(n["padded_tokens"], 1)}
         run.policy.version = step + 1
         if run.held_out and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            last["sft/eval_loss"] = held_out_loss(run)
+            last["sft/eval_loss"] = held_out_loss(run, ranks)
         run.logger.scalars(last, step + 1)
         say(f"step {step + 1}/{run.steps} | loss {n['loss']:.4f} | {last['sft/tokens_per_s']:.0f} tokens/s")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < run.steps:
-            save_checkpoint(run, step + 1)
+            save_checkpoint(run, step + 1, ranks)
     if run.held_out:
-        last["sft/eval_loss"] = held_out_loss(run)
+        last["sft/eval_loss"] = held_out_loss(run, ranks)
         run.logger.scalars({"sft/eval_loss": last["sft/eval_loss"]}, run.steps)
-    save_checkpoint(run, run.steps)
+    save_checkpoint(run, run.steps, ranks)
     write_model(run.policy, Path(cfg.out))
     run.logger.flush()
     return last
 
 
-def save_checkpoint(run: SFTRun, step: int) -> Path:
-    """The training run's checkpoint: weights (LoRA: the adapter), AdamW state, the step; the data's position is
-    the step's (`rows_of_step`)."""
+def save_checkpoint(run: SFTRun, step: int, ranks: LearnerRanks) -> Path:
+    """The training run's checkpoint: weights (LoRA: the adapter), AdamW state (under FSDP gathered from the ranks'
+    shards), the step; the data's position is the step's (`rows_of_step`)."""
     return checkpoint.save(run.run_dir, step, config=run.cfg.saved(), keep=run.cfg.keep_checkpoints,
-                           policy=run.policy, optimizer_state=run.optimizer.state_dict(),
+                           policy=run.policy, optimizer_state=ranks.optimizer_state(run.policy, run.optimizer),
                            stream_position=step * run.cfg.rows_per_step, stream_origin=0,
                            task_order={"rows": len(run.train), "seed": run.cfg.seed}, totals={})
 
@@ -179,11 +210,13 @@ def learner_device(devices: str) -> str:
     return devices.split(",")[0].strip()
 
 
-def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
-    """Load the policy (from the checkpoint when resuming), render the rows (`rows_for(policy)`), make the run
-    folder and sinks; returns the run and the step it starts at."""
-    device = learner_device(cfg.devices)
-    configure_threads(device, cfg.threads, 1)
+def start_run(cfg: SFTConfig, rows_for, say=print, *, device: str | None = None, processes: int = 1
+              ) -> tuple[SFTRun, int]:
+    """Load the policy on `device` (default: --devices' first; from the checkpoint when resuming), render the rows
+    (`rows_for(policy)`), make the run folder and sinks; returns the run and the step it starts at. `processes`:
+    the learner ranks sharing this machine's cores."""
+    device = device or learner_device(cfg.devices)
+    configure_threads(device, cfg.threads, processes)
     torch.manual_seed(cfg.seed)
     resume = cfg.resume
     run_dir = Path(resume) if resume else Path(cfg.output_dir) / (
@@ -213,42 +246,6 @@ def start_run(cfg: SFTConfig, rows_for, say=print) -> tuple[SFTRun, int]:
                        config=cfg.saved())
     say(f"[sft] {len(train)} rows ({len(held_out)} held out), run folder {run_dir}")
     return SFTRun(cfg, policy, optimizer, train, held_out, run_dir, logger), start
-
-
-def main(argv: list[str]) -> int:
-    """launch/sft.py: parse, check (flags, the memory plan before anything loads, tools, every row) before anything
-    is written, train; 2 on bad input, 0 after the plan alone under --memory-plan-only."""
-    import sys
-
-    import tyro
-
-    from nanorllm.config.sft import SFT_DEFAULTS
-    from nanorllm.datasets.errors import TaskFileError
-    from nanorllm.memory.plan import MemoryPlanError, check_plan
-    from nanorllm.memory.sft import plan_sft
-    from nanorllm.utils.modules import EnvSpecError
-
-    cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=__doc__)
-    problems = cfg.validate()
-    if problems:
-        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
-        return 2
-    try:
-        if not check_plan(plan_sft(cfg, learner_device(cfg.devices)), cfg.model, plan_only=cfg.memory_plan_only):
-            return 0
-        run, start = start_run(cfg, lambda policy: sft_rows(cfg, policy))
-    except (TaskFileError, EnvSpecError, MemoryPlanError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ConfigError as e:
-        print("\n".join(f"error: {p}" for p in e.problems), file=sys.stderr)
-        return 2
-    try:
-        train_sft(run, start)
-    finally:
-        run.logger.close()
-    print(f"[sft] model written to {cfg.out}")
-    return 0
 
 
 def sft_rows(cfg: SFTConfig, policy: HFCausalPolicy) -> list[list[StepSample]]:

@@ -39,7 +39,7 @@ from nanorllm.envs.registry import describe
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
-from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable
+from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, where_line
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.collapse import CollapseAlarm
@@ -479,8 +479,7 @@ class TrainingRun:
         block is in place: the DDP replica is made of the parameters the workers read)."""
         where = self.ranks.attach(self.policy, self.optimizer)
         if where:
-            self.say(f"[ranks] {len(where)} learner ranks: " + ", ".join(
-                f"rank {r} on {host} {device} pid {pid}" for r, (host, pid, device) in enumerate(where)))
+            self.say(where_line(where))
 
     def console_line(self, step: int, m: dict) -> str:
         line = (f"step {step}/{self.cfg.max_steps} | reward {m.get('reward/mean', 0):.2f} | success "
