@@ -300,6 +300,7 @@ def test_an_agent_that_raises_ends_only_its_episode_as_an_env_error_printed_once
     assert rollout_metrics(results)["rollout/env_errors"] == 2
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_an_agent_that_never_returns_is_ended_at_the_timeout_and_counted(tiny_policy, agent_file):
     engine = _engine(tiny_policy, f"{agent_file}:hangs", timeout_s=6.0)  # room for t1 on a loaded machine
     t0 = time.perf_counter()

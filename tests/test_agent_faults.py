@@ -304,6 +304,7 @@ def test_an_agent_that_exits_ends_its_episode_as_an_env_error_and_the_endpoint_g
     assert [r.trajectory.termination_reason for r in again] == ["wrong"]
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_stuck_sync_agents_hold_no_slot_later_episodes_run_and_their_threads_do_not_block_exit(tiny_policy, agents):
     engine = _engine(tiny_policy, f"{agents}:stuck", timeout_s=2.0)
     engine.max_batch_episodes = 2  # fewer rows than stuck agents
@@ -319,6 +320,7 @@ def test_stuck_sync_agents_hold_no_slot_later_episodes_run_and_their_threads_do_
     assert len(threads) >= 8 and all(t.daemon for t in threads)  # Python does not wait for them at exit
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_the_hang_detection_hears_the_endpoint_loop_turn_not_the_engine_polling_it(tiny_policy, agents):
     engine = _engine(tiny_policy, f"{agents}:blocks")
     beats = []

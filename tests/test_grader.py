@@ -66,6 +66,7 @@ def test_numeric_checks_take_no_time_under_load():
     assert time.perf_counter() - t0 < 1.0  # no sympy on this path
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_gold_no_parser_finishes_is_a_counted_timeout_within_the_budget():
     """9^(9^(9^9)) makes sympy compute a power inside one C call that no Python signal interrupts:
     the helper process is killed at the CPU budget, and the next check gets a fresh one."""
@@ -94,6 +95,7 @@ def test_a_gold_longer_than_pythons_int_string_limit_is_compared_exactly():
     assert time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_stopped_machine_does_not_flip_a_verdict():
     """Time the helper spends not running (a busy CPU, here SIGSTOP) does not count against the CPU budget."""
     import signal

@@ -142,6 +142,7 @@ def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
     assert time.monotonic() - t0 < 2.0
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_judge_that_drips_its_reply_is_cut_at_the_whole_request_deadline_and_its_connection_closed(stub):
     drip = stub(drip_s=0.5)  # a ~300-byte reply: 150 s at this pace, each read under a second
     t0 = time.monotonic()
@@ -178,6 +179,7 @@ def test_a_loopback_judge_ignores_the_proxy_variables_and_its_key_reaches_only_t
         trap.close()
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_an_attempt_its_deadline_did_not_end_stops_the_beat_so_the_hang_detection_sees_it(monkeypatch):
     import nanorllm.rewards.judge as judge_module
 
@@ -197,6 +199,7 @@ def test_an_attempt_its_deadline_did_not_end_stops_the_beat_so_the_hang_detectio
     assert not [b for b in beats if 1.0 < b - t0 < 2.4]  # past it, silence
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(stub, monkeypatch):
     import nanorllm.rewards.judge as judge_module
 

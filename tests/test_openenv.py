@@ -216,6 +216,7 @@ def test_a_server_down_at_start_is_refused_and_nothing_is_written(tmp_path, caps
     assert "env_timeout_s: must be > 0, got 0.0" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_step_past_the_timeout_ends_only_that_episode_as_an_env_error(capsys):
     env = load_env(f"openenv:{FAULTS}:SlowGuessEnv", EpisodeSettings(max_turns=2, env_timeout_s=0.3))
     tasks = env.load_tasks("openenv:count=2,seed=0")  # seed 0 is slow, seed 1 is not

@@ -112,6 +112,7 @@ def test_a_rubric_that_raises_or_returns_nan_is_an_env_error_and_the_other_episo
     assert rollout_metrics(results)["rollout/env_errors"] == 2
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_verifiers_episode_past_agent_timeout_s_is_ended_and_counted_and_the_tool_parser_reaches_its_endpoint(
         on_path, tiny_policy):
     def tasks(b):  # a = 1 (its grading sleeps 30 s) then a = 2

@@ -23,6 +23,7 @@ def _eval(policy, tasks, grader_timeout_s: float = 5.0, **kw):
     return evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=8), env=env, **kw)
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_eval_with_golds_no_parser_finishes_returns_and_counts_the_timeouts():
     policy = ScriptedPolicy(lambda call, row, messages: "\\boxed{1}")
     t0 = time.perf_counter()
@@ -33,6 +34,7 @@ def test_eval_with_golds_no_parser_finishes_returns_and_counts_the_timeouts():
     assert res["first_timeout_task"] == "nested-power"
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_hung_model_in_eval_is_reported_as_generating():
     def stuck(call, row, messages):
         time.sleep(30)  # a generate that never returns
@@ -41,6 +43,7 @@ def test_a_hung_model_in_eval_is_reported_as_generating():
         _eval(ScriptedPolicy(stuck), [PLAIN], hang_timeout_s=1)
 
 
+@pytest.mark.slow  # a fault whose wait is the behaviour under test
 def test_a_hung_grader_in_eval_is_reported_with_its_task(monkeypatch):
     monkeypatch.setattr(math_env, "judge", lambda *a, **k: time.sleep(30))
     t0 = time.perf_counter()
