@@ -182,3 +182,36 @@ def test_bad_numbers_are_refused_together_each_naming_its_flag_and_bound(tmp_pat
     assert capsys.readouterr().err.splitlines() == [
         "error: epochs: must be >= 1, got 0", "error: limit: must be >= 1, got -1", "error: lr: must be > 0, got 0.0"]
     assert not (tmp_path / "rm").exists()
+
+
+def test_the_training_groups_flags_reach_the_fit_and_its_own_defaults_are_values(tmp_path, monkeypatch):
+    """The program's config is the training groups' composition: --max-steps caps the steps --epochs make, AdamW takes
+    --lr and --weight-decay, the clip --max-grad-norm, --threads this process's threads, --dtype bf16 computes under
+    autocast; unset, the program's own defaults (lr 1e-5, weight decay 0.01) apply."""
+    import torch
+
+    seen, norms, casts = [], [], []
+    adamw, clip, autocast = torch.optim.AdamW, torch.nn.utils.clip_grad_norm_, torch.autocast
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: seen.append(kw) or adamw(params, **kw))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, n: norms.append(n) or clip(p, n))
+    monkeypatch.setattr(torch, "autocast", lambda device_type, dtype: casts.append((device_type, dtype)) or
+                        autocast(device_type, dtype=dtype))
+    data = write_rows(tmp_path / "rows.jsonl", labelled(40))
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "a"), "--epochs", "5",
+                 "--max-steps", "3", "--lr", "1e-3", "--weight-decay", "0.5", "--max-grad-norm", "0.25",
+                 "--threads", "1", "--dtype", "bf16", "--devices", "cpu"]) == 0
+    assert len(json.loads((tmp_path / "a" / "fit.json").read_text())["losses"]) == 3  # 5 epochs of 5 steps, capped
+    assert seen == [{"lr": 1e-3, "weight_decay": 0.5}] and norms == [0.25] * 3 and torch.get_num_threads() == 1
+    assert casts == [("cpu", torch.bfloat16)] * 3
+    assert main(["--data", data, "--model", "tiny-random", "--out", str(tmp_path / "b"), "--batch-size", "40"]) == 0
+    assert seen[1] == {"lr": 1e-5, "weight_decay": 0.01} and norms[3:] == [1.0] and casts[3:] == []
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """A fit sets this process's torch threads (--threads); the test worker's own count comes back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

@@ -7,6 +7,7 @@ forty lines. Scores are computed exactly as the reward model computes them when 
 the same rendering, left cut and head), so what is fitted is what is served.
 """
 
+import contextlib
 import json
 import math
 import random
@@ -18,8 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from nanorllm.config.checks import bound_problems
+from nanorllm.config.fields import AdamWSettings, Devices, ModelSettings, Seeding, Steps, TrainingTasks
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_rows
+from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 
 
@@ -28,38 +31,24 @@ class FitError(RuntimeError):
 
 
 @dataclass
-class FitConfig:
-    """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
-    (--to-pairs), or score a fitted one (--score) (docs/rewards.md)."""
+class FitSettings:
+    """What only the reward-model program reads: its rows, its batches, its modes."""
 
     out: str | None = None
     """Fitting: the folder the reward model is saved to (whole or not at all; a folder there is replaced only if it
     holds a fit's fit.json). --sample-from / --to-pairs: the JSONL file the rows go to."""
     data: str | None = None
     """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
-    model: str = "smollm2-135m-instruct"
-    """The causal LM the reward model starts from: a built-in name (smollm2-135m-instruct, tiny-random) or a
-    folder."""
-    epochs: int = 1
-    """Passes over the rows to fit."""
-    lr: float = 1e-5
-    """AdamW learning rate (gradients clipped to norm 1)."""
     batch_size: int = 8
     """Rows per optimizer step (a pair counts once)."""
     max_tokens: int = 512
     """Longest rendered (prompt, response); a longer one loses its first tokens (as when it scores)."""
-    seed: int = 0
-    """Seeds the held-out split, the row order, the new head and --sample-from's sampling."""
     eval_frac: float = 0.1
     """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is
     printed."""
     sample_from: str | None = None
     """Make labelled rows instead: responses of this policy model on --tasks, graded by the math env (1 correct,
     0 not)."""
-    tasks: str | None = None
-    """--sample-from: the task spec; None: the math env's default training tasks (not its held-out set)."""
-    limit: int = 64
-    """--sample-from: the first N tasks."""
     samples_per_task: int = 8
     """--sample-from: responses per task, sampled at temperature 1.0 with --seed."""
     max_new_tokens: int = 32
@@ -75,9 +64,26 @@ class FitConfig:
     sign; pairs: chosen above rejected), scored as --reward-model scores, printed as one JSON line; --out is unused."""
 
 
+@dataclass
+class FitConfig(FitSettings, Steps, AdamWSettings, TrainingTasks, Seeding, Devices, ModelSettings):
+    """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
+    (--to-pairs), or score a fitted one (--score) (docs/rewards.md). The shared groups mean what they mean in
+    training: --model (the causal LM the reward model starts from), --dtype (bf16 autocast over fp32 weights),
+    --threads, --devices (its first entry), --seed (the held-out split, the row order, the new head, the sampling),
+    AdamW's --lr, --weight-decay, --max-grad-norm, --epochs (passes over the rows) and --max-steps (a cap on the
+    optimizer steps those passes make, 0: none), --tasks and --limit (--sample-from's tasks: the math env's
+    training tasks, never its held-out set)."""
+
+
+# This program's own defaults: values, not second declarations of those fields.
+# weight_decay 0.01 is torch AdamW's own default, which the published fits used.
+FIT_DEFAULTS = {"lr": 1e-5, "limit": 64, "max_steps": 0, "weight_decay": 0.01}
+
+
 def problems(cfg: FitConfig) -> list[str]:
     counts = ("epochs", "batch_size", "max_tokens", "limit", "samples_per_task", "max_new_tokens", "pairs_per_prompt")
-    p = bound_problems(cfg, {**dict.fromkeys(counts, ">= 1"), "lr": "> 0"})
+    p = bound_problems(cfg, {**dict.fromkeys(counts, ">= 1"), "lr": "> 0", "max_steps": ">= 0", "weight_decay": ">= 0",
+                             "max_grad_norm": "> 0", "threads": ">= 1 or unset"})
     if not math.isfinite(cfg.lr):  # bound_problems lets inf through
         p = [q for q in p if not q.startswith("lr:")] + [f"lr: must be a finite number > 0, got {cfg.lr}"]
     if not 0 <= cfg.eval_frac < 1:
@@ -127,6 +133,7 @@ def score_rows(cfg: FitConfig) -> dict:
     kind, rows = read_rows(cfg.data)
     tokenizer = AutoTokenizer.from_pretrained(cfg.score, trust_remote_code=False)
     model = AutoModelForSequenceClassification.from_pretrained(cfg.score, trust_remote_code=False).eval()
+    model.to(fit_device(cfg))
     return {"model": cfg.score, "data": cfg.data, "kind": kind, "rows": len(rows),
             "accuracy": accuracy(model, tokenizer, kind, rows, cfg)}
 
@@ -187,6 +194,24 @@ def save(model, tokenizer, summary: dict, folder: Path) -> None:
     (folder / "fit.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def fit_device(cfg: FitConfig) -> str:
+    """--devices' first entry (auto: the first GPU, else the CPU), with this process's CPU threads set."""
+    from nanorllm.supervised.sft import learner_device
+
+    device = learner_device(cfg.devices)
+    configure_threads(device, cfg.threads, 1)
+    return device
+
+
+def compute_precision(cfg: FitConfig, device: str):
+    """--dtype as the learner computes: bf16 autocast over fp32 weights, or nothing."""
+    from nanorllm.policy.hf_causal import DTYPES
+
+    if DTYPES[cfg.dtype] == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=DTYPES[cfg.dtype])
+
+
 def fit(cfg: FitConfig, say=print) -> dict:
     """Fit on cfg.data, save to cfg.out (model, tokenizer, fit.json); the summary fit.json holds."""
     kind, rows = read_rows(cfg.data)
@@ -194,21 +219,29 @@ def fit(cfg: FitConfig, say=print) -> dict:
     rng.shuffle(rows)
     held = int(len(rows) * cfg.eval_frac)
     held_out, train = rows[:held], rows[held:]
+    device = fit_device(cfg)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_classifier(cfg.model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    say(f"[fit] {len(train)} {kind} rows to fit, {len(held_out)} held out; held-out accuracy before: "
+    model.to(device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    say(f"[fit] {len(train)} {kind} rows to fit, {len(held_out)} held out on {device}; held-out accuracy before: "
         f"{accuracy(model.eval(), tokenizer, kind, held_out, cfg)}")
     losses = []
     for epoch in range(cfg.epochs):
+        if cfg.max_steps and len(losses) == cfg.max_steps:
+            break
         model.train()
         rng.shuffle(train)
         first = len(losses)
         for i in range(0, len(train), cfg.batch_size):
-            loss, _ = batch_loss_and_hits(model, tokenizer, kind, train[i:i + cfg.batch_size], cfg.max_tokens)
+            if cfg.max_steps and len(losses) == cfg.max_steps:
+                break
+            with compute_precision(cfg, device):
+                loss, _ = batch_loss_and_hits(model, tokenizer, kind, train[i:i + cfg.batch_size], cfg.max_tokens)
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
             losses.append(loss.item())
         epoch_losses = losses[first:] or [math.nan]

@@ -21,7 +21,10 @@ def sample_rows(cfg, say=print) -> list[dict]:
     env = load_env("math", EpisodeSettings(max_turns=1))
     held = {t["question"] for t in env.load_tasks(env.default_eval_tasks)}
     tasks = [t for t in env.load_tasks(cfg.tasks or env.default_tasks) if t["question"] not in held][:cfg.limit]
-    policy = HFCausalPolicy.from_name(cfg.sample_from, seed=cfg.seed, replica=True)
+    from nanorllm.supervised.fit import fit_device
+
+    policy = HFCausalPolicy.from_name(cfg.sample_from, device=fit_device(cfg), dtype=cfg.dtype, seed=cfg.seed,
+                                      replica=True)
     engine = RolloutEngine(policy, sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=1.0),
                            env=env)
     results = engine.run(tasks, num_samples=cfg.samples_per_task, seed=cfg.seed).results

@@ -9,7 +9,8 @@ import tyro
 
 from nanorllm.rewards.model import reward_model_problems
 from nanorllm.supervised.data import RewardDataError, read_rows
-from nanorllm.supervised.fit import FitConfig, FitError, fit, out_problems, problems, score_rows, write_pairs
+from nanorllm.supervised.fit import (FIT_DEFAULTS, FitConfig, FitError, fit, out_problems, problems, score_rows,
+                                    write_pairs)
 from nanorllm.supervised.labels import sample_rows
 
 
@@ -44,7 +45,7 @@ def run(cfg: FitConfig) -> None:
 def main(argv: list[str], description: str | None = None) -> int:
     """`python launch/train_reward_model.py ARGV`: the exit code (2: bad flags or rows, one line each; 1: a fit
     whose weights went non-finite, nothing saved)."""
-    cfg = tyro.cli(FitConfig, args=argv, description=description)
+    cfg = tyro.cli(FitConfig, default=FitConfig(**FIT_DEFAULTS), args=argv, description=description)
     try:
         bad = input_problems(cfg)
         if not bad:
