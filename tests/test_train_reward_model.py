@@ -215,3 +215,28 @@ def _threads_restored():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_sampled_labels_take_the_episode_shape_flags_and_more_than_one_turn_is_refused(tmp_path, monkeypatch, capsys):
+    """--sample-from plays the math env with --system-prompt, --worked-example, --grader-timeout-s and
+    --max-new-tokens as training would; a row is the question and one response, so --max-turns 2 is refused."""
+    from nanorllm.envs import registry
+    from nanorllm.rollout import engine
+
+    settings, sampling = [], []
+    load_env, engine_class = registry.load_env, engine.RolloutEngine
+    monkeypatch.setattr(registry, "load_env", lambda name, s: settings.append(s) or load_env(name, s))
+    monkeypatch.setattr(engine, "RolloutEngine", lambda policy, **kw: sampling.append(kw["sampling"]) or
+                        engine_class(policy, **kw))
+    out = tmp_path / "data.jsonl"
+    assert main(["--sample-from", "tiny-random", "--out", str(out), "--limit", "2", "--samples-per-task", "2",
+                 "--max-new-tokens", "3", "--system-prompt", "Be brief.", "--no-worked-example",
+                 "--grader-timeout-s", "2.5"]) == 0
+    (s,) = settings
+    assert (s.max_turns, s.system_prompt, s.worked_example, s.grader_timeout_s) == (1, "Be brief.", False, 2.5)
+    assert [(p.max_new_tokens, p.temperature) for p in sampling] == [(3, 1.0)]
+    assert len(out.read_text().splitlines()) == 4
+    assert main(["--sample-from", "tiny-random", "--out", str(tmp_path / "two.jsonl"), "--max-turns", "2"]) == 2
+    assert "max_turns: --sample-from labels one-turn episodes" in capsys.readouterr().err
+    assert not (tmp_path / "two.jsonl").exists()

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import AdamWSettings, Devices, ModelSettings, Seeding, Steps, TrainingTasks
+from nanorllm.config.fields import (AdamWSettings, Devices, EpisodeShape, ModelSettings, Seeding, Steps,
+                                    TrainingTasks)
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_rows
 from nanorllm.utils.devices import configure_threads
@@ -51,8 +52,6 @@ class FitSettings:
     0 not)."""
     samples_per_task: int = 8
     """--sample-from: responses per task, sampled at temperature 1.0 with --seed."""
-    max_new_tokens: int = 32
-    """--sample-from: longest response."""
     to_pairs: bool = False
     """Instead of fitting: --data's labelled rows as preference pairs of the same prompt (each response labelled 1
     against each labelled 0, identical texts once), written to --out: Bradley-Terry fits the ranking within a prompt,
@@ -65,29 +64,34 @@ class FitSettings:
 
 
 @dataclass
-class FitConfig(FitSettings, Steps, AdamWSettings, TrainingTasks, Seeding, Devices, ModelSettings):
+class FitConfig(FitSettings, EpisodeShape, Steps, AdamWSettings, TrainingTasks, Seeding, Devices, ModelSettings):
     """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
     (--to-pairs), or score a fitted one (--score) (docs/rewards.md). The shared groups mean what they mean in
     training: --model (the causal LM the reward model starts from), --dtype (bf16 autocast over fp32 weights),
     --threads, --devices (its first entry), --seed (the held-out split, the row order, the new head, the sampling),
     AdamW's --lr, --weight-decay, --max-grad-norm, --epochs (passes over the rows) and --max-steps (a cap on the
     optimizer steps those passes make, 0: none), --tasks and --limit (--sample-from's tasks: the math env's
-    training tasks, never its held-out set)."""
+    training tasks, never its held-out set), and the episode's shape --sample-from samples with (--max-new-tokens,
+    --system-prompt, --worked-example, --grader-timeout-s; --max-turns must stay 1: a row is the question and
+    one response)."""
 
 
 # This program's own defaults: values, not second declarations of those fields.
 # weight_decay 0.01 is torch AdamW's own default, which the published fits used.
-FIT_DEFAULTS = {"lr": 1e-5, "limit": 64, "max_steps": 0, "weight_decay": 0.01}
+FIT_DEFAULTS = {"lr": 1e-5, "limit": 64, "max_steps": 0, "weight_decay": 0.01, "max_turns": 1}
 
 
 def problems(cfg: FitConfig) -> list[str]:
     counts = ("epochs", "batch_size", "max_tokens", "limit", "samples_per_task", "max_new_tokens", "pairs_per_prompt")
     p = bound_problems(cfg, {**dict.fromkeys(counts, ">= 1"), "lr": "> 0", "max_steps": ">= 0", "weight_decay": ">= 0",
-                             "max_grad_norm": "> 0", "threads": ">= 1 or unset"})
+                             "max_grad_norm": "> 0", "threads": ">= 1 or unset", "grader_timeout_s": "> 0"})
     if not math.isfinite(cfg.lr):  # bound_problems lets inf through
         p = [q for q in p if not q.startswith("lr:")] + [f"lr: must be a finite number > 0, got {cfg.lr}"]
     if not 0 <= cfg.eval_frac < 1:
         p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
+    if cfg.max_turns != 1:
+        p.append(f"max_turns: --sample-from labels one-turn episodes (a row is the question and one response), "
+                 f"got {cfg.max_turns}")
     if (cfg.data is None) == (cfg.sample_from is None):
         p.append("data: give --data (fit a reward model) or --sample-from (make labelled rows), one of them")
     if cfg.to_pairs and cfg.score is not None:

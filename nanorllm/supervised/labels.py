@@ -2,7 +2,8 @@
 each response sampled on the math env's tasks and labelled by the env's real grader (1 correct, 0 not). It wires a
 policy, the math env and the engine together, so it sits on top, beside the program that uses it.
 
-The rule, fixed before any run: one turn, temperature 1.0, the given seed, the env's default training tasks
+The rule, fixed before any run: one turn (--max-turns 1), temperature 1.0, the given seed, the first prompt
+and grading of --system-prompt, --worked-example and --grader-timeout-s, the env's default training tasks
 (never its held-out set: a task that is in it is left out), the first --limit of them, --samples-per-task each.
 """
 
@@ -18,7 +19,8 @@ def sample_rows(cfg, say=print) -> list[dict]:
     from nanorllm.policy.hf_causal import HFCausalPolicy
     from nanorllm.rollout.engine import RolloutEngine
 
-    env = load_env("math", EpisodeSettings(max_turns=1))
+    env = load_env("math", EpisodeSettings(max_turns=cfg.max_turns, system_prompt=cfg.system_prompt,
+                                           worked_example=cfg.worked_example, grader_timeout_s=cfg.grader_timeout_s))
     held = {t["question"] for t in env.load_tasks(env.default_eval_tasks)}
     tasks = [t for t in env.load_tasks(cfg.tasks or env.default_tasks) if t["question"] not in held][:cfg.limit]
     from nanorllm.supervised.fit import fit_device
