@@ -45,6 +45,7 @@ from nanorllm.policy.decode_graphs import layout, params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
 from nanorllm.trainer.engine import training_engine
+from nanorllm.utils.devices import synchronize
 from nanorllm.utils.files import write_atomic
 
 PRESETS = ("preset:smollm2-135m", "preset:qwen2.5-0.5b", "preset:qwen2.5-1.5b")
@@ -68,10 +69,6 @@ class GpuBenchConfig:
     num_samples_per_task: int = 8
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
 
 def _installed(model: str) -> bool:
     if model != SMOLLM2:
@@ -91,10 +88,10 @@ def decode_ms(policy: HFCausalPolicy, engine: str, rows: int, prompt: list[int],
     with source.decode_batch(params, slots=rows + 1, width=len(prompt) + 2 * steps + 16) as batch:
         batch.join([(i, prompt, torch.Generator().manual_seed(i), None) for i in range(rows)])
         for k in range(steps + 3):  # 3 warm-up steps (the graph engine captures its bucket here)
-            _sync(policy.device.type)
+            synchronize(policy.device.type)
             t0 = time.perf_counter()
             batch.step()
-            _sync(policy.device.type)
+            synchronize(policy.device.type)
             if k >= 3:
                 times.append(time.perf_counter() - t0)
     return 1000 * sorted(times)[len(times) // 2]
@@ -105,10 +102,10 @@ def rollout_tokens_per_s(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[d
     engine = training_engine(ReferencePolicy(policy) if decode_engine == "dynamic" else policy, cfg)
     engine.sampling = replace(engine.sampling, ignore_eos=True)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)
-    _sync(policy.device.type)
+    synchronize(policy.device.type)
     t0 = time.perf_counter()
     results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1).results
-    _sync(policy.device.type)
+    synchronize(policy.device.type)
     return sum(len(s.response_ids) for r in results for s in r.step_samples) / (time.perf_counter() - t0)
 
 
@@ -120,11 +117,11 @@ def rollout_figures(policy: HFCausalPolicy, cfg: TrainConfig, tasks: list[dict],
     dev = policy.device.type
     capture_s = engine.prepare(tasks[0], len(tasks) * cfg.num_samples_per_task)
     engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0)  # warm-up
-    _sync(dev)
+    synchronize(dev)
     t0 = time.perf_counter()
     batch = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=1)
     results, t = batch.results, batch.timings
-    _sync(dev)
+    synchronize(dev)
     wall = time.perf_counter() - t0
     tokens = sum(len(s.response_ids) for r in results for s in r.step_samples)
     out = {"tokens_per_s": tokens / wall, "tokens": tokens, "wall_s": wall, "capture_s": capture_s,
@@ -177,11 +174,11 @@ def replay_bound(policy: HFCausalPolicy, engine, task: dict, *, rows: int, conte
         widths = sorted(w for n, w in ours if n == most)
         g = ours[most, next((w for w in widths if w >= context), widths[-1])]
         g.replay()
-        _sync(policy.device.type)
+        synchronize(policy.device.type)
         t0 = time.perf_counter()
         for _ in range(replays):
             g.replay()
-        _sync(policy.device.type)
+        synchronize(policy.device.type)
         return min(g.n, rows) * replays / (time.perf_counter() - t0)
     width = engine.slot_width(64)
     with policy.decode_batch(engine.sampling, slots=rows + 1, width=width) as batch:
@@ -220,7 +217,7 @@ def hf_reference(policy: HFCausalPolicy, engine, tasks: list[dict], cfg: TrainCo
                                  cache_implementation="static" if not dry else None,
                                  disable_compile=True)  # a static cache on CUDA auto-compiles the forward
             tokens += (out.shape[1] - T) * len(chunk)
-    _sync(policy.device.type)
+    synchronize(policy.device.type)
     return tokens / (time.perf_counter() - t0)
 
 

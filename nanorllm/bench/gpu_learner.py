@@ -21,6 +21,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
+from nanorllm.utils.devices import synchronize
 
 PEAK_TFLOPS = {"H200": {"fp32": 67.0, "tf32": 495.0, "bf16": 990.0},
                "H100": {"fp32": 67.0, "tf32": 495.0, "bf16": 990.0}}
@@ -72,6 +73,20 @@ def learner_policy(arch: LlamaConfig, device: str, dtype: str):
     return HFCausalPolicy(model, tiny_tokenizer(), device=device, compute_dtype=DTYPES[dtype])
 
 
+QUICK_SIZES = dict(tasks=4, samples=4, prompt=24, shared=12, response=12, feedback=4)  # the toy run's episodes
+
+
+def update_setup(device: str, dtype: str, *, tf32: bool = True, quick: bool = False):
+    """(policy, config, optimizer) of the benchmark's update at `dtype`: the default model's shape (quick: the
+    toy's) at random weights, every group carrying a gradient."""
+    from nanorllm.config import TrainConfig
+    from nanorllm.trainer.update import make_optimizer
+
+    policy = learner_policy(default_architecture(quick=quick), device, dtype)
+    cfg = TrainConfig(model="random", dtype=dtype, tf32=tf32, temperature=1.0, lr=1e-6, drop_zero_std_groups=False)
+    return policy, cfg, make_optimizer(policy, cfg)
+
+
 def peak_tflops(device: str) -> dict | None:
     """The card's dense peaks by precision, or None (CPU, or a card not in PEAK_TFLOPS)."""
     if not device.startswith("cuda"):
@@ -83,32 +98,24 @@ def peak_tflops(device: str) -> dict | None:
 def figures(device: str, quick: bool) -> dict:
     """Update seconds, tokens/s and MFU of one 256-episode train_step per precision (quick: a toy
     model, 16 episodes: a dry check that runs on CPU in seconds, not a measurement)."""
-    from nanorllm.config import TrainConfig
     from nanorllm.trainer.step import train_step
-    from nanorllm.trainer.update import make_optimizer
 
-    arch = default_architecture(quick=quick)
-    sizes = dict(tasks=4, samples=4, prompt=24, shared=12, response=12, feedback=4) if quick else {}
+    sizes = QUICK_SIZES if quick else {}
     results = synthetic_results(vocab=256, **sizes)
     peaks = peak_tflops(device)
     out: dict = {"_episodes": len(results), "_device": device}
     print(f"learner update, {'toy model' if quick else 'SmolLM2-135M shape, random weights'}, "
           f"{len(results)} episodes on {device}; peak: {'unknown peak' if peaks is None else peaks}")
     for name, (dtype, tf32) in PRECISIONS.items():
-        policy = learner_policy(arch, device, dtype)
+        policy, cfg, opt = update_setup(device, dtype, tf32=tf32, quick=quick)
         params = sum(p.numel() for p in policy.parameters())
-        cfg = TrainConfig(model="random", dtype=dtype, tf32=tf32, temperature=1.0, lr=1e-6,
-                          drop_zero_std_groups=False)
-        opt = make_optimizer(policy, cfg)
         seconds = []
         for _ in range(1 if quick else 3):  # the first is warm-up (allocator, kernels, autotuning)
             results = synthetic_results(vocab=256, **sizes)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize(device)
+            synchronize(device)
             t0 = time.perf_counter()
             m = train_step(policy, opt, results, cfg)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize(device)
+            synchronize(device)
             seconds.append(time.perf_counter() - t0)
         s = min(seconds[1:] or seconds)
         tokens = m["train/padded_tokens"] * (1 - m["perf/pad_frac"])  # real sequence tokens

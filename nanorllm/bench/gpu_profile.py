@@ -16,16 +16,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nanorllm.bench import gpu_learner
-from nanorllm.config import TrainConfig
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.trainer.step import train_step
-from nanorllm.trainer.update import make_optimizer
+from nanorllm.utils.devices import synchronize
 
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def report(name: str, prof, wall_s: float, device: str, rows: int = 22) -> str:
@@ -41,18 +36,16 @@ def report(name: str, prof, wall_s: float, device: str, rows: int = 22) -> str:
 
 
 def profile_update(device: str, quick: bool) -> str:
-    sizes = dict(tasks=4, samples=4, prompt=24, shared=12, response=12, feedback=4) if quick else {}
-    policy = gpu_learner.learner_policy(gpu_learner.default_architecture(quick=quick), device, "bfloat16")
-    cfg = TrainConfig(model="random", dtype="bfloat16", temperature=1.0, lr=1e-6, drop_zero_std_groups=False)
-    optimizer = make_optimizer(policy, cfg)
+    sizes = gpu_learner.QUICK_SIZES if quick else {}
+    policy, cfg, optimizer = gpu_learner.update_setup(device, "bfloat16", quick=quick)
     for _ in range(2):
         train_step(policy, optimizer, gpu_learner.synthetic_results(vocab=256, **sizes), cfg)
-        _sync(device)
+        synchronize(device)
     results = gpu_learner.synthetic_results(vocab=256, **sizes)
     with profile(activities=activities(device)) as prof:
         t0 = time.perf_counter()
         train_step(policy, optimizer, results, cfg)
-        _sync(device)
+        synchronize(device)
         wall = time.perf_counter() - t0
     return report(f"bf16 update, {len(results)} episodes", prof, wall, device)
 
@@ -67,12 +60,12 @@ def profile_decode(device: str, quick: bool) -> str:
         batch.join([(i, prompt, torch.Generator().manual_seed(i), None) for i in range(rows)])
         for _ in range(steps):  # the graph of this bucket is captured here
             batch.step()
-        _sync(device)
+        synchronize(device)
         with profile(activities=activities(device)) as prof:
             t0 = time.perf_counter()
             for _ in range(steps):
                 batch.step()
-            _sync(device)
+            synchronize(device)
             wall = time.perf_counter() - t0
     return report(f"{steps} decode steps at {rows} rows", prof, wall, device)
 

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nanorllm.pipeline.weights import SharedWeights
+from nanorllm.utils.devices import synchronize
 
 # SmolLM2-135M: vocabulary 49152, hidden 576, MLP 1536, 30 layers, 3 KV heads of 64
 VOCAB, HIDDEN, MLP, KV = 49152, 576, 1536, 192
@@ -33,10 +34,6 @@ def _model(layers: int, device: str, dtype: torch.dtype, replica_dtype: torch.dt
     model.replica_dtype = replica_dtype
     return model
 
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def _worker(weights: SharedWeights, layers: int, device: str, dtype: torch.dtype, n: int, versions, out) -> None:
@@ -77,10 +74,10 @@ def _one(device: str, dtype: torch.dtype, layers: int, n: int) -> dict:
     dst.copy_(src)  # first touch, outside the timing
     copies = []
     for _ in range(n):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         dst.copy_(src)
-        _sync(device)
+        synchronize(device)
         copies.append(time.perf_counter() - t0)
     ms = lambda xs: 1e3 * statistics.median(xs)  # noqa: E731
     return {"publish_ms": ms(publish), "load_ms": ms(load), "publish_load_ms": ms(publish) + ms(load),

@@ -75,3 +75,9 @@ def configure_threads(device: str, threads: int | None, num_processes: int) -> i
     n = threads or max(1, (os.cpu_count() or 1) // max(num_processes, 1))
     torch.set_num_threads(n)
     return n
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the work queued on `device` (CUDA); a CPU's is already done. What a timer reads before it stops."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
