@@ -350,8 +350,8 @@ class Optimizer(AdamWSettings):
 
 
 @dataclass
-class Learner:
-    """The learner's forward/backward: micro-batches and matmul precision."""
+class Passes:
+    """The forward/backward passes of a step: their token budget, padding and matmul precision."""
 
     micro_batch_tokens: int | None = None
     """Padded tokens per forward/backward micro-batch (bounds memory). None: 4096 on CPU; on CUDA what fits in
@@ -359,13 +359,19 @@ class Learner:
     max_pad_frac: float | None = None
     """Padding share of a step's micro-batches (perf/pad_frac) above which rows are bucketed by length into more
     micro-batches; 1: never. None: 0.2 on CUDA, never on CPU (regrouping moves float sums, and the seed's result)."""
+    tf32: bool = True
+    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
+    Means nothing on CPU."""
+
+
+@dataclass
+class Learner(Passes):
+    """The learner's forward/backward: micro-batches, packing and matmul precision."""
+
     packing: bool = False
     """Lay a micro-batch's rows end to end in rows of its longest width (no pad tokens computed but a row's tail;
     attention kept within each sequence, trainer/collate.py) instead of padding each. Off (RL's default): padded
     rows compute their shared prompt template once (docs/learner-update.md compares the two)."""
-    tf32: bool = True
-    """On CUDA the update's fp32 matmuls run on TF32 tensor cores (trainer/precision.py); sampling stays fp32.
-    Means nothing on CPU."""
 
 
 @dataclass

@@ -27,6 +27,14 @@ SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft"}
 
 
 @dataclass
+class Resuming:
+    """A supervised program's way back into its run folder (launch/sft.py, launch/train_reward_model.py)."""
+
+    resume: str | None = None
+    """A run folder of this program to continue from its newest checkpoint (give the same flags)."""
+
+
+@dataclass
 class SFTSettings:
     """What SFT trains on and where its model goes."""
 
@@ -49,13 +57,11 @@ class SFTSettings:
     steps and after training."""
     max_tokens: int | None = None
     """Longest conversation in tokens; a longer row is refused, named. None: the model's context."""
-    resume: str | None = None
-    """A run folder of this program to continue from its newest checkpoint (give the same flags)."""
 
 
 @dataclass
-class SFTConfig(SFTSettings, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward, LoraAdapters, Steps, AdamWSettings,
-                Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions, ModelSettings):
+class SFTConfig(SFTSettings, Resuming, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward, LoraAdapters, Steps,
+                AdamWSettings, Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions, ModelSettings):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 
     def validate(self) -> list[str]:

@@ -2,105 +2,40 @@
 head, fitted on labelled rows (BCE) or preference pairs (Bradley-Terry), saved as a folder --reward-model loads.
 
 A plain loop, not TRL's RewardTrainer: that trainer covers preference pairs only (the labelled rows the policy's
-own samples give would need a second path), and it brings the Trainer/accelerate machinery for what is here
-forty lines. Scores are computed exactly as the reward model computes them when it scores (rewards/model.py:
-the same rendering, left cut and head), so what is fitted is what is served.
+own samples give would need a second path), and it brings the Trainer/accelerate machinery for what the RL
+learner's parts already do here: its passes (trainer/micro_batches.py), precision (trainer/precision.py),
+checkpoints (trainer/checkpoint.py) and sinks (utils/logger.py). Scores are computed exactly as the reward model
+computes them when it scores (rewards/model.py: the same rendering, left cut and head), so what is fitted is what
+is served. Its config: config/fit.py.
 """
 
 import contextlib
+import itertools
 import json
 import math
 import random
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import (AdamWSettings, Devices, EpisodeShape, ModelSettings, Seeding, Steps,
-                                    TrainingTasks)
+from nanorllm.config.fit import FitConfig
 from nanorllm.rewards.model import batch_tensors, encode, head_scores, pad_id
 from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_rows
+from nanorllm.trainer import checkpoint
+from nanorllm.trainer.micro_batches import device_max_pad_frac, device_micro_batch_tokens, length_chunks
+from nanorllm.trainer.precision import matmul_precision
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
+from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.sinks import parse_report_to
 
 
 class FitError(RuntimeError):
     """A fit whose model cannot be saved (its weights went non-finite)."""
-
-
-@dataclass
-class FitSettings:
-    """What only the reward-model program reads: its rows, its batches, its modes."""
-
-    out: str | None = None
-    """Fitting: the folder the reward model is saved to (whole or not at all; a folder there is replaced only if it
-    holds a fit's fit.json). --sample-from / --to-pairs: the JSONL file the rows go to."""
-    data: str | None = None
-    """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
-    batch_size: int = 8
-    """Rows per optimizer step (a pair counts once)."""
-    max_tokens: int = 512
-    """Longest rendered (prompt, response); a longer one loses its first tokens (as when it scores)."""
-    eval_frac: float = 0.1
-    """Share of the rows held out; their accuracy (labelled: sign of the score; pairs: chosen above rejected) is
-    printed."""
-    sample_from: str | None = None
-    """Make labelled rows instead: responses of this policy model on --tasks, graded by the math env (1 correct,
-    0 not)."""
-    samples_per_task: int = 8
-    """--sample-from: responses per task, sampled at temperature 1.0 with --seed."""
-    to_pairs: bool = False
-    """Instead of fitting: --data's labelled rows as preference pairs of the same prompt (each response labelled 1
-    against each labelled 0, identical texts once), written to --out: Bradley-Terry fits the ranking within a prompt,
-    the comparison GRPO's groups make."""
-    pairs_per_prompt: int = 4
-    """--to-pairs: at most this many pairs a prompt."""
-    score: str | None = None
-    """Instead of fitting: the accuracy of this reward model folder on every row of --data (labelled: the score's
-    sign; pairs: chosen above rejected), scored as --reward-model scores, printed as one JSON line; --out is unused."""
-
-
-@dataclass
-class FitConfig(FitSettings, EpisodeShape, Steps, AdamWSettings, TrainingTasks, Seeding, Devices, ModelSettings):
-    """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
-    (--to-pairs), or score a fitted one (--score) (docs/rewards.md). The shared groups mean what they mean in
-    training: --model (the causal LM the reward model starts from), --dtype (bf16 autocast over fp32 weights),
-    --threads, --devices (its first entry), --seed (the held-out split, the row order, the new head, the sampling),
-    AdamW's --lr, --weight-decay, --max-grad-norm, --epochs (passes over the rows) and --max-steps (a cap on the
-    optimizer steps those passes make, 0: none), --tasks and --limit (--sample-from's tasks: the math env's
-    training tasks, never its held-out set), and the episode's shape --sample-from samples with (--max-new-tokens,
-    --system-prompt, --worked-example, --grader-timeout-s; --max-turns must stay 1: a row is the question and
-    one response)."""
-
-
-# This program's own defaults: values, not second declarations of those fields.
-# weight_decay 0.01 is torch AdamW's own default, which the published fits used.
-FIT_DEFAULTS = {"lr": 1e-5, "limit": 64, "max_steps": 0, "weight_decay": 0.01, "max_turns": 1}
-
-
-def problems(cfg: FitConfig) -> list[str]:
-    counts = ("epochs", "batch_size", "max_tokens", "limit", "samples_per_task", "max_new_tokens", "pairs_per_prompt")
-    p = bound_problems(cfg, {**dict.fromkeys(counts, ">= 1"), "lr": "> 0", "max_steps": ">= 0", "weight_decay": ">= 0",
-                             "max_grad_norm": "> 0", "threads": ">= 1 or unset", "grader_timeout_s": "> 0"})
-    if not math.isfinite(cfg.lr):  # bound_problems lets inf through
-        p = [q for q in p if not q.startswith("lr:")] + [f"lr: must be a finite number > 0, got {cfg.lr}"]
-    if not 0 <= cfg.eval_frac < 1:
-        p.append(f"eval_frac: must be in [0, 1), got {cfg.eval_frac}")
-    if cfg.max_turns != 1:
-        p.append(f"max_turns: --sample-from labels one-turn episodes (a row is the question and one response), "
-                 f"got {cfg.max_turns}")
-    if (cfg.data is None) == (cfg.sample_from is None):
-        p.append("data: give --data (fit a reward model) or --sample-from (make labelled rows), one of them")
-    if cfg.to_pairs and cfg.score is not None:
-        p.append("to_pairs: --to-pairs makes data and --score scores a model: one of them")
-    if (cfg.to_pairs or cfg.score is not None) and cfg.sample_from is not None:
-        p.append(f"sample_from: --{'to-pairs' if cfg.to_pairs else 'score'} reads --data rows, not --sample-from")
-    if cfg.out is None and cfg.score is None:
-        p.append("out: required (where the model, the rows or the pairs go)")
-    return p
 
 
 def out_problems(cfg: FitConfig) -> list[str]:
@@ -163,32 +98,67 @@ def load_classifier(name: str):
     return model, tokenizer
 
 
-def scores(model, tokenizer, prompts: list, responses: list[str], max_tokens: int) -> torch.Tensor:
-    """(B,) scores, with gradients when enabled."""
-    rows = [encode(tokenizer, p, r, max_tokens) for p, r in zip(prompts, responses)]
-    ids, mask = batch_tensors(rows, model.config.pad_token_id, model.device)
-    return head_scores(model(input_ids=ids, attention_mask=mask).logits).float()
+def encoded(tokenizer, kind: str, batch: list[dict], max_tokens: int) -> list[tuple[list[int], ...]]:
+    """Each row's token ids as it is scored: (response,) or (chosen, rejected)."""
+    texts = ("chosen", "rejected") if kind == "pairs" else ("response",)
+    return [tuple(encode(tokenizer, r["prompt"], r[t], max_tokens) for t in texts) for r in batch]
 
 
-def batch_loss_and_hits(model, tokenizer, kind: str, batch: list[dict], max_tokens: int) -> tuple[torch.Tensor, int]:
-    """(the batch's mean loss, rows scored right)."""
-    prompts = [r["prompt"] for r in batch]
+def passes(rows: list[tuple[list[int], ...]], cfg: FitConfig, model) -> list[list[int]]:
+    """The rows' indices in passes of at most --micro-batch-tokens padded tokens (a pair's two rows together),
+    bucketed by --max-pad-frac as the learner's (trainer/micro_batches.py)."""
+    from nanorllm.policy.hf_causal import DTYPES
+
+    budget = device_micro_batch_tokens(model, model.device, DTYPES[cfg.dtype], cfg.micro_batch_tokens)
+    return length_chunks([max(len(x) for x in r) for r in rows], budget, rows=len(rows[0]),
+                         max_pad_frac=device_max_pad_frac(model.device, cfg.max_pad_frac))
+
+
+def pass_loss_and_hits(model, kind: str, rows: list[tuple[list[int], ...]], labels: list[float]
+                       ) -> tuple[torch.Tensor, int]:
+    """(the summed loss of one pass's rows, rows scored right): BCE of each score against its label, or
+    -log sigmoid(chosen - rejected) of each pair, a pair's two rows in one forward."""
+    flat = [r[0] for r in rows] + [r[1] for r in rows if kind == "pairs"]
+    ids, mask = batch_tensors(flat, model.config.pad_token_id, model.device)
+    s = head_scores(model(input_ids=ids, attention_mask=mask).logits).float()
     if kind == "pairs":
-        margin = (scores(model, tokenizer, prompts, [r["chosen"] for r in batch], max_tokens)
-                  - scores(model, tokenizer, prompts, [r["rejected"] for r in batch], max_tokens))
-        return -F.logsigmoid(margin).mean(), int((margin > 0).sum())
-    s = scores(model, tokenizer, prompts, [r["response"] for r in batch], max_tokens)
-    labels = torch.tensor([float(r["label"]) for r in batch])
-    return F.binary_cross_entropy_with_logits(s, labels), int(((s > 0).float() == labels).sum())
+        margin = s[:len(rows)] - s[len(rows):]
+        return -F.logsigmoid(margin).sum(), int((margin > 0).sum())
+    target = torch.tensor(labels, device=s.device)
+    return F.binary_cross_entropy_with_logits(s, target, reduction="sum"), int(((s > 0).float() == target).sum())
+
+
+def labels_of(kind: str, batch: list[dict]) -> list[float]:
+    return [float(r["label"]) for r in batch] if kind == "labelled" else [1.0] * len(batch)
 
 
 def accuracy(model, tokenizer, kind: str, rows: list[dict], cfg: FitConfig) -> float | None:
+    """Rows scored right, as a share (None: no rows), computed in the fit's passes without gradients, in the
+    weights' dtype, as --reward-model scores."""
     if not rows:
         return None
+    ids, labels = encoded(tokenizer, kind, rows, cfg.max_tokens), labels_of(kind, rows)
     with torch.no_grad():
-        hits = sum(batch_loss_and_hits(model, tokenizer, kind, rows[i:i + cfg.batch_size], cfg.max_tokens)[1]
-                   for i in range(0, len(rows), cfg.batch_size))
+        hits = sum(pass_loss_and_hits(model, kind, [ids[i] for i in chunk], [labels[i] for i in chunk])[1]
+                   for chunk in passes(ids, cfg, model))
     return hits / len(rows)
+
+
+def train_step(model, optimizer, tokenizer, kind: str, batch: list[dict], cfg: FitConfig) -> float:
+    """One optimizer step on `batch`: each pass's summed loss over the batch's rows backward (the gradient of the
+    batch's mean loss, in as many passes as --micro-batch-tokens needs), clipped, stepped. Returns the mean loss."""
+    ids, labels = encoded(tokenizer, kind, batch, cfg.max_tokens), labels_of(kind, batch)
+    optimizer.zero_grad()
+    total = 0.0
+    with matmul_precision(model.device, tf32=cfg.tf32):
+        for chunk in passes(ids, cfg, model):
+            with compute_precision(cfg, str(model.device)):
+                loss, _ = pass_loss_and_hits(model, kind, [ids[i] for i in chunk], [labels[i] for i in chunk])
+            (loss / len(batch)).backward()
+            total += loss.item()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    return total / len(batch)
 
 
 def save(model, tokenizer, summary: dict, folder: Path) -> None:
@@ -216,48 +186,137 @@ def compute_precision(cfg: FitConfig, device: str):
     return torch.autocast(torch.device(device).type, dtype=DTYPES[cfg.dtype])
 
 
-def fit(cfg: FitConfig, say=print) -> dict:
-    """Fit on cfg.data, save to cfg.out (model, tokenizer, fit.json); the summary fit.json holds."""
+@dataclass
+class Classifier:
+    """The fitted model as a checkpoint saves a policy (trainer/checkpoint.py): the folder --reward-model loads
+    under model/; nothing samples, so its generator's state is the seed's."""
+
+    model: object
+    tokenizer: object
+    generator: torch.Generator = field(default_factory=torch.Generator)
+
+    def save(self, folder: str) -> None:
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+
+@dataclass
+class FitRun:
+    """A fit's rows (shuffled, split), its model and optimizer, its run folder and sinks, and the steps so far."""
+
+    cfg: FitConfig
+    kind: str
+    train: list[dict]
+    held_out: list[dict]
+    rng: random.Random  # the rows' order: shuffled by --seed, then again at each epoch
+    model: object
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    run_dir: Path
+    logger: RunLogger
+    losses: list[float]
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: --epochs passes of ceil(rows / --batch-size), capped by --max-steps (0: no cap)."""
+        n = self.cfg.epochs * math.ceil(len(self.train) / self.cfg.batch_size)
+        return min(n, self.cfg.max_steps) if self.cfg.max_steps else n
+
+    def batches(self):
+        """(epoch, rows) of every step from the first: each epoch reshuffles the rows with the run's rng, so the
+        steps a resumed fit skips are replayed as shuffles alone and it continues on the rows it would have."""
+        bs = self.cfg.batch_size
+        for epoch in range(self.cfg.epochs):
+            self.rng.shuffle(self.train)
+            for i in range(0, len(self.train), bs):
+                yield epoch, self.train[i:i + bs]
+
+
+def start_fit(cfg: FitConfig, say=print) -> FitRun:
+    """Read and split the rows, load the classifier on the fit's device (from the newest checkpoint under --resume,
+    with its AdamW state, torch RNG and losses), make the run folder and its sinks."""
     kind, rows = read_rows(cfg.data)
     rng = random.Random(cfg.seed)
     rng.shuffle(rows)
     held = int(len(rows) * cfg.eval_frac)
-    held_out, train = rows[:held], rows[held:]
     device = fit_device(cfg)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_classifier(cfg.model)
+    run_dir = Path(cfg.resume) if cfg.resume else Path(cfg.output_dir) / (
+        cfg.run_name or f"{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    ckpt, state = checkpoint.load_latest(run_dir) if cfg.resume else (None, None)
+    model, tokenizer = load_classifier(str(ckpt / "model") if state else cfg.model)
     model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                   weight_decay=cfg.weight_decay)
-    say(f"[fit] {len(train)} {kind} rows to fit, {len(held_out)} held out on {device}; held-out accuracy before: "
-        f"{accuracy(model.eval(), tokenizer, kind, held_out, cfg)}")
-    losses = []
-    for epoch in range(cfg.epochs):
-        if cfg.max_steps and len(losses) == cfg.max_steps:
-            break
-        model.train()
-        rng.shuffle(train)
-        first = len(losses)
-        for i in range(0, len(train), cfg.batch_size):
-            if cfg.max_steps and len(losses) == cfg.max_steps:
-                break
-            with compute_precision(cfg, device):
-                loss, _ = batch_loss_and_hits(model, tokenizer, kind, train[i:i + cfg.batch_size], cfg.max_tokens)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            losses.append(loss.item())
-        epoch_losses = losses[first:] or [math.nan]
-        say(f"[fit] epoch {epoch + 1}/{cfg.epochs}: mean loss {sum(epoch_losses) / len(epoch_losses):.4f}")
-    model.eval()
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    logger = RunLogger(run_dir, purge_step=state["step"] + 1 if state else None,
+                       report_to=parse_report_to(cfg.report_to), config=asdict(cfg))
+    say(f"[fit] {len(rows) - held} {kind} rows to fit, {held} held out on {device}, run folder {run_dir}")
+    return FitRun(cfg, kind, rows[held:], rows[:held], rng, model, tokenizer, optimizer, run_dir, logger,
+                  list(state["totals"]["losses"]) if state else [])
+
+
+def save_checkpoint(run: FitRun, step: int) -> Path:
+    """The training run's checkpoint (trainer/checkpoint.py): the classifier, AdamW's state, the RNGs, the losses;
+    the rows' position is the step's (FitRun.batches)."""
+    return checkpoint.save(run.run_dir, step, config=asdict(run.cfg), keep=run.cfg.keep_checkpoints,
+                           policy=Classifier(run.model, run.tokenizer), optimizer_state=run.optimizer.state_dict(),
+                           stream_position=step * run.cfg.batch_size, stream_origin=0,
+                           task_order={"rows": len(run.train), "seed": run.cfg.seed}, totals={"losses": run.losses})
+
+
+def held_out_accuracy(run: FitRun, step: int) -> float | None:
+    """The held-out rows' accuracy now, logged at `step` as fit/held_out_accuracy."""
+    acc = accuracy(run.model.eval(), run.tokenizer, run.kind, run.held_out, run.cfg)
+    if acc is not None:
+        run.logger.scalars({"fit/held_out_accuracy": acc}, step)
+    return acc
+
+
+def fit(cfg: FitConfig, say=print) -> dict:
+    """Fit on cfg.data, save to cfg.out (model, tokenizer, fit.json); the summary fit.json holds. The sinks are
+    closed however it ends (a stopped fit's last complete step is in them; --resume cuts them back to its
+    checkpoint)."""
+    run = start_fit(cfg, say)
+    try:
+        return train_fit(run, say)
+    finally:
+        run.logger.close()
+
+
+def train_fit(run: FitRun, say=print) -> dict:
+    """Steps from the run's first not yet taken to the last, logged and checkpointed; then the held-out accuracy,
+    the last checkpoint and the model at --out."""
+    cfg = run.cfg
+    start, per_epoch = len(run.losses), math.ceil(len(run.train) / cfg.batch_size)
+    if start == 0:
+        say(f"[fit] held-out accuracy before: {held_out_accuracy(run, 0)}")
+    for step, (epoch, batch) in enumerate(itertools.islice(run.batches(), run.steps)):
+        if step < start:
+            continue
+        run.model.train()
+        run.losses.append(train_step(run.model, run.optimizer, run.tokenizer, run.kind, batch, cfg))
+        run.logger.scalars({"fit/loss": run.losses[-1]}, step + 1)
+        if (step + 1) % per_epoch == 0 or step + 1 == run.steps:
+            epoch_losses = run.losses[epoch * per_epoch:]
+            say(f"[fit] epoch {epoch + 1}/{cfg.epochs}: mean loss {sum(epoch_losses) / len(epoch_losses):.4f}")
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < run.steps:
+            held_out_accuracy(run, step + 1)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < run.steps:
+            save_checkpoint(run, step + 1)
+    model = run.model.eval()
     bad = [name for name, w in model.named_parameters() if not torch.isfinite(w).all()]
     if bad:
         raise FitError(f"the fit left {len(bad)} weights non-finite (first: {bad[0]}); nothing saved: lower --lr")
-    summary = {"kind": kind, "train_rows": len(train), "held_out_rows": len(held_out), "losses": losses,
-               "held_out_accuracy": accuracy(model, tokenizer, kind, held_out, cfg)}
+    summary = {"kind": run.kind, "train_rows": len(run.train), "held_out_rows": len(run.held_out),
+               "losses": run.losses, "held_out_accuracy": held_out_accuracy(run, run.steps), "run_dir": str(run.run_dir)}
+    save_checkpoint(run, run.steps)
     out = Path(cfg.out)
-    write_folder_atomic(out, lambda tmp: save(model, tokenizer, summary, tmp))
-    name = "pairwise accuracy" if kind == "pairs" else "accuracy"
+    write_folder_atomic(out, lambda tmp: save(model, run.tokenizer, summary, tmp))
+    name = "pairwise accuracy" if run.kind == "pairs" else "accuracy"
     say(f"[fit] held-out {name}: {summary['held_out_accuracy']} | saved to {out} (--reward-model {out})")
     return summary

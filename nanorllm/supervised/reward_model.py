@@ -9,9 +9,10 @@ import tyro
 
 from nanorllm.rewards.model import reward_model_problems
 from nanorllm.supervised.data import RewardDataError, read_rows
-from nanorllm.supervised.fit import (FIT_DEFAULTS, FitConfig, FitError, fit, out_problems, problems, score_rows,
-                                    write_pairs)
+from nanorllm.config.fit import FIT_DEFAULTS, FitConfig, problems
+from nanorllm.supervised.fit import FitError, fit, out_problems, score_rows, write_pairs
 from nanorllm.supervised.labels import sample_rows
+from nanorllm.trainer import checkpoint
 
 
 def input_problems(cfg: FitConfig) -> list[str]:
@@ -22,6 +23,8 @@ def input_problems(cfg: FitConfig) -> list[str]:
         bad = [f"score: {p}" for p in reward_model_problems(cfg.score)]
     if not bad and cfg.out is not None:
         bad = out_problems(cfg)
+    if not bad and cfg.resume is not None and not checkpoint.list_complete(cfg.resume):
+        bad = [f"resume: {cfg.resume!r} holds no checkpoint of a fit (checkpoints/step_<N>/)"]
     if not bad and cfg.data is not None:
         try:
             read_rows(cfg.data)
@@ -44,7 +47,7 @@ def run(cfg: FitConfig) -> None:
 
 def main(argv: list[str], description: str | None = None) -> int:
     """`python launch/train_reward_model.py ARGV`: the exit code (2: bad flags or rows, one line each; 1: a fit
-    whose weights went non-finite, nothing saved)."""
+    whose weights went non-finite, nothing saved, or none of --resume's checkpoints loads)."""
     cfg = tyro.cli(FitConfig, default=FitConfig(**FIT_DEFAULTS), args=argv, description=description)
     try:
         bad = input_problems(cfg)
@@ -52,7 +55,7 @@ def main(argv: list[str], description: str | None = None) -> int:
             run(cfg)
     except RewardDataError as e:
         bad = e.problems
-    except FitError as e:
+    except (FitError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if bad:

@@ -50,29 +50,45 @@ def micro_batches(samples: list[StepSample], max_tokens: int, *, max_pad_frac: f
             episodes[-1].append(s)
         else:
             episodes.append([s])
-    episodes.sort(key=episode_length)  # similar lengths together: less padding
-    chunks = _cut(episodes, max_tokens, None, pack)
-    if not pack and max_pad_frac is not None and pad_frac(chunks) > max_pad_frac:
-        chunks = _cut(episodes, max_tokens, max_pad_frac, pack)
-    return [[s for ep in chunk for s in ep] for chunk in chunks]
+    chunks = length_chunks([episode_length(ep) for ep in episodes], max_tokens, max_pad_frac=max_pad_frac, pack=pack)
+    return [[s for i in chunk for s in episodes[i]] for chunk in chunks]
 
 
-def _cut(episodes: list[list[StepSample]], max_tokens: int, max_pad_frac: float | None,
-         pack: bool) -> list[list[list[StepSample]]]:
-    """Greedy over episodes sorted by length: a new chunk when the next would break a bound."""
+def length_chunks(lengths: list[int], max_tokens: int, *, rows: int = 1, max_pad_frac: float | None = None,
+                  pack: bool = False) -> list[list[int]]:
+    """The items of `lengths` (each `rows` rows of up to that many tokens: an episode's merged row, a reward
+    model's row or its chosen/rejected pair) as passes: their indices, shortest first, cut where a pass's
+    padded size (rows x longest; packed: the sum) would pass `max_tokens`, and with `max_pad_frac` also where
+    its padding would pass that share when the first cut's passes are more padding than that."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)  # similar lengths together: less padding
+    chunks = _cut(order, lengths, max_tokens, rows, None, pack)
+    if not pack and max_pad_frac is not None and _padding(chunks, lengths) > max_pad_frac:
+        chunks = _cut(order, lengths, max_tokens, rows, max_pad_frac, pack)
+    return chunks
+
+
+def _cut(order: list[int], lengths: list[int], max_tokens: int, rows: int, max_pad_frac: float | None,
+         pack: bool) -> list[list[int]]:
+    """Greedy over items sorted by length: a new chunk when the next would break a bound."""
     chunks, cur, longest, total = [], [], 0, 0
-    for ep in episodes:
-        n = length = episode_length(ep)
-        wide = total + length if pack else max(longest, n) * (len(cur) + 1)
-        padded = max_pad_frac is not None and 1 - (total + length) / wide > max_pad_frac
+    for i in order:
+        n = lengths[i]
+        wide = rows * (total + n) if pack else rows * max(longest, n) * (len(cur) + 1)
+        padded = max_pad_frac is not None and 1 - rows * (total + n) / wide > max_pad_frac
         if cur and (wide > max_tokens or padded):
             chunks.append(cur)
             cur, longest, total = [], 0, 0
-        cur.append(ep)
-        longest, total = max(longest, n), total + length
+        cur.append(i)
+        longest, total = max(longest, n), total + n
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def _padding(chunks: list[list[int]], lengths: list[int]) -> float:
+    real = sum(lengths[i] for c in chunks for i in c)
+    padded = sum(max(lengths[i] for i in c) * len(c) for c in chunks)
+    return 1 - real / padded if padded else 0.0
 
 
 def pad_frac(chunks: list[list]) -> float:
@@ -105,16 +121,21 @@ def fitting_micro_batch_tokens(free_bytes: int, *, layers: int, hidden: int, int
 
 
 def step_micro_batch_tokens(policy, configured: int | None) -> int:
-    """`micro_batch_tokens` as configured, or (None) 4096 on CPU and what fits on CUDA now: the
-    device's free memory plus what torch's allocator holds unused outside graph pools."""
+    """`micro_batch_tokens` as configured, or (None) 4096 on CPU and what fits on CUDA now (`device_micro_batch_tokens`)."""
+    dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+    return device_micro_batch_tokens(policy.model, policy.device, dtype, configured)
+
+
+def device_micro_batch_tokens(model, device: torch.device, dtype: torch.dtype, configured: int | None) -> int:
+    """`micro_batch_tokens` as configured, or (None) 4096 on CPU and on CUDA what fits a pass of `model`
+    computing in `dtype`: the device's free memory plus what torch's allocator holds unused outside graph pools."""
     if configured is not None:
         return configured
-    if policy.device.type != "cuda":
+    if device.type != "cuda":
         return CPU_MICRO_BATCH_TOKENS
-    free, _ = torch.cuda.mem_get_info(policy.device)
-    free += reusable_cached_bytes(policy.device)
-    c = policy.model.config
-    dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+    free, _ = torch.cuda.mem_get_info(device)
+    free += reusable_cached_bytes(device)
+    c = model.config
     return fitting_micro_batch_tokens(free, layers=c.num_hidden_layers, hidden=c.hidden_size,
                                       intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
                                       vocab=c.vocab_size, dtype_bytes=torch.finfo(dtype).bits // 8)
@@ -131,6 +152,11 @@ def reusable_cached_bytes(device: torch.device) -> int:
 
 def step_max_pad_frac(policy, configured: float | None) -> float | None:
     """`max_pad_frac` as configured, or (None) GPU_PAD_FRAC on CUDA and off on CPU."""
+    return device_max_pad_frac(policy.device, configured)
+
+
+def device_max_pad_frac(device: torch.device, configured: float | None) -> float | None:
+    """`max_pad_frac` as configured (1: never), or (None) GPU_PAD_FRAC on CUDA and off on CPU."""
     if configured is not None:
         return configured if configured < 1 else None
-    return GPU_PAD_FRAC if policy.device.type == "cuda" else None
+    return GPU_PAD_FRAC if torch.device(device).type == "cuda" else None
