@@ -248,12 +248,13 @@ def leaves(completions, **kwargs):
 """
 
 
-def _misbehaving_tool(out: Path, fn: str, label: str, counted: str) -> list[Outcome]:
+def _misbehaving_tool(out: Path, fn: str, label: str, counted: str, timeout_s: float = 2.0) -> list[Outcome]:
     """Every reply calls the tool `fn` (the tiny model is made to write the call): the run finishes, its calls
-    are counted in `counted`."""
+    are counted in `counted`. `timeout_s`: --tool-timeout-s, which a tool that never returns waits out at each of
+    the run's ~30 calls (the helper's start has its own limit, tool_host.START_TIMEOUT_S)."""
     code = out / "misbehaving_code.py"
     code.write_text(MISBEHAVING_CODE)
-    return _misbehaving_code(out, f"tool_{fn}", label, ["--tools", f"{code}:{fn}", "--tool-timeout-s", "2",
+    return _misbehaving_code(out, f"tool_{fn}", label, ["--tools", f"{code}:{fn}", "--tool-timeout-s", str(timeout_s),
                                                         "--max-tool-calls", "1"], counted,
                              fault=f'fixed_answer:<tool_call>{{"name": "{fn}"}}</tool_call>')
 
@@ -271,13 +272,13 @@ def tool_floods(out: Path) -> list[Outcome]:
 
 def tool_spins(out: Path) -> list[Outcome]:
     """A tool in a busy loop: its process is killed at --tool-timeout-s (rollout/tool_errors), nothing piles up."""
-    return _misbehaving_tool(out, "spins", "--tools function spins", "rollout/tool_errors")
+    return _misbehaving_tool(out, "spins", "--tools function spins", "rollout/tool_errors", timeout_s=0.5)
 
 
 def tool_holds_the_gil(out: Path) -> list[Outcome]:
     """A tool in one C call that holds the GIL for minutes: in its own process it freezes nothing of the worker's
     (the heartbeat goes on), is killed at --tool-timeout-s and counted (rollout/tool_errors)."""
-    return _misbehaving_tool(out, "holds", "--tools function holds the GIL", "rollout/tool_errors")
+    return _misbehaving_tool(out, "holds", "--tools function holds the GIL", "rollout/tool_errors", timeout_s=0.5)
 
 
 def reward_exits(out: Path) -> list[Outcome]:
