@@ -189,7 +189,7 @@ def compute_precision(cfg: FitConfig, device: str):
 @dataclass
 class Classifier:
     """The fitted model as a checkpoint saves a policy (trainer/checkpoint.py): the folder --reward-model loads
-    under model/; nothing samples, so its generator's state is the seed's."""
+    under model/. A fit samples nothing: the generator whose state rng.pt keeps is a fresh one, never drawn from."""
 
     model: object
     tokenizer: object
