@@ -254,6 +254,7 @@ def fit_weights(folder: Path) -> dict:
     return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["labelled", "pairs"])
 def test_token_sized_passes_give_the_fit_one_pass_a_step_gives(tmp_path, monkeypatch, kind):
     """--micro-batch-tokens cuts a step's rows into passes (a pair's two rows in one); the step's gradient is the
@@ -282,6 +283,7 @@ def test_token_sized_passes_give_the_fit_one_pass_a_step_gives(tmp_path, monkeyp
         assert (cut_w[name] - w).abs().max() < 1e-4, name
 
 
+@pytest.mark.slow
 def test_a_fit_stopped_mid_run_resumes_from_its_checkpoint_to_the_uninterrupted_fit(tmp_path, monkeypatch, capsys):
     """A crash after step 3 (with --save-every 2): --resume continues from step 2 on the rows step 3 had, with
     AdamW's state, and ends with the losses and weights of the fit never stopped; the sinks hold each step once."""

@@ -62,7 +62,7 @@ def length_chunks(lengths: list[int], max_tokens: int, *, rows: int = 1, max_pad
     its padding would pass that share when the first cut's passes are more padding than that."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)  # similar lengths together: less padding
     chunks = _cut(order, lengths, max_tokens, rows, None, pack)
-    if not pack and max_pad_frac is not None and _padding(chunks, lengths) > max_pad_frac:
+    if not pack and max_pad_frac is not None and _padding([[lengths[i] for i in c] for c in chunks]) > max_pad_frac:
         chunks = _cut(order, lengths, max_tokens, rows, max_pad_frac, pack)
     return chunks
 
@@ -85,20 +85,17 @@ def _cut(order: list[int], lengths: list[int], max_tokens: int, rows: int, max_p
     return chunks
 
 
-def _padding(chunks: list[list[int]], lengths: list[int]) -> float:
-    real = sum(lengths[i] for c in chunks for i in c)
-    padded = sum(max(lengths[i] for i in c) * len(c) for c in chunks)
+def _padding(passes: list[list[int]]) -> float:
+    """Pad tokens / all tokens of padded passes, each given as its rows' lengths."""
+    real = sum(sum(p) for p in passes)
+    padded = sum(max(p) * len(p) for p in passes)
     return 1 - real / padded if padded else 0.0
 
 
 def pad_frac(chunks: list[list]) -> float:
     """Pad tokens / all tokens of the chunks' padded (rows x longest row) passes; chunks hold whole
     episodes (lists of StepSamples) or samples of whole episodes."""
-    real = padded = 0
-    for chunk in chunks:
-        lengths = [episode_length(ep) for ep in _episodes(chunk)]
-        real, padded = real + sum(lengths), padded + max(lengths) * len(lengths)
-    return 1 - real / padded if padded else 0.0
+    return _padding([[episode_length(ep) for ep in _episodes(chunk)] for chunk in chunks])
 
 
 def _episodes(chunk: list) -> list[list[StepSample]]:
