@@ -49,6 +49,14 @@ from nanorllm.utils.procs import exit_reason, is_stopped
 NO_LIMIT_S = 365 * 24 * 3600.0  # what an `inf` timeout becomes: timedelta and the C++ side take no infinity
 
 
+# The process groups of runs that ended without `release` (a rank died or hung, or the run stopped inside a
+# step). Such a group's worker threads may still be finishing a failed collective, and that ends with taking the
+# interpreter lock; freeing the group joins them, and the freeing thread holds that lock: the process would hang
+# as it returns. Kept here, a group is never freed: its threads finish and idle until the process exits (the
+# launchers end with os._exit, before the interpreter's teardown would free it).
+_NEVER_FREED: list = []
+
+
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=min(seconds, NO_LIMIT_S))
 
@@ -116,6 +124,8 @@ class LearnerRanks:
                 p.join(timeout=5)
         self.procs.clear()
         if dist.is_initialized():
+            if not self.released:
+                _NEVER_FREED.append(dist.group.WORLD)
             dist.destroy_process_group()
 
     # ---- the model -----------------------------------------------------------------------------
