@@ -9,6 +9,8 @@ must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separ
     learner_step:N   the learner raises an exception when it is about to train step N
     disk_full:N      writing step N's checkpoint fails with ENOSPC after the model files are written
     disk_full:final  writing final_model/ fails with ENOSPC after the model files are written, before merged/
+    slow_save:S      writing a checkpoint takes S seconds more after the model files are written (a large
+                     model's save on a slow disk)
     nan_weights:N    one weight turns NaN as step N's update starts (an update that diverged)
     learner_oom:N    the learner raises torch.OutOfMemoryError as step N's update starts (a CUDA OOM there)
     worker_oom       worker 0's first process raises torch.OutOfMemoryError in its first job (a decode OOM)

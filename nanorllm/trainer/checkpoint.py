@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -129,6 +130,7 @@ def set_aside(ckpt: Path, problem: CheckpointError) -> str:
 
 def _write(tmp: Path, step: int, policy: HFCausalPolicy, optimizer_state: dict, state: dict) -> None:
     policy.save(str(tmp / "model"))
+    time.sleep(float(fault("slow_save") or 0))
     if fault("disk_full") == str(step):
         raise OSError(errno.ENOSPC, f"No space left on device (injected fault: disk_full {step})")
     torch.save(optimizer_state, tmp / "optimizer.pt")
