@@ -208,11 +208,13 @@ def _worker_loading(store: SharedWeights, learner_pid: int, device: str, out) ->
 
 
 def _learner_publishing(device: str, out) -> None:
-    """A learner that publishes back to back until it is killed, in the middle of one or between two."""
-    ctx = mp.get_context("spawn")
+    """A learner that publishes back to back until it is killed, in the middle of one or between two. Its worker
+    is started as a run's are: forked from a fork server, not a child of the learner."""
+    from nanorllm.utils.children import process
+
     model = _model(device=device)
     store = SharedWeights(model, readers=[device])
-    ctx.Process(target=_worker_loading, args=(store.reader(device), os.getpid(), device, out)).start()
+    process(_worker_loading, name="nanorllm-worker-0", args=(store.reader(device), os.getpid(), device, out)).start()
     version = 0
     while True:
         version += 1

@@ -34,16 +34,23 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-def cmdline(pid: int) -> str:
+def descendants(pid: int) -> list[int]:
+    out = []
+    for child in children_of(pid):
+        out += [child, *descendants(child)]
+    return out
+
+
+def name(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
 
 
 def worker_pids(learner_pid: int) -> list[int]:
-    """The learner's spawned worker processes (not the multiprocessing resource tracker)."""
-    return sorted(p for p in children_of(learner_pid) if "spawn_main" in cmdline(p))
+    """The learner's rollout worker processes (forks of its fork server, named by utils/children.py)."""
+    return sorted(p for p in descendants(learner_pid) if name(p).startswith("nanorllm-worker"))
 
 
 def rss_mb(pid: int) -> float | None:

@@ -4,22 +4,22 @@ Each worker slot has its own pipes (see channel.py) and a row of the shared hear
 worker gets fresh pipes, so nothing a dead process half-wrote is ever read. The stop signal is a
 flag in shared memory, not a multiprocessing.Event: an Event has a lock that a worker killed while
 checking it would hold forever. Nothing here creates a named semaphore, so a SIGKILLed learner
-leaves no /dev/shm entry behind. `spawn` start method: no fork of a process that holds threads and
-CUDA state.
+leaves no /dev/shm entry behind. Workers are forks of a fork server that imported their code once
+(utils/children.py): no fork of a process that holds threads and CUDA state.
 """
 
 import os
 import signal
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Pipe, wait
 
 import torch
-import torch.multiprocessing as mp
 
 from nanorllm.pipeline.channel import Inbox, Outbox
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.pipeline.messages import Job, Stop, WorkerMessage, WorkerStart
 from nanorllm.pipeline.worker import worker_main
+from nanorllm.utils.children import process
 
 
 def kill_group(pgid: int) -> None:
@@ -34,7 +34,6 @@ class WorkerPool:
     def __init__(self, start: WorkerStart, weights, devices: list[str], *, threads: int | None, num_processes: int):
         self.start, self.cfg, self.weights, self.devices = start, start.cfg, weights, devices
         self.threads, self.num_processes = threads, num_processes
-        self.ctx = mp.get_context("spawn")
         self.stop_flag = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env, reward_names=(*self.cfg.reward, *(
             [self.cfg.reward_model] if self.cfg.reward_model else [])))
@@ -45,13 +44,12 @@ class WorkerPool:
             self._start(wid)
 
     def _start(self, wid: int) -> None:
-        job_r, job_w = self.ctx.Pipe(duplex=False)
-        res_r, res_w = self.ctx.Pipe(duplex=False)
-        p = self.ctx.Process(target=worker_main, name=f"nanorllm-worker-{wid}", daemon=True,
-                             args=(wid, self.started[wid], self.start, self.devices[wid], self.threads,
-                                   self.num_processes, job_r, res_w, self.weights.reader(self.devices[wid]),
-                                   self.heartbeat,
-                                   self.stop_flag, os.getpid()))
+        job_r, job_w = Pipe(duplex=False)
+        res_r, res_w = Pipe(duplex=False)
+        p = process(worker_main, name=f"nanorllm-worker-{wid}",
+                    args=(wid, self.started[wid], self.start, self.devices[wid], self.threads, self.num_processes,
+                          job_r, res_w, self.weights.reader(self.devices[wid]), self.heartbeat, self.stop_flag,
+                          os.getpid()))
         self.heartbeat.reset(wid)
         p.start()
         job_r.close()  # only the worker holds these ends: its death closes the pipes

@@ -17,7 +17,7 @@ rollout GPUs feeding one learner GPU). So the learner may run as N ranks of one 
 
 Ranks start one of two ways: under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR/PORT set, every process ran launch/train.py), or, with `--learner-devices` naming N > 1
-devices and no torchrun, rank 0 spawns ranks 1..N-1 itself (spawn context, TCP on localhost); both in run/ranks.py.
+devices and no torchrun, rank 0 starts ranks 1..N-1 itself (utils/children.py, TCP on localhost); both in run/ranks.py.
 With one rank there is no process group and nothing here does anything.
 
 With `--learner-parallel fsdp` the ranks hold shards of the model and its optimizer state instead

@@ -7,12 +7,11 @@ import os
 import signal
 import sys
 
-import torch.multiprocessing as mp
-
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.ranks.group import LearnerRanks, free_port, under_torchrun
 from nanorllm.run.assembly import run_devices
 from nanorllm.run.follower import follow
+from nanorllm.utils.children import process
 from nanorllm.utils.devices import DeviceError, DeviceMap
 from nanorllm.utils.lifeline import die_with_parent
 
@@ -43,10 +42,10 @@ def start_ranks(devices: DeviceMap, timeout_s: float, start_timeout_s: float = 0
     ranks = LearnerRanks(world=n, local_world=n, device=devices.learner, parallel=parallel)
     if n == 1:
         return ranks
-    ctx, address = mp.get_context("spawn"), f"tcp://127.0.0.1:{free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     for r in range(1, n):
-        p = ctx.Process(target=spawned_rank, name=f"nanorllm-learner-{r}", daemon=True,
-                        args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid(), follower))
+        p = process(spawned_rank, name=f"nanorllm-learner-{r}",
+                    args=(r, n, address, devices.learners[r], timeout_s, start_timeout_s, os.getpid(), follower))
         p.start()
         ranks.procs[r], ranks.devices[r] = p, devices.learners[r]
     ranks.init(address, timeout_s, start_timeout_s)

@@ -1,0 +1,62 @@
+"""Workers and learner ranks are forks of a fork server (utils/children.py): a child still runs in its caller's
+environment and output streams as they were when it started, under its name, and the server's imports leave
+CUDA untouched (a process that touched it must not be forked)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanorllm.chaos.procs import name
+from nanorllm.utils.children import process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report(tag: str) -> None:
+    print(f"out {tag} {os.environ.get('CHILDREN_TEST')} {name(os.getpid())}", flush=True)
+    print(f"err {tag} {os.getcwd()}", file=sys.stderr, flush=True)
+
+
+@pytest.mark.slow
+def test_a_child_runs_in_its_callers_environment_streams_and_name(capfd, monkeypatch, tmp_path):
+    """Two children of one server: each sees the environment and cwd its caller had when it started, and
+    writes to the caller's stdout and stderr of that moment (here the test's captured ones), not the server's
+    (started first, on the uncaptured ones)."""
+    with capfd.disabled():
+        warm = process(int, name="warm", args=())
+        warm.start()
+        warm.join(timeout=120)
+    for tag, cwd in (("first", tmp_path), ("second", tmp_path / "second")):
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.setenv("CHILDREN_TEST", tag)
+        monkeypatch.chdir(cwd)
+        p = process(_report, name=f"nanorllm-worker-{tag}", args=(tag,))
+        p.start()
+        p.join(timeout=120)
+        assert p.exitcode == 0
+        out, err = capfd.readouterr()
+        assert out == f"out {tag} {tag} nanorllm-worker\n"  # the name as ps shows it: 15 characters
+        assert err == f"err {tag} {cwd}\n"
+
+
+@pytest.mark.slow
+def test_the_fork_servers_imports_call_no_cuda_function():
+    """Every torch.cuda function that would start the driver is watched while PRELOAD is imported in a fresh
+    interpreter: none is called (a CUDA child forked from a server that had would fail to start)."""
+    script = """
+import importlib, torch, torch.cuda
+calls = []
+for fn in ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties",
+           "get_device_name", "get_device_capability", "is_bf16_supported", "mem_get_info", "set_device"):
+    setattr(torch.cuda, fn, lambda *a, _fn=fn, **k: calls.append(_fn))
+from nanorllm.utils.children import PRELOAD
+for module in PRELOAD:
+    importlib.import_module(module)
+print(sorted(set(calls)), torch.cuda.is_initialized())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[] False"
