@@ -18,7 +18,15 @@ The whole order: nanorllm/run/lifecycle.py.
 import os
 import sys
 
-from nanorllm.run.lifecycle import main
+from nanorllm.run.prestart import start_workers_early
+
+
+def main(argv: list[str]) -> int:
+    start_workers_early(argv)  # the workers' imports run beside the launcher's own
+    from nanorllm.run.lifecycle import main as run
+
+    return run(argv)
+
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])

@@ -45,6 +45,7 @@ from nanorllm.trainer.loop import TrainedNothing, TrainingRun
 from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
+from nanorllm.utils.children import start_server
 from nanorllm.utils.devices import DeviceError
 from nanorllm.utils.modules import EnvSpecError
 
@@ -113,6 +114,8 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         return RunOutcome(exit_code=2)
+    if not parts.cfg.serial:
+        start_server()  # the workers' imports run while the learner loads
     run = TrainingRun(parts.cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
     signals = StopSignals(run)
     source, status, out = None, "failed", RunOutcome(exit_code=1)

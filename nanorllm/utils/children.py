@@ -16,21 +16,31 @@ it: utils/lifeline.py watches the caller, not the server.
 
 import contextlib
 import ctypes
+import multiprocessing as mp
 import os
 import sys
-
-import torch.multiprocessing as mp
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 
 PR_SET_NAME = 15
-PRELOAD = ["nanorllm.pipeline.worker", "nanorllm.run.ranks"]  # torch, transformers, the policy, the follower loop
+PRELOAD = ["nanorllm.pipeline.worker", "nanorllm.run.ranks",  # torch, transformers, the policy, the follower loop
+           "nanorllm.utils.server_exit"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_server() -> None:
+    """Start the fork server now: its imports (seconds) then overlap what the caller does before its first child."""
+    _context()
+    forkserver.ensure_running()
 
 
 def process(target, *, args: tuple, name: str) -> mp.Process:
     """A daemon process (not started) that runs target(*args) in the caller's environment and streams."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx.Process(target=_run, name=name, daemon=True,
+    return _context().Process(target=_run, name=name, daemon=True,
                        args=(dict(os.environ), _Streams(), target, args))
 
 
