@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from nanorllm.chaos import suite as chaos
 from nanorllm.chaos.ledger import checkpoint_steps, groups_of, read_rollouts
 from nanorllm.chaos.process import TrainProcess
-from nanorllm.chaos.procs import processes_with_token
+from nanorllm.chaos.procs import processes_with_token, shm_entries, shm_held
 from nanorllm.pipeline.channel import Inbox, Outbox, frame
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.utils.logger import RunLogger
@@ -253,6 +253,17 @@ def test_heartbeat_silence_grows_until_the_next_beat():
     hb.doing(1, "grading", "3.1", task=1)
     assert hb.describe(1, {"3.1": ["a", "b"]}) == "grading (job 3.1, task b)"
     assert hb.describe(1) == "grading (job 3.1)"
+
+
+def test_a_live_processs_queue_semaphores_count_as_held_and_go_with_the_queue():
+    """A run's "nothing left in /dev/shm" check must not count a test running beside it: a spawn-context Queue's
+    three named semaphores are mapped under glibc's temporary names, and are held by inode."""
+    before = shm_entries()
+    q = mp.get_context("spawn").Queue()
+    made = shm_entries() - before
+    assert len(made) == 3 and all(n.startswith("sem.mp-") for n in made) and made <= shm_held()
+    del q
+    assert not made & shm_entries()
 
 
 @pytest.mark.slow

@@ -78,20 +78,31 @@ def shm_entries() -> set[str]:
 
 
 def shm_held() -> set[str]:
-    """Names in /dev/shm that a live process has open or mapped (/proc/*/fd and /proc/*/maps)."""
-    held = set()
+    """Names in /dev/shm whose file a live process has open or mapped (/proc/*/fd and /proc/*/maps), matched by
+    inode: a POSIX named semaphore is mapped under the temporary name glibc created it as, before linking it to
+    its own (a live process's multiprocessing Queue would otherwise look left behind)."""
+    inodes = set()
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
-        targets = []
         try:
             for fd in (p / "fd").iterdir():
                 try:
-                    targets.append(os.readlink(fd))
+                    if os.readlink(fd).startswith("/dev/shm/"):
+                        inodes.add(os.stat(fd).st_ino)
                 except OSError:  # closed since the listing
                     continue
-            targets += [line.split(None, 5)[-1] for line in (p / "maps").read_text().splitlines()]
+            for line in (p / "maps").read_text().splitlines():
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                    inodes.add(int(fields[4]))
         except OSError:  # gone, or not ours to read
             pass
-        held |= {t[len("/dev/shm/"):] for t in targets if t.startswith("/dev/shm/")}
+    held = set()
+    for name in shm_entries():
+        try:
+            if os.stat(f"/dev/shm/{name}").st_ino in inodes:
+                held.add(name)
+        except OSError:  # removed since the listing
+            continue
     return held
