@@ -3,9 +3,10 @@ transformers and the worker's code once.
 
 A spawned process starts a fresh interpreter and imports torch and transformers again: ~4 CPU-seconds
 each on a small CPU box, paid again for every worker restart. The `forkserver` start method pays it
-once per run: the server, a clean single-threaded process with no CUDA state (importing torch touches
-no device), imports `PRELOAD`, and every child is a fork of it. A child still does its own device
-work, so nothing CUDA crosses a fork.
+once per run: the server, a fresh process that has run no work and holds no CUDA state (importing
+torch touches no device; tests/test_children.py checks that PRELOAD calls no torch.cuda function),
+imports `PRELOAD`, and every child is a fork of it, as a DataLoader worker is a fork of a process
+that imported torch. A child does its own device work, so nothing CUDA crosses a fork.
 
 A child of the server is not a child of the process that started it, and it starts with the
 server's environment and standard streams, not the caller's now. `process` carries what spawn gave
@@ -40,8 +41,7 @@ def start_server() -> None:
 
 def process(target, *, args: tuple, name: str) -> mp.Process:
     """A daemon process (not started) that runs target(*args) in the caller's environment and streams."""
-    return _context().Process(target=_run, name=name, daemon=True,
-                       args=(dict(os.environ), _Streams(), target, args))
+    return _context().Process(target=_run, name=name, daemon=True, args=(dict(os.environ), _Streams(), target, args))
 
 
 def _run(environ: dict, streams: "_Streams", target, args: tuple):
