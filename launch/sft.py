@@ -9,15 +9,10 @@ Rows: TRL's `messages` (tool calls, role `tool`, a `tools` column) or `prompt`/`
 hf:NAME. Bad flags or rows: one line each naming the flag, or the file and line; exit 2, nothing written.
 """
 
-import os
 import sys
 
 from nanorllm.run.sft import main
+from nanorllm.utils.quick_exit import exit_now
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Everything is saved and closed by now. Skipping the interpreter's teardown also skips freeing a lost
-    # rank's process group, whose threads would wait for the interpreter lock the teardown holds.
-    os._exit(code)
+    exit_now(main(sys.argv[1:]))

@@ -15,10 +15,10 @@ final_model/, exit 0). One process per run folder: a second one is refused (exit
 The whole order: nanorllm/run/lifecycle.py.
 """
 
-import os
 import sys
 
 from nanorllm.run.prestart import start_workers_early
+from nanorllm.utils.quick_exit import exit_now
 
 
 def main(argv: list[str]) -> int:
@@ -29,9 +29,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Everything is saved, closed and joined by now; skipping the interpreter's teardown of torch and
-    # transformers (seconds on a loaded machine) keeps a stop inside a container's 10 s grace.
-    os._exit(code)
+    exit_now(main(sys.argv[1:]))

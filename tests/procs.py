@@ -18,16 +18,16 @@ def train_command(args: list[str], out_dir: Path) -> list[str]:
     return _train_command(args, out_dir, base=TINY_ARGS)
 
 
-def start_train(args: list[str], out_dir: Path, **kw) -> tuple[subprocess.Popen, str]:
-    """Start the launcher; every process it starts inherits a unique token in its environment."""
+def start_train(args: list[str], out_dir: Path, env: dict | None = None, **kw) -> tuple[subprocess.Popen, str]:
+    """Start the launcher; every process it starts inherits a unique token in its environment (and `env`)."""
     token = uuid.uuid4().hex
-    proc = subprocess.Popen(train_command(args, out_dir), env=child_env(token), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+    proc = subprocess.Popen(train_command(args, out_dir), env=child_env(token) | (env or {}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
     return proc, token
 
 
-def run_train(args: list[str], out_dir: Path, timeout: float = HANG_S) -> tuple[int, str, str]:
-    proc, token = start_train(args, out_dir)
+def run_train(args: list[str], out_dir: Path, timeout: float = HANG_S, env: dict | None = None) -> tuple[int, str, str]:
+    proc, token = start_train(args, out_dir, env)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out, token
 

@@ -93,14 +93,17 @@ def lora_runs(out: Path) -> dict:
 def pipeline_run(out: Path) -> dict:
     """launch/train.py in a subprocess with 2 workers, 4 steps: its exit code, what it printed, and what
     it left once its last process was gone (processes carrying its token, new /dev/shm entries no live
-    process holds)."""
+    process holds, files in its own temporary folder)."""
     from nanorllm.chaos.ledger import new_shm
     from tests.procs import processes_with_token, run_train, shm_entries
 
     shm_before = shm_entries()
-    rc, printed, token = run_train(["--num-workers", "2", "--max-steps", "4", "--run-name", "p2"], out)
+    tmp = out / "tmp"
+    tmp.mkdir()
+    rc, printed, token = run_train(["--num-workers", "2", "--max-steps", "4", "--run-name", "p2"], out,
+                                   env={"TMPDIR": str(tmp)})
     deadline = time.monotonic() + 60  # a safety net: the children exit with the launcher, by themselves
     while processes_with_token(token) and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"run": str(out / "p2"), "rc": rc, "output": printed, "procs_left": processes_with_token(token),
-            "shm_left": sorted(new_shm(shm_before))}
+            "shm_left": sorted(new_shm(shm_before)), "tmp_left": sorted(p.name for p in tmp.iterdir())}

@@ -37,6 +37,7 @@ def test_two_worker_run_finishes_and_cleans_up(pipeline_run):
     assert all(v == 1.0 for _, v in scalars["perf/decode_useful_frac"])  # finished rows leave the batch
     assert pipeline_run["procs_left"] == [], "child processes outlived the launcher"
     assert pipeline_run["shm_left"] == [], "shared-memory segments left in /dev/shm"
+    assert pipeline_run["tmp_left"] == [], "files left in the temporary folder"  # the fork server's socket folder
 
 
 def _serial_and_pipeline_agree(tmp_path, *extra: str, steps: int = 2) -> tuple[dict, dict]:

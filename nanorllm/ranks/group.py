@@ -53,7 +53,7 @@ NO_LIMIT_S = 365 * 24 * 3600.0  # what an `inf` timeout becomes: timedelta and t
 # step). Such a group's worker threads may still be finishing a failed collective, and that ends with taking the
 # interpreter lock; freeing the group joins them, and the freeing thread holds that lock: the process would hang
 # as it returns. Kept here, a group is never freed: its threads finish and idle until the process exits (the
-# launchers end with os._exit, before the interpreter's teardown would free it).
+# launchers end through utils/quick_exit.py, before the interpreter's teardown would free it).
 _NEVER_FREED: list = []
 
 

@@ -8,11 +8,12 @@ thread (a signal, so it also ends a blocking call). Code stuck inside one C call
 to take it: after `grace_s` more the process exits with code 1, so a hang never lasts forever.
 """
 
-import os
 import signal
 import sys
 import threading
 import time
+
+from nanorllm.utils.quick_exit import exit_now
 
 
 class Hung(BaseException):
@@ -74,5 +75,5 @@ class Watchdog:
                 if not self._done.wait(self.grace_s):
                     print(f"[watchdog] the main thread did not return within {self.grace_s:.0f} s (stuck inside "
                           "one call); exiting with code 1", file=sys.stderr, flush=True)
-                    os._exit(1)
+                    exit_now(1)
                 return
