@@ -4,8 +4,12 @@ import sys
 import pytest
 import torch
 
+from nanorllm.chaos import forked
+from nanorllm.chaos.process import TrainProcess
+
 torch.set_flush_denormal(True)
 torch.set_num_threads(1)
+TrainProcess.popen = forked.Popen  # the fault rows' runs fork from a warm interpreter (tests/procs.py)
 
 
 def pytest_collection_finish(session):

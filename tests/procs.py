@@ -1,8 +1,13 @@
-"""Run launch/train.py as a real subprocess and inspect what it leaves behind."""
+"""Run launch/train.py as a process of its own and inspect what it leaves behind.
+
+A test's run is a fork of a warm interpreter (nanorllm/chaos/forked.py: the same script, argv, environment
+and streams, without ~4 CPU-seconds of imports each); `fresh=True` starts a new interpreter, as a user does."""
 
 import subprocess
 import uuid
 from pathlib import Path
+
+from nanorllm.chaos import forked
 
 from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
 from nanorllm.chaos.process import ROOT, child_env  # noqa: F401 (for the tests)
@@ -18,16 +23,19 @@ def train_command(args: list[str], out_dir: Path) -> list[str]:
     return _train_command(args, out_dir, base=TINY_ARGS)
 
 
-def start_train(args: list[str], out_dir: Path, env: dict | None = None, **kw) -> tuple[subprocess.Popen, str]:
+def start_train(args: list[str], out_dir: Path, env: dict | None = None, *, fresh: bool = False,
+                **kw) -> tuple[subprocess.Popen, str]:
     """Start the launcher; every process it starts inherits a unique token in its environment (and `env`)."""
     token = uuid.uuid4().hex
-    proc = subprocess.Popen(train_command(args, out_dir), env=child_env(token) | (env or {}),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    popen = subprocess.Popen if fresh else forked.Popen
+    proc = popen(train_command(args, out_dir), env=child_env(token) | (env or {}), stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True, **kw)
     return proc, token
 
 
-def run_train(args: list[str], out_dir: Path, timeout: float = HANG_S, env: dict | None = None) -> tuple[int, str, str]:
-    proc, token = start_train(args, out_dir, env)
+def run_train(args: list[str], out_dir: Path, timeout: float = HANG_S, env: dict | None = None, *,
+              fresh: bool = False) -> tuple[int, str, str]:
+    proc, token = start_train(args, out_dir, env, fresh=fresh)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out, token
 

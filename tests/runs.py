@@ -91,7 +91,7 @@ def lora_runs(out: Path) -> dict:
 
 
 def pipeline_run(out: Path) -> dict:
-    """launch/train.py in a subprocess with 2 workers, 4 steps: its exit code, what it printed, and what
+    """launch/train.py in a fresh interpreter with 2 workers, 4 steps: its exit code, what it printed, and what
     it left once its last process was gone (processes carrying its token, new /dev/shm entries no live
     process holds, files in its own temporary folder)."""
     from nanorllm.chaos.ledger import new_shm
@@ -101,7 +101,7 @@ def pipeline_run(out: Path) -> dict:
     tmp = out / "tmp"
     tmp.mkdir()
     rc, printed, token = run_train(["--num-workers", "2", "--max-steps", "4", "--run-name", "p2"], out,
-                                   env={"TMPDIR": str(tmp)})
+                                   env={"TMPDIR": str(tmp)}, fresh=True)
     deadline = time.monotonic() + 60  # a safety net: the children exit with the launcher, by themselves
     while processes_with_token(token) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,7 +8,6 @@ the example of docs/environments.md trained serially and in the pipeline and eva
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import pytest
 
 from helpers import doc_example
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
+from nanorllm.chaos import forked
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.run.world import world_problems
 from nanorllm.envs.base import EpisodeSettings
@@ -400,8 +400,8 @@ def test_the_doc_agent_trains_two_steps_serially_and_in_the_pipeline(tmp_path, c
 
 @pytest.mark.slow
 def test_launch_eval_evaluates_the_doc_agent(calc_agent):
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random",
-                           "--agent", f"{calc_agent}:solve", "--tasks", "calc:count=3,seed=2", "--max-new-tokens", "4"],
-                          capture_output=True, text=True, env=child_env(), timeout=HANG_S)
+    proc = forked.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random",
+                       "--agent", f"{calc_agent}:solve", "--tasks", "calc:count=3,seed=2", "--max-new-tokens", "4"],
+                      capture_output=True, text=True, env=child_env(), timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 3

@@ -7,14 +7,13 @@ on long replies, and what an agent returns beside its reward.
 """
 
 import math
-import subprocess
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from nanorllm.chaos import faults
+from nanorllm.chaos import faults, forked
 from nanorllm.chaos.proxy_trap import ProxyTrap
 from nanorllm.chaos.suite import agent_engine_error, agent_exits, agent_hangs
 from nanorllm.envs.agent_fn import check_agent_result
@@ -185,9 +184,9 @@ def test_a_run_with_proxy_variables_set_trains_its_agent_and_sends_the_proxy_not
     trap = ProxyTrap()
     env = {k: v for k, v in child_env().items() if k.lower() != "no_proxy"} | trap.env()
     try:
-        proc = subprocess.run(train_command(["--serial", "--agent", f"{agents}:ask", "--tasks", "calc:count=8,seed=1",
-                                             "--eval-tasks", "", "--max-steps", "2", "--run-name", "r"],
-                                            tmp_path / "runs"), env=env, capture_output=True, text=True, timeout=300)
+        proc = forked.run(train_command(["--serial", "--agent", f"{agents}:ask", "--tasks", "calc:count=8,seed=1",
+                                         "--eval-tasks", "", "--max-steps", "2", "--run-name", "r"],
+                                        tmp_path / "runs"), env=env, capture_output=True, text=True, timeout=300)
     finally:
         trap.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -230,9 +229,9 @@ def solve(task, client):
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["question"]}])
     return float("nan") if next(calls) % 4 == 0 else float(len(reply.choices[0].message.content) % 2)
 ''')
-    proc = subprocess.run(train_command(["--serial", "--agent", f"{agent}:solve", "--tasks", "calc:count=8,seed=1",
-                                         "--eval-tasks", "", "--max-steps", "2", "--run-name", "r"], tmp_path / "runs"),
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run(train_command(["--serial", "--agent", f"{agent}:solve", "--tasks", "calc:count=8,seed=1",
+                                     "--eval-tasks", "", "--max-steps", "2", "--run-name", "r"], tmp_path / "runs"),
+                      env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 2/2" in proc.stdout
     scalars = read_scalars(tmp_path / "runs" / "r")
@@ -439,10 +438,10 @@ def test_a_non_json_action_is_an_env_error_and_a_failed_dump_leaves_no_temporary
 
 @pytest.mark.slow
 def test_a_run_whose_agent_returns_a_set_as_its_action_finishes_and_writes_its_dump(tmp_path, agents):
-    proc = subprocess.run(train_command(["--serial", "--agent", f"{agents}:bad_action_some", "--tasks",
-                                         "calc:count=8,seed=1", "--eval-tasks", "", "--max-steps", "2",
-                                         "--run-name", "r"], tmp_path / "runs"),
-                          env=child_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run(train_command(["--serial", "--agent", f"{agents}:bad_action_some", "--tasks",
+                                     "calc:count=8,seed=1", "--eval-tasks", "", "--max-steps", "2",
+                                     "--run-name", "r"], tmp_path / "runs"),
+                      env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "runs" / "r"
     assert len(read_rollouts(run)) == 16 and not list(run.glob("*.tmp"))

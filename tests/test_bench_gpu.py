@@ -6,12 +6,14 @@ import sys
 
 import pytest
 
+from nanorllm.chaos import forked
+
 
 @pytest.mark.slow
 def test_gpu_bench_dry_run_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "launch/bench.py", "--gpu", "--dry-run", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = forked.run([sys.executable, "launch/bench.py", "--gpu", "--dry-run", "--json", str(out)],
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads(out.read_text())
     figures = record["figures"]
@@ -84,8 +86,8 @@ def test_the_replay_bound_counts_live_rows_not_the_idle_prefix_slot(monkeypatch)
 def test_the_profile_dry_run_prints_both_loops_tables_with_their_totals():
     """`python -m nanorllm.bench.gpu_profile cpu`: the update's and the decode step's tables, each headed by its wall,
     host and kernel totals (no kernels on CPU), with the operators that ran in them."""
-    proc = subprocess.run([sys.executable, "-m", "nanorllm.bench.gpu_profile", "cpu"], capture_output=True, text=True,
-                          timeout=600)
+    proc = forked.run([sys.executable, "-m", "nanorllm.bench.gpu_profile", "cpu"], capture_output=True, text=True,
+                      timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     heads = [line for line in proc.stdout.splitlines() if line.startswith("===== ")]
     assert [h.split(":")[0] for h in heads] == ["===== bf16 update, 16 episodes", "===== 5 decode steps at 4 rows"]

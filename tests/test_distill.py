@@ -4,13 +4,13 @@ pipeline) whose reverse KL is 0 against the student's own weights and above 0 ag
 
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from nanorllm.chaos import forked
 from nanorllm.config import TrainConfig
 from nanorllm.config.cli import parse_config
 from nanorllm.config.errors import ConfigError
@@ -101,9 +101,9 @@ def test_a_teacher_with_another_vocabulary_is_refused_in_one_line_before_anythin
 
 @pytest.mark.slow
 def test_the_launch_refuses_another_vocabulary_with_exit_2_and_writes_nothing(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", "tiny-random", "--teacher",
-                        "preset:smollm2-135m", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
+    r = forked.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", "tiny-random", "--teacher",
+                    "preset:smollm2-135m", "--output-dir", str(tmp_path / "runs")],
+                   env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr
     assert "teacher: 'preset:smollm2-135m' has another vocabulary" in r.stderr
     assert "[models]" not in r.stdout and not (tmp_path / "runs").exists()

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from nanorllm.chaos import forked
 from nanorllm.chaos.stub_judge import StubJudge, length_score, reply_body
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.config.specs import env_spec
@@ -414,9 +415,9 @@ def test_launch_serve_answers_the_openai_client_and_exits_on_sigterm():
     from tests.procs import ROOT, child_env, processes_with_token
 
     token = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "serve.py"), "--model", "tiny-random", "--port", "0",
-                             "--threads", "1", "--max-new-tokens", "4"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=child_env(token))
+    proc = forked.Popen([sys.executable, str(ROOT / "launch" / "serve.py"), "--model", "tiny-random", "--port", "0",
+                         "--threads", "1", "--max-new-tokens", "4"], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                        env=child_env(token))
     try:
         line = proc.stdout.readline()  # the process says it listens only once it does
         url = re.search(r"on (http://\S+/v1)", line).group(1)

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from nanorllm.chaos import forked
 from nanorllm.config import TrainConfig
 from nanorllm.memory.plan import GB, kv_bytes, largest_micro_batch, model_config, parameter_counts, plan_run
 from nanorllm.memory.tasks import TaskShape, task_shape
@@ -140,8 +141,8 @@ def test_a_small_dev_shm_is_named_with_the_container_setting():
 
 @pytest.mark.slow
 def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
-    r = subprocess.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
+    r = forked.run([*TRAIN, "--model", "tiny-random", "--memory-plan-only", "--output-dir", str(tmp_path / "runs")],
+                   env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     assert "[memory] learner cpu: weights" in r.stdout and "| worker 0 cpu:" in r.stdout and "/dev/shm:" in r.stdout
     assert not (tmp_path / "runs").exists()
@@ -152,8 +153,8 @@ def test_memory_plan_only_prints_the_table_and_writes_nothing(tmp_path):
 def test_a_full_fine_tune_of_1_5b_in_fp32_is_refused_in_seconds_before_loading(tmp_path):
     """Refused from the plan alone: nothing loads (no [models] or [engine] line), which is what keeps it
     to seconds; no clock is read, as a busy machine's imports alone can take a minute."""
-    r = subprocess.run([*TRAIN, "--model", "preset:qwen2.5-1.5b", "--output-dir", str(tmp_path / "runs")],
-                       env=child_env(), capture_output=True, text=True, timeout=HANG_S)
+    r = forked.run([*TRAIN, "--model", "preset:qwen2.5-1.5b", "--output-dir", str(tmp_path / "runs")],
+                   env=child_env(), capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr
     [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert "adam learner" in line and "--lora-rank" in line and "--grad-checkpointing" in line
@@ -184,8 +185,8 @@ def test_a_64_mb_dev_shm_refuses_the_default_pipeline_before_anything_is_written
 def run_with_fault(tmp_path, fault: str, *args: str) -> subprocess.CompletedProcess:
     from tests.procs import train_command
 
-    return subprocess.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
-                          capture_output=True, text=True, timeout=HANG_S)
+    return forked.run(train_command([*args, "--run-name", "r"], tmp_path), env=child_env(fault=fault),
+                      capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("openenv")
 
 from helpers import ScriptedPolicy  # noqa: E402
+from nanorllm.chaos import forked  # noqa: E402
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.openenv_serve import Served, serve_environment, stop_servers  # noqa: E402
@@ -342,9 +343,9 @@ def test_a_slow_or_malformed_env_in_a_real_run_is_counted_in_env_errors_and_the_
 
 @pytest.mark.slow
 def test_launch_eval_gives_pass_at_k_on_an_openenv_env():
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random", "--env", GUESS,
-                           "--tasks", "openenv:count=3,seed=1000000", "--eval-samples", "2", "--max-turns", "2",
-                           "--max-new-tokens", "8"], env=child_env(), capture_output=True, text=True, timeout=600)
+    proc = forked.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random", "--env", GUESS,
+                       "--tasks", "openenv:count=3,seed=1000000", "--eval-samples", "2", "--max-turns", "2",
+                       "--max-new-tokens", "8"], env=child_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 3 and 0 <= result["pass@2"] <= 1 and 0 <= result["mean@2"] <= 1

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
+from nanorllm.chaos import forked
 from nanorllm.run.lifecycle import main
 from tests.procs import HANG_S, ROOT, child_env, read_scalars
 from tests.runs import SERIAL as BASE
@@ -132,7 +133,7 @@ def test_bad_task_file_stops_before_anything_is_written(tmp_path):
                    '"answer": "3"}\nnot json\n')
     cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *BASE, "--tasks", str(bad),
            "--output-dir", str(tmp_path / "out"), "--run-name", "x"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
+    proc = forked.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=child_env())
     assert proc.returncode == 2
     assert f"{bad}:2: field 'question' is empty" in proc.stderr
     assert f"{bad}:2: field 'task_id' duplicates line 1" in proc.stderr

@@ -1,12 +1,12 @@
 """launch/seed_table.py: runs of one setting side by side, read from their eval.json and event files."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nanorllm.chaos import forked
 from nanorllm.bench.seed_table import (SeedTableConfig, SeedTableError, rows_of, run_seed_table, summary,
                                      with_default_field)
 
@@ -51,19 +51,19 @@ def test_a_missing_eval_file_or_field_is_refused_naming_it(tmp_path):
     with pytest.raises(SeedTableError, match="no scalar loss/x"):
         rows_of(SeedTableConfig(runs=(run,), scalar=("loss/x",)))
     (tmp_path / "c-0").mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "launch/seed_table.py"), str(tmp_path / "c-0")],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), str(tmp_path / "c-0")],
+                      capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "c-0/eval.json: no such file" in proc.stderr and proc.stdout == ""
 
 
 def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path):
     run = _run(tmp_path, "e-0", 0, 0.5, 0.75, [1.0])
-    proc = subprocess.run([sys.executable, str(ROOT / "launch/seed_table.py"), run, "--field", "n", "--field",
-                           "success_rate"], capture_output=True, text=True, cwd=ROOT)
+    proc = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), run, "--field", "n", "--field",
+                       "success_rate"], capture_output=True, text=True, cwd=ROOT)
     head = proc.stdout.splitlines()[0]
     assert head == "| run | seed | n before -> after (gain) | success_rate before -> after (gain) |", proc.stderr
-    bare = subprocess.run([sys.executable, str(ROOT / "launch/seed_table.py"), run], capture_output=True, text=True,
-                          cwd=ROOT)
+    bare = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), run], capture_output=True, text=True,
+                      cwd=ROOT)
     assert bare.stdout.splitlines()[0] == "| run | seed | success_rate before -> after (gain) |"
 
 

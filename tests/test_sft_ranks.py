@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from nanorllm.chaos import forked
 from nanorllm.run.sft import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,8 +92,8 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_last_checkpoint_resumes_o
             "--rows-per-step", "2", "--epochs", "5", "--save-every", "3", "--report-to", "jsonl"]
     log = tmp_path / "log.txt"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "launch" / "sft.py"), *args, "--learner-devices",
-                                 "2"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        proc = forked.Popen([sys.executable, "-u", str(ROOT / "launch" / "sft.py"), *args, "--learner-devices",
+                             "2"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     deadline = time.monotonic() + 300
     while "step 4/" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -106,8 +107,8 @@ def test_a_killed_rank_stops_the_run_naming_it_and_the_last_checkpoint_resumes_o
     saved = sorted(int(p.name[5:]) for p in (tmp_path / "runs" / "killed" / "checkpoints").iterdir())
     trained = max(int(line[5:].split("/")[0]) for line in text.splitlines() if line.startswith("step "))
     assert saved and saved[-1] == trained // 3 * 3 and not (tmp_path / "model").exists()
-    done = subprocess.run([sys.executable, str(ROOT / "launch" / "sft.py"), *args, "--resume",
-                           str(tmp_path / "runs" / "killed")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    done = forked.run([sys.executable, str(ROOT / "launch" / "sft.py"), *args, "--resume",
+                       str(tmp_path / "runs" / "killed")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "step 100/100" in done.stdout and (tmp_path / "model" / "model.safetensors").is_file()
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from nanorllm.chaos import forked
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.envs.registry import EnvSpec, load_bundle
 from nanorllm.policy.base import SamplingParams
@@ -52,8 +53,8 @@ def test_a_resumed_sft_run_ends_with_the_uninterrupted_runs_weights(tmp_path):
 
 
 def sft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch" / "sft.py"), "--model", "tiny-random", "--threads", "1",
-                           *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return forked.run([sys.executable, str(ROOT / "launch" / "sft.py"), "--model", "tiny-random", "--threads", "1",
+                       *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_bad_rows_and_flags_exit_2_naming_each_and_write_nothing(tmp_path):
@@ -78,11 +79,11 @@ def test_train_starts_from_the_merged_lora_folder_sft_writes(tmp_path):
                 if "sft/eval_loss" in m]
     assert [s for s, _ in held_out] == [0, 1] and all(loss > 0 for _, loss in held_out)  # 6 rows, 6 a step
     assert (tmp_path / "model" / "config.json").is_file() and not (tmp_path / "model" / "adapter_config.json").exists()
-    train = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", str(tmp_path / "model"),
-                            "--serial", "--max-steps", "1", "--tasks-per-step", "2", "--num-samples-per-task", "2",
-                            "--max-new-tokens", "8", "--eval-tasks", "", "--threads", "1", "--output-dir",
-                            str(tmp_path / "rl"), "--no-save-model"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=600)
+    train = forked.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", str(tmp_path / "model"),
+                        "--serial", "--max-steps", "1", "--tasks-per-step", "2", "--num-samples-per-task", "2",
+                        "--max-new-tokens", "8", "--eval-tasks", "", "--threads", "1", "--output-dir",
+                        str(tmp_path / "rl"), "--no-save-model"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
     assert train.returncode == 0, train.stderr[-2000:]
     assert "step 1/1" in train.stdout
 

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from nanorllm.chaos import forked
 from nanorllm.config import load_config_file, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
 from nanorllm.envs.registry import EnvSpecError, load_env
@@ -29,8 +30,8 @@ def _env_file(tmp_path, name: str, body: str) -> str:
 
 
 def _train_script(args: list[str], timeout: float = HANG_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, env=child_env())
+    return forked.run([sys.executable, str(ROOT / "launch" / "train.py"), *args], capture_output=True, text=True,
+                      timeout=timeout, env=child_env())
 
 
 # ---- 1: config files are typed like flags ---------------------------------------------------------

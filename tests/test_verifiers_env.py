@@ -5,7 +5,6 @@ rubric that raises or returns NaN,
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 pytest.importorskip("verifiers")
 
+from nanorllm.chaos import forked  # noqa: E402
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env  # noqa: E402
@@ -166,10 +166,10 @@ def test_a_verifiers_env_trains_two_steps(on_path, tmp_path, mode):
 
 @pytest.mark.slow
 def test_launch_eval_evaluates_a_verifiers_env_with_pass_at_k(on_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random",
-                           "--env", f"{EXAMPLE}:load_parity", "--tasks", "vf:all,size=3", "--eval-samples", "2",
-                           "--max-new-tokens", "4", "--max-turns", "1"],
-                          capture_output=True, text=True, env=child_env(), timeout=HANG_S)
+    proc = forked.run([sys.executable, str(ROOT / "launch" / "eval.py"), "--model", "tiny-random",
+                       "--env", f"{EXAMPLE}:load_parity", "--tasks", "vf:all,size=3", "--eval-samples", "2",
+                       "--max-new-tokens", "4", "--max-turns", "1"],
+                      capture_output=True, text=True, env=child_env(), timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["n"] == 3 and 0 <= row["pass@1"] <= row["pass@2"] <= 1

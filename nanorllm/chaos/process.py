@@ -42,12 +42,14 @@ def train_command(args: list[str], out_dir: Path, *, base: list[str] = SUITE_ARG
 class TrainProcess:
     """launch/train.py in a subprocess; every line it prints is kept with the time it appeared."""
 
+    popen = subprocess.Popen  # a fresh interpreter, as a user starts it; the test suite forks (chaos/forked.py)
+
     def __init__(self, args: list[str], out_dir: Path, *, fault: str | None = None, token: str | None = None,
                  env: dict[str, str] | None = None):
         self.token = token or uuid.uuid4().hex
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(train_command(args, out_dir), env=child_env(self.token, fault) | (env or {}),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = self.popen(train_command(args, out_dir), env=child_env(self.token, fault) | (env or {}),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
