@@ -21,6 +21,12 @@ SCRIPT = textwrap.dedent("""
         print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('FORKED_TEST'))"],
                              capture_output=True, text=True).stdout.strip())
         print("to stderr", file=sys.stderr)
+    elif mode == "import":
+        try:
+            import forked_probe_helper
+            print("importable")
+        except ImportError:
+            print("not importable")
     elif mode == "exit":
         sys.exit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2])
     elif mode == "raise":
@@ -66,6 +72,9 @@ def test_a_forked_script_sees_its_argv_cwd_environment_and_streams_as_a_fresh_on
     assert fork.stdout.splitlines() == [f"['{script}', 'show', 'a b'] {tmp_path} carried True __main__ helper",
                                         "carried"]
     assert fork.stderr == fresh.stderr == "to stderr\n"
+    # what one run had on its path is not on the next one's
+    fresh, fork = both(script, "import", cwd=tmp_path)
+    assert fork.stdout == fresh.stdout == "not importable\n"
 
 
 @pytest.mark.slow

@@ -41,6 +41,10 @@ PRELOAD = ["torch", "transformers", "nanorllm.run.lifecycle", "nanorllm.run.sft"
            "nanorllm.pipeline.worker", "transformers.models.llama.modeling_llama", "tensorboard", "tqdm"]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 MAX_REQUEST = 1 << 22
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The server's environment: this process's when it first imported this module, not a test's that happens to
+# start the server later (what the preloaded modules read at import must not depend on which test came first).
+SERVER_ENV = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
 
 
 # ---- the caller's side -----------------------------------------------------------------------------------
@@ -50,11 +54,9 @@ class _Server:
 
     def __init__(self):
         self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # a request is one message
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "nanorllm.chaos.forked", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=DEVNULL, stdout=DEVNULL,
-                                     stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
+                                     stderr=subprocess.PIPE, env=SERVER_ENV, cwd=PACKAGE_ROOT)
         theirs.close()
         self.lock = threading.Lock()
         ready = self.channel.recv(MAX_REQUEST)
@@ -240,6 +242,7 @@ def run(args, *, capture_output: bool = False, timeout: float | None = None, che
 # ---- the server's side -----------------------------------------------------------------------------------
 def serve(channel: socket.socket) -> None:
     """Import PRELOAD, say ready, then fork a run per request until the caller closes the channel."""
+    site_path = [p for p in sys.path[1:] if p != PACKAGE_ROOT]  # what every interpreter starts with
     for name in PRELOAD:
         importlib.import_module(name)
     gc.collect()
@@ -268,7 +271,7 @@ def serve(channel: socket.socket) -> None:
                 report = socket.socket(fileno=fds[0])
                 pid = os.fork()
                 if pid == 0:
-                    _child(json.loads(msg), fds[1:], keep=report, close=[channel.fileno(), wake_r, wake_w,
+                    _child(json.loads(msg), fds[1:], site_path, keep=report, close=[channel.fileno(), wake_r, wake_w,
                                                                           *(s.fileno() for s in reports.values())])
                 for fd in fds[1:]:
                     os.close(fd)
@@ -300,7 +303,7 @@ def _reap(reports: dict[int, socket.socket]) -> None:
             report.close()
 
 
-def _child(request: dict, fds: list[int], *, keep: socket.socket, close: list[int]) -> None:
+def _child(request: dict, fds: list[int], site_path: list[str], *, keep: socket.socket, close: list[int]) -> None:
     """In the fork: become `python [-u] script args` and never return."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT):
@@ -321,15 +324,15 @@ def _child(request: dict, fds: list[int], *, keep: socket.socket, close: list[in
     if request["unbuffered"] or os.environ.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
+    sys.argv = list(request["argv"])
+    first = os.path.dirname(request["script"]) if "script" in request else os.getcwd()
+    pythonpath = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = list(dict.fromkeys([first, *pythonpath, *site_path]))  # as the run's own interpreter would start
     os._exit(_as_main(request))
 
 
 def _as_main(request: dict) -> int:
     code = 0
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(request["script"]) if "script" in request else os.getcwd()
-    pythonpath = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[1:1] = [p for p in pythonpath if p not in sys.path]  # the run's, as its interpreter would start with
     try:
         if "module" in request:
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
