@@ -125,3 +125,21 @@ def test_only_a_python_script_or_module_can_be_forked(script):
         forked.Popen(["bash", "-c", "true"])
     with pytest.raises(ValueError, match="-c"):
         forked.Popen([sys.executable, "-c", "print(1)"])
+
+
+@pytest.mark.slow
+def test_a_forked_training_run_writes_what_a_fresh_one_writes(tmp_path):
+    """The launcher itself: the same tiny serial run, fresh and forked, leaves byte-identical weights and episodes."""
+    from tests.procs import ROOT, child_env
+    from tests.runs import SERIAL
+
+    runs = {}
+    for name, start in (("fresh", subprocess.run), ("forked", forked.run)):
+        cmd = [sys.executable, str(ROOT / "launch" / "train.py"), *SERIAL, "--max-steps", "2",
+               "--output-dir", str(tmp_path), "--run-name", name]
+        done = start(cmd, capture_output=True, text=True, timeout=600, env=child_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = tmp_path / name
+        runs[name] = {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+                      if p.is_file() and (p.parent.name == "final_model" or p.name == "rollouts.jsonl")}
+    assert len(runs["fresh"]) >= 3 and runs["forked"] == runs["fresh"]
