@@ -12,12 +12,12 @@ import pytest
 from nanorllm.chaos import forked
 
 SCRIPT = textwrap.dedent("""
-    import atexit, os, subprocess, sys, threading, time
+    import atexit, os, subprocess, sys, tempfile, threading, time
     mode = sys.argv[1]
     if mode == "show":
         import forked_probe_helper  # on PYTHONPATH only
         print(repr(sys.argv), os.getcwd(), os.environ.get("FORKED_TEST"), sys.path[0] == os.path.dirname(__file__),
-              __name__, forked_probe_helper.NAME)
+              __name__, forked_probe_helper.NAME, tempfile.gettempdir())
         print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('FORKED_TEST'))"],
                              capture_output=True, text=True).stdout.strip())
         print("to stderr", file=sys.stderr)
@@ -64,13 +64,13 @@ def both(script, *args, **kw):
 def test_a_forked_script_sees_its_argv_cwd_environment_and_streams_as_a_fresh_one_does(script, tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "forked_probe_helper.py").write_text("NAME = 'helper'\n")
-    env = {**os.environ, "FORKED_TEST": "carried",
+    env = {**os.environ, "FORKED_TEST": "carried", "TMPDIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join(filter(None, ["lib", os.environ.get("PYTHONPATH")]))}
     fresh, fork = both(script, "show", "a b", cwd=tmp_path, env=env)
     assert fork.returncode == fresh.returncode == 0, fork.stderr + fresh.stderr
     assert fork.stdout == fresh.stdout
-    assert fork.stdout.splitlines() == [f"['{script}', 'show', 'a b'] {tmp_path} carried True __main__ helper",
-                                        "carried"]
+    assert fork.stdout.splitlines() == [f"['{script}', 'show', 'a b'] {tmp_path} carried True __main__ helper "
+                                        f"{tmp_path}", "carried"]
     assert fork.stderr == fresh.stderr == "to stderr\n"
     # what one run had on its path is not on the next one's
     fresh, fork = both(script, "import", cwd=tmp_path)

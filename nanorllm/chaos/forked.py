@@ -5,11 +5,10 @@ A launcher in a fresh interpreter spends ~4 CPU-seconds importing torch and tran
 line of work; a test suite that starts a hundred of them spends minutes on that alone. Here one server
 process per caller imports `PRELOAD` once, and every run is a fork of it that then does what the
 interpreter would do with the command: the caller's environment (os.environ, so every process the run
-execs inherits it), working directory, argv, sys.path[0] and PYTHONPATH's folders on sys.path, its
-stdin/stdout/stderr, `-u`, then the
-script as `__main__`, and at its end the interpreter's exit (non-daemon threads joined, atexit handlers
-run, streams flushed; an uncaught exception printed, exit 1; SystemExit's code; KeyboardInterrupt as death
-by SIGINT).
+execs inherits it, and TMPDIR for tempfile), working directory, argv, sys.path[0] and PYTHONPATH's folders
+on sys.path, its stdin/stdout/stderr, `-u`, then the script as `__main__`, and at its end the
+interpreter's exit (non-daemon threads joined, atexit handlers run, streams flushed; an uncaught exception
+printed, exit 1; SystemExit's code; KeyboardInterrupt as death by SIGINT).
 
 What a fork cannot give, so what a test that needs it must get from `subprocess` instead:
 - what a module read from the environment at import (the server's import, not the run's); a fresh
@@ -33,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -320,6 +320,7 @@ def _child(request: dict, fds: list[int], site_path: list[str], *, keep: socket.
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # read from the run's TMPDIR again, not the server's cached answer
     os.chdir(request["cwd"])
     if request["unbuffered"] or os.environ.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)

@@ -19,9 +19,8 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
-import shutil
 import sys
-from multiprocessing import forkserver, reduction, util
+from multiprocessing import forkserver, reduction
 
 PR_SET_NAME = 15
 PRELOAD = ["nanorllm.pipeline.worker", "nanorllm.run.ranks",  # torch, transformers, the policy, the follower loop
@@ -38,22 +37,10 @@ def start_server() -> None:
     """Start the fork server now: its imports (seconds) then overlap what the caller does before its first child."""
     _context()
     forkserver.ensure_running()
-    _socket_folders.add(util.get_temp_dir())
-
-
-_socket_folders: set[str] = set()  # where the servers this process started listen (/tmp/pymp-*)
-
-
-def remove_socket_folder() -> None:
-    """Delete the folder of the server's socket. Multiprocessing deletes it at the interpreter's exit, which
-    a launcher that ends with os._exit skips: call this just before it."""
-    for folder in _socket_folders:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def process(target, *, args: tuple, name: str) -> mp.Process:
     """A daemon process (not started) that runs target(*args) in the caller's environment and streams."""
-    start_server()
     return _context().Process(target=_run, name=name, daemon=True, args=(dict(os.environ), _Streams(), target, args))
 
 
