@@ -93,7 +93,8 @@ def lora_runs(out: Path) -> dict:
 def pipeline_run(out: Path) -> dict:
     """launch/train.py in a fresh interpreter with 2 workers, 4 steps: its exit code, what it printed, and what
     it left once its last process was gone (processes carrying its token, new /dev/shm entries no live
-    process holds, files in its own temporary folder)."""
+    process holds, files in its own temporary folder but torch's compile cache, which importing torch._dynamo
+    creates there for every later run to share)."""
     from nanorllm.chaos.ledger import new_shm
     from tests.procs import processes_with_token, run_train, shm_entries
 
@@ -105,5 +106,6 @@ def pipeline_run(out: Path) -> dict:
     deadline = time.monotonic() + 60  # a safety net: the children exit with the launcher, by themselves
     while processes_with_token(token) and time.monotonic() < deadline:
         time.sleep(0.05)
+    tmp_left = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_"))
     return {"run": str(out / "p2"), "rc": rc, "output": printed, "procs_left": processes_with_token(token),
-            "shm_left": sorted(new_shm(shm_before)), "tmp_left": sorted(p.name for p in tmp.iterdir())}
+            "shm_left": sorted(new_shm(shm_before)), "tmp_left": tmp_left}

@@ -5,6 +5,7 @@ CUDA untouched (a process that touched it must not be forked)."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,27 @@ print(sorted(set(calls)), torch.cuda.is_initialized())
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[] False"
+
+
+@pytest.mark.slow
+def test_a_killed_runs_fork_server_deletes_its_socket_folder_as_it_goes(tmp_path):
+    """SIGKILL the launcher: nothing of it runs, yet its fork server, which exits with it, deletes the folder
+    multiprocessing made for the server's socket (it deletes it only at an orderly exit of its caller)."""
+    from tests.procs import processes_with_token, start_train
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc, token = start_train(["--num-workers", "1", "--max-steps", "500", "--run-name", "k"], tmp_path,
+                              env={"TMPDIR": str(tmp)})
+    for line in proc.stdout:
+        if line.startswith("step 1/"):
+            break
+    assert [p.name[:5] for p in tmp.iterdir() if p.name.startswith("pymp-")] == ["pymp-"]  # the server's, in use
+    proc.kill()
+    assert proc.wait(timeout=60) == -9
+    proc.stdout.close()
+    deadline = time.monotonic() + 60  # the children exit by themselves once the launcher is gone
+    while processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with_token(token) == []
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []  # torch's own cache
