@@ -3,8 +3,10 @@ environment and output streams as they were when it started, under its name, and
 CUDA untouched (a process that touched it must not be forked)."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,19 +71,37 @@ def test_a_killed_runs_fork_server_deletes_its_socket_folder_as_it_goes(tmp_path
     multiprocessing made for the server's socket (it deletes it only at an orderly exit of its caller)."""
     from tests.procs import processes_with_token, start_train
 
-    tmp = tmp_path / "tmp"
+    tmp = Path(tempfile.mkdtemp(prefix="nanorllm-", dir="/tmp"))  # short: pytest's own folders can be too long
+    try:
+        proc, token = start_train(["--num-workers", "1", "--max-steps", "500", "--run-name", "k"], tmp_path,
+                                  env={"TMPDIR": str(tmp)})
+        for line in proc.stdout:
+            if line.startswith("step 1/"):
+                break
+        assert [p.name[:5] for p in tmp.iterdir() if p.name.startswith("pymp-")] == ["pymp-"]  # the server's, in use
+        proc.kill()
+        assert proc.wait(timeout=60) == -9
+        proc.stdout.close()
+        deadline = time.monotonic() + 60  # the children exit by themselves once the launcher is gone
+        while processes_with_token(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with_token(token) == []
+        assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []  # torch's own cache
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_temporary_folder_too_long_for_the_servers_socket_is_refused_by_name_and_serial_runs_need_none(tmp_path):
+    from tests.procs import run_train
+
+    tmp = tmp_path / ("t" * 120)
     tmp.mkdir()
-    proc, token = start_train(["--num-workers", "1", "--max-steps", "500", "--run-name", "k"], tmp_path,
-                              env={"TMPDIR": str(tmp)})
-    for line in proc.stdout:
-        if line.startswith("step 1/"):
-            break
-    assert [p.name[:5] for p in tmp.iterdir() if p.name.startswith("pymp-")] == ["pymp-"]  # the server's, in use
-    proc.kill()
-    assert proc.wait(timeout=60) == -9
-    proc.stdout.close()
-    deadline = time.monotonic() + 60  # the children exit by themselves once the launcher is gone
-    while processes_with_token(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with_token(token) == []
-    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []  # torch's own cache
+    rc, out, _ = run_train(["--num-workers", "1", "--max-steps", "1", "--run-name", "p"], tmp_path,
+                           env={"TMPDIR": str(tmp)})
+    assert rc == 2, out
+    [line] = [x for x in out.splitlines() if x.strip().startswith("TMPDIR:")]
+    assert f"TMPDIR: '{tmp}' is too long for the workers' fork server" in line and "Traceback" not in out
+    assert not (tmp_path / "p").exists() and list(tmp.iterdir()) == []
+    rc, out, _ = run_train(["--serial", "--max-steps", "1", "--run-name", "s"], tmp_path, env={"TMPDIR": str(tmp)})
+    assert rc == 0, out

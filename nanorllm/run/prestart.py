@@ -11,7 +11,7 @@ import io
 import os
 
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.utils.children import start_server
+from nanorllm.utils.children import socket_folder_problem, start_server
 
 
 def start_workers_early(argv: list[str]) -> None:
@@ -22,5 +22,5 @@ def start_workers_early(argv: list[str]) -> None:
             cfg = parse_config(argv)
     except (ConfigError, SystemExit):
         return
-    if not cfg.serial and not cfg.memory_plan_only:
+    if not cfg.serial and not cfg.memory_plan_only and socket_folder_problem() is None:  # else the run names it
         start_server()

@@ -13,6 +13,7 @@ from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle
+from nanorllm.utils.children import socket_folder_problem
 from nanorllm.utils.modules import EnvSpecError
 
 
@@ -65,12 +66,16 @@ def world_problems(cfg: TrainConfig) -> list[str]:
 
 
 def folder_problems(cfg: TrainConfig) -> list[str]:
-    """The output folder can be made, and the metric sinks named are installed."""
+    """The output folder can be made, the metric sinks named are installed, and a run with child processes
+    can start their server under TMPDIR."""
     from nanorllm.utils.sinks import parse_report_to
 
     p = []
     if (why := unwritable_dir(cfg.output_dir)) is not None:
         p.append(f"output_dir: {cfg.output_dir!r} {why}")
+    ranks = len((cfg.learner_devices or "").split(","))
+    if (not cfg.serial or ranks > 1) and (why := socket_folder_problem()) is not None:
+        p.append(why)
     try:
         if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
             p.append("report_to: wandb is not installed (pip install -e .[wandb], or pip install wandb)")

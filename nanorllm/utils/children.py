@@ -20,6 +20,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import sys
+import tempfile
 from multiprocessing import forkserver, reduction
 
 PR_SET_NAME = 15
@@ -31,6 +32,20 @@ def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108 with its closing NUL)
+SOCKET_TAIL = len("/pymp-12345678/listener-12345678")  # where multiprocessing puts the server's socket under TMPDIR
+
+
+def socket_folder_problem() -> str | None:
+    """Why the server could not listen under this process's temporary folder (TMPDIR), or None."""
+    need = len(os.fsencode(tempfile.gettempdir())) + SOCKET_TAIL
+    if need > SOCKET_PATH_MAX:
+        return (f"TMPDIR: {tempfile.gettempdir()!r} is too long for the workers' fork server: its socket path "
+                f"would be {need} bytes, a Unix socket's holds {SOCKET_PATH_MAX}; set TMPDIR to a shorter folder "
+                "(e.g. /tmp), or run --serial")
+    return None
 
 
 def start_server() -> None:
