@@ -101,7 +101,7 @@ def test_a_temporary_folder_too_long_for_the_servers_socket_is_refused_by_name_a
                            env={"TMPDIR": str(tmp)})
     assert rc == 2, out
     [line] = [x for x in out.splitlines() if x.strip().startswith("TMPDIR:")]
-    assert f"TMPDIR: '{tmp}' is too long for the workers' fork server" in line and "Traceback" not in out
+    assert f"TMPDIR: '{tmp}' is too long for the fork server of the run's workers" in line and "Traceback" not in out
     assert not (tmp_path / "p").exists() and list(tmp.iterdir()) == []
     rc, out, _ = run_train(["--serial", "--max-steps", "1", "--run-name", "s"], tmp_path, env={"TMPDIR": str(tmp)})
     assert rc == 0, out

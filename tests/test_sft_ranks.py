@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,3 +119,14 @@ def test_fsdp_on_one_rank_is_refused_before_anything_is_written(tmp_path, capsys
     assert main(args) == 2
     assert "learner_parallel: fsdp shards the learner over several ranks" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "refused-model").exists()
+
+
+def test_a_temporary_folder_too_long_for_the_ranks_server_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                             capsys):
+    tmp = tmp_path / ("t" * 120)
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert main(sft_args(tmp_path, "long", "--learner-devices", "2")) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: TMPDIR: '{tmp}' is too long for the fork server") and "107" in line
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "long-model").exists()

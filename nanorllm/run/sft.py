@@ -23,6 +23,7 @@ from nanorllm.ranks.group import LearnerRanks, RankError, under_torchrun, where_
 from nanorllm.run.ranks import check_parallel, start_ranks
 from nanorllm.supervised import sft
 from nanorllm.trainer.update import make_optimizer
+from nanorllm.utils.children import socket_folder_problem
 from nanorllm.utils.devices import DeviceError, configure_threads, resolve_devices
 from nanorllm.utils.modules import EnvSpecError
 
@@ -42,6 +43,8 @@ def main(argv: list[str]) -> int:
     try:
         devices = resolve_devices(cfg.devices, 0, serial=True, learner_spec=cfg.learner_devices)
         check_parallel(cfg.learner_parallel, len(devices.learners), devices.learner)
+        if len(devices.learners) > 1 and (why := socket_folder_problem()) is not None:
+            raise ConfigError([why])  # the ranks' fork server could not listen
         if not check_plan(plan_sft(cfg, devices.learner), cfg.model, plan_only=cfg.memory_plan_only):
             return 0
         run, start = sft.start_run(cfg, lambda policy: sft.sft_rows(cfg, policy), device=devices.learner,

@@ -42,9 +42,9 @@ def socket_folder_problem() -> str | None:
     """Why the server could not listen under this process's temporary folder (TMPDIR), or None."""
     need = len(os.fsencode(tempfile.gettempdir())) + SOCKET_TAIL
     if need > SOCKET_PATH_MAX:
-        return (f"TMPDIR: {tempfile.gettempdir()!r} is too long for the workers' fork server: its socket path "
-                f"would be {need} bytes, a Unix socket's holds {SOCKET_PATH_MAX}; set TMPDIR to a shorter folder "
-                "(e.g. /tmp), or run --serial")
+        return (f"TMPDIR: {tempfile.gettempdir()!r} is too long for the fork server of the run's workers and "
+                f"learner ranks: its socket path would be {need} bytes, a Unix socket's holds {SOCKET_PATH_MAX}; "
+                "set TMPDIR to a shorter folder (e.g. /tmp)")
     return None
 
 
