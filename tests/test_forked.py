@@ -143,3 +143,9 @@ def test_a_forked_training_run_writes_what_a_fresh_one_writes(tmp_path):
         runs[name] = {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
                       if p.is_file() and (p.parent.name == "final_model" or p.name == "rollouts.jsonl")}
     assert len(runs["fresh"]) >= 3 and runs["forked"] == runs["fresh"]
+
+
+def test_a_missing_working_folder_is_refused_in_the_caller_as_subprocess_refuses_it(script, tmp_path):
+    for start in (subprocess.run, forked.run):
+        with pytest.raises(FileNotFoundError):
+            start([sys.executable, str(script), "exit", "0"], cwd=tmp_path / "missing")

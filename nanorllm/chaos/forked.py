@@ -109,6 +109,8 @@ class Popen:
         request = _request(list(map(str, args)))
         request |= {"env": dict(os.environ if env is None else env), "cwd": os.path.abspath(cwd or os.getcwd()),
                     "new_session": bool(start_new_session)}
+        if not os.path.isdir(request["cwd"]):
+            raise FileNotFoundError(2, "No such file or directory", request["cwd"])  # as subprocess says it
         text = bool(text or universal_newlines or encoding or errors)
         fds, close = self._streams(stdin, stdout, stderr, text, encoding, errors)
         try:
@@ -271,8 +273,13 @@ def serve(channel: socket.socket) -> None:
                 report = socket.socket(fileno=fds[0])
                 pid = os.fork()
                 if pid == 0:
-                    _child(json.loads(msg), fds[1:], site_path, keep=report, close=[channel.fileno(), wake_r, wake_w,
-                                                                          *(s.fileno() for s in reports.values())])
+                    try:
+                        ours = [channel.fileno(), wake_r, wake_w, *(s.fileno() for s in reports.values())]
+                        _child(json.loads(msg), fds[1:], site_path, keep=report, close=ours)
+                    except BaseException:
+                        traceback.print_exc()  # on the run's stderr once it has one
+                    finally:
+                        os._exit(1)  # a fork never returns into this loop, whatever went wrong in it
                 for fd in fds[1:]:
                     os.close(fd)
                 reports[pid] = report
