@@ -46,20 +46,22 @@ def test_a_child_runs_in_its_callers_environment_streams_and_name(capfd, monkeyp
 
 
 @pytest.mark.slow
-def test_the_fork_servers_imports_call_no_cuda_function():
-    """Every torch.cuda function that would start the driver is watched while PRELOAD is imported in a fresh
-    interpreter: none is called (a CUDA child forked from a server that had would fail to start)."""
+@pytest.mark.parametrize("preload", ["nanorllm.utils.children", "nanorllm.chaos.forked"])
+def test_the_fork_servers_imports_call_no_cuda_function(preload):
+    """Every torch.cuda function that would start the driver is watched while a fork server's PRELOAD (a run's,
+    or the tests' warm launcher's) is imported in a fresh interpreter: none is called (a CUDA child forked from
+    a server that had would fail to start)."""
     script = """
 import importlib, torch, torch.cuda
 calls = []
 for fn in ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties",
            "get_device_name", "get_device_capability", "is_bf16_supported", "mem_get_info", "set_device"):
     setattr(torch.cuda, fn, lambda *a, _fn=fn, **k: calls.append(_fn))
-from nanorllm.utils.children import PRELOAD
+from {preload} import PRELOAD
 for module in PRELOAD:
     importlib.import_module(module)
 print(sorted(set(calls)), torch.cuda.is_initialized())
-"""
+""".replace("{preload}", preload)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[] False"
