@@ -164,12 +164,10 @@ class Popen:
         return line.decode()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            line = self._recv_line(timeout=0)
-            if line is not None:
-                self.returncode = int(line)
-                self._report.close()
-        return self.returncode
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
@@ -313,8 +311,8 @@ def _reap(reports: dict[int, socket.socket]) -> None:
 def _child(request: dict, fds: list[int], site_path: list[str], *, keep: socket.socket, close: list[int]) -> None:
     """In the fork: become `python [-u] script args` and never return."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has them
     keep.close()
     for fd in close:
         os.close(fd)

@@ -26,16 +26,14 @@ from multiprocessing import forkserver, reduction
 PR_SET_NAME = 15
 PRELOAD = ["nanorllm.pipeline.worker", "nanorllm.run.ranks",  # torch, transformers, the policy, the follower loop
            "nanorllm.utils.server_exit"]
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108 with its closing NUL)
+SOCKET_TAIL = len("/pymp-12345678/listener-12345678")  # where multiprocessing puts the server's socket under TMPDIR
 
 
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
-
-
-SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108 with its closing NUL)
-SOCKET_TAIL = len("/pymp-12345678/listener-12345678")  # where multiprocessing puts the server's socket under TMPDIR
 
 
 def socket_folder_problem() -> str | None:

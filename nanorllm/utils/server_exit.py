@@ -9,6 +9,7 @@ import atexit
 import contextlib
 import os
 import socket
+import stat
 
 _SERVER = os.getpid()
 
@@ -19,9 +20,11 @@ def _listening() -> list[str]:
     paths = []
     for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
         try:
+            if not stat.S_ISSOCK(os.fstat(int(fd)).st_mode):
+                continue
             sock = socket.socket(fileno=os.dup(int(fd)))
         except OSError:
-            continue  # not a socket, or already closed
+            continue  # closed since the listing
         with sock:
             if sock.family == socket.AF_UNIX and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 name = sock.getsockname()
