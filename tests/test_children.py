@@ -105,5 +105,8 @@ def test_a_temporary_folder_too_long_for_the_servers_socket_is_refused_by_name_a
     [line] = [x for x in out.splitlines() if x.strip().startswith("TMPDIR:")]
     assert f"TMPDIR: '{tmp}' is too long for the fork server of the run's workers" in line and "Traceback" not in out
     assert not (tmp_path / "p").exists() and list(tmp.iterdir()) == []
+    rc, out, _ = run_train(["--serial", "--learner-devices", "2", "--run-name", "r"], tmp_path,
+                           env={"TMPDIR": str(tmp)})
+    assert rc == 2 and "TMPDIR: " in out, out  # its learner rank 1 is a fork of the server too
     rc, out, _ = run_train(["--serial", "--max-steps", "1", "--run-name", "s"], tmp_path, env={"TMPDIR": str(tmp)})
     assert rc == 0, out

@@ -13,7 +13,9 @@ from nanorllm.config import TrainConfig
 from nanorllm.config.specs import env_spec
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle
+from nanorllm.run.assembly import run_devices
 from nanorllm.utils.children import socket_folder_problem
+from nanorllm.utils.devices import DeviceError
 from nanorllm.utils.modules import EnvSpecError
 
 
@@ -73,8 +75,7 @@ def folder_problems(cfg: TrainConfig) -> list[str]:
     p = []
     if (why := unwritable_dir(cfg.output_dir)) is not None:
         p.append(f"output_dir: {cfg.output_dir!r} {why}")
-    ranks = len((cfg.learner_devices or "").split(","))
-    if (not cfg.serial or ranks > 1) and (why := socket_folder_problem()) is not None:
+    if _starts_children(cfg) and (why := socket_folder_problem()) is not None:
         p.append(why)
     try:
         if "wandb" in parse_report_to(cfg.report_to) and importlib.util.find_spec("wandb") is None:
@@ -82,6 +83,14 @@ def folder_problems(cfg: TrainConfig) -> list[str]:
     except ValueError:
         pass  # config_problems names it
     return p
+
+
+def _starts_children(cfg: TrainConfig) -> bool:
+    """Whether the run starts rollout workers or learner ranks (forks of its fork server)."""
+    try:
+        return not cfg.serial or len(run_devices(cfg).learners) > 1
+    except DeviceError:
+        return not cfg.serial  # the device check names it
 
 
 def source_problems(cfg: TrainConfig) -> list[str]:
