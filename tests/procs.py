@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 
 from nanorllm.chaos import forked
-
 from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
 from nanorllm.chaos.process import ROOT, child_env  # noqa: F401 (for the tests)
 from nanorllm.chaos.process import train_command as _train_command
