@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from nanorllm.config.checks import bound_problems
 from nanorllm.config.fields import (AdamWSettings, Devices, EpisodeShape, ModelSettings, Passes, RunLog, Seeding,
                                     Steps, TrainingTasks)
-from nanorllm.config.sft import Resuming
+from nanorllm.config.sft import Overwriting, Resuming
 
 
 @dataclass
@@ -17,7 +17,8 @@ class FitSettings:
 
     out: str | None = None
     """Fitting: the folder the reward model is saved to (whole or not at all; a folder there is replaced only if it
-    holds a fit's fit.json). --sample-from / --to-pairs: the JSONL file the rows go to."""
+    holds a fit's fit.json, or with --overwrite). --sample-from / --to-pairs: the JSONL file the rows go to (an
+    existing file only with --overwrite)."""
     data: str | None = None
     """JSONL rows {prompt, response, label} (label 0/1: BCE) or {prompt, chosen, rejected} (Bradley-Terry)."""
     batch_size: int = 8
@@ -45,7 +46,7 @@ class FitSettings:
 
 
 @dataclass
-class FitConfig(FitSettings, Resuming, RunLog, Passes, EpisodeShape, Steps, AdamWSettings, TrainingTasks, Seeding,
+class FitConfig(FitSettings, Overwriting, Resuming, RunLog, Passes, EpisodeShape, Steps, AdamWSettings, TrainingTasks, Seeding,
                 Devices, ModelSettings):
     """Fit a reward model on --data; or make its labelled data (--sample-from), turn labelled rows into pairs
     (--to-pairs), or score a fitted one (--score) (docs/rewards.md). The shared groups mean what they mean in

@@ -35,6 +35,15 @@ class Resuming:
 
 
 @dataclass
+class Overwriting:
+    """What a program may do to what --out already holds (nanorllm/utils/outputs.py)."""
+
+    overwrite: bool = False
+    """Replace what --out holds when it is not this program's own earlier output (a folder of other files, an
+    existing file); without it such an --out is refused before anything loads."""
+
+
+@dataclass
 class SFTSettings:
     """What SFT trains on and where its model goes."""
 
@@ -60,8 +69,9 @@ class SFTSettings:
 
 
 @dataclass
-class SFTConfig(SFTSettings, Resuming, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward, LoraAdapters, Steps,
-                AdamWSettings, Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions, ModelSettings):
+class SFTConfig(SFTSettings, Overwriting, Resuming, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward,
+                LoraAdapters, Steps, AdamWSettings, Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions,
+                ModelSettings):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 
     def validate(self) -> list[str]:
@@ -97,7 +107,7 @@ class SampleSettings:
 
 
 @dataclass
-class SampleConfig(SampleSettings, Devices, Seeding, Episodes, Sources):
+class SampleConfig(SampleSettings, Overwriting, Devices, Seeding, Episodes, Sources):
     """Sample episodes from a model on an env and keep the rewarded ones as SFT rows (RFT / STaR / expert
     iteration; launch/sample.py). --seed seeds the sampling; the task, env and episode fields mean what they mean
     in training."""

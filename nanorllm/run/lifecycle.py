@@ -40,6 +40,7 @@ from nanorllm.ranks.group import under_torchrun
 from nanorllm.run.args import parse_train_args
 from nanorllm.run.assembly import assemble
 from nanorllm.run.ranks import follow_torchrun, start_learner
+from nanorllm.run.warm_start import prompt_shape_warning
 from nanorllm.trainer.checkpoint import CheckpointError
 from nanorllm.trainer.loop import TrainedNothing, TrainingRun
 from nanorllm.trainer.parts import RunParts
@@ -107,6 +108,8 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     plan = None
     try:
         parts = assemble(cfg, env=env)  # env, tasks, devices, LoRA spec: once, for the plan, the run and its workers
+        if (warning := prompt_shape_warning(cfg)) is not None and not quiet:
+            print(warning, file=sys.stderr, flush=True)
         if resume_dir is None:  # a resumed run was planned when it started
             go, plan = check_memory(parts, quiet=quiet)
             if not go:

@@ -26,6 +26,7 @@ from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.children import socket_folder_problem
 from nanorllm.utils.devices import DeviceError, configure_threads, resolve_devices
 from nanorllm.utils.modules import EnvSpecError
+from nanorllm.utils.outputs import OutputPath, output_problems
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
     anything is written, train; 2 on bad input, 1 when a learner rank is lost (the last checkpoint stands), 0 after
     the plan alone under --memory-plan-only."""
     cfg = tyro.cli(SFTConfig, default=SFTConfig(**SFT_DEFAULTS), args=argv, description=sft.__doc__)
-    problems = cfg.validate()
+    problems = cfg.validate() or output_problems(OutputPath(cfg.out, "folder", marker=sft.MARKER), cfg.overwrite)
     if under_torchrun():
         problems.append("launch/sft.py starts its own learner ranks (--learner-devices N): run it with python, "
                         "not torchrun")

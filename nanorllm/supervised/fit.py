@@ -31,6 +31,7 @@ from nanorllm.trainer.precision import matmul_precision
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 from nanorllm.utils.logger import RunLogger
+from nanorllm.utils.outputs import OutputPath, output_problems
 from nanorllm.utils.sinks import parse_report_to
 
 
@@ -39,15 +40,12 @@ class FitError(RuntimeError):
 
 
 def out_problems(cfg: FitConfig) -> list[str]:
-    """Why a fit could not save to --out: a file there, or a folder that is not an earlier fit (never replaced)."""
-    out = Path(cfg.out)
-    if cfg.sample_from is not None or cfg.to_pairs or cfg.score is not None or not out.exists():
+    """Why --out may not be written (utils/outputs.py): fitting writes a folder marked by its fit.json; --sample-from
+    and --to-pairs one JSONL file; --score writes nothing."""
+    if cfg.score is not None:
         return []
-    if not out.is_dir():
-        return [f"out: {cfg.out!r} is a file; a reward model is a folder"]
-    if any(out.iterdir()) and not (out / "fit.json").exists():
-        return [f"out: {cfg.out!r} is a folder of other files (no fit.json); give a new or empty folder"]
-    return []
+    kind = "file" if cfg.sample_from is not None or cfg.to_pairs else "folder"
+    return output_problems(OutputPath(cfg.out, kind, marker="fit.json"), cfg.overwrite)
 
 
 def write_pairs(cfg: FitConfig, say=print) -> list[dict]:

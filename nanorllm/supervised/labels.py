@@ -10,6 +10,8 @@ and grading of --system-prompt, --worked-example and --grader-timeout-s, the env
 import json
 from pathlib import Path
 
+from nanorllm.utils.files import write_atomic
+
 
 def sample_rows(cfg, say=print) -> list[dict]:
     """The rows {prompt, response, label, task_id}, written to cfg.out as JSONL."""
@@ -34,7 +36,7 @@ def sample_rows(cfg, say=print) -> list[dict]:
              "label": int(r.succeeded), "task_id": r.task_id} for r in results if r.trajectory.steps]
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_atomic(out, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     say(f"[sample] {len(rows)} rows from {len(tasks)} tasks x {cfg.samples_per_task}: "
         f"{sum(r['label'] for r in rows) / max(len(rows), 1):.3f} labelled 1 | written to {out}")
     return rows

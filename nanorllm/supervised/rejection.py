@@ -20,6 +20,7 @@ from nanorllm.core.types import RolloutResult, Trajectory
 from nanorllm.envs.registry import load_bundle, training_tasks
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.utils.files import write_atomic
+from nanorllm.utils.outputs import OutputPath, output_problems
 
 
 def episode_messages(t: Trajectory) -> list[dict]:
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
     from nanorllm.utils.devices import configure_threads
 
     cfg = tyro.cli(SampleConfig, args=argv, description=__doc__)
-    problems = cfg.validate()
+    problems = cfg.validate() or output_problems(OutputPath(cfg.out, "file"), cfg.overwrite)
     if problems:
         print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
         return 2

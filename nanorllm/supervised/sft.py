@@ -19,9 +19,7 @@ so `launch/train.py --model OUT` starts from it.
 
 import json
 import math
-import os
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,8 +42,12 @@ from nanorllm.trainer.loss import token_logprobs
 from nanorllm.trainer.precision import matmul_precision
 from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
 from nanorllm.utils.devices import configure_threads
+from nanorllm.utils.files import write_folder_atomic
 from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
+
+MARKER = "sft.json"
+"""The file every model folder SFT writes holds (`sft_record`): what makes an --out folder this program's own."""
 
 
 class SFTLoss:
@@ -175,7 +177,7 @@ def train_sft(run: SFTRun, start: int = 0, say=print, ranks: LearnerRanks | None
         last["sft/eval_loss"] = held_out_loss(run, ranks)
         run.logger.scalars({"sft/eval_loss": last["sft/eval_loss"]}, run.steps)
     save_checkpoint(run, run.steps, ranks)
-    write_model(run.policy, Path(cfg.out))
+    write_model(run.policy, Path(cfg.out), sft_record(cfg, run.steps))
     run.logger.flush()
     return last
 
@@ -189,18 +191,46 @@ def save_checkpoint(run: SFTRun, step: int, ranks: LearnerRanks) -> Path:
                            task_order={"rows": len(run.train), "seed": run.cfg.seed}, totals={})
 
 
-def write_model(policy: HFCausalPolicy, out: Path) -> None:
-    """The model at `out` in HF format (LoRA: merged into the base, so transformers alone loads it), written
-    beside as `out.tmp` and renamed once whole."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if policy.peft is not None:
-        save_merged(policy.model, policy.tokenizer, tmp)
+def write_model(policy: HFCausalPolicy, out: Path, record: dict) -> None:
+    """The model at `out` in HF format (LoRA: merged into the base, so transformers alone loads it) with `record` as
+    its sft.json, written beside and swapped in once whole and synced (utils/files.py): a model already at `out`
+    stays until then."""
+    def write(tmp: Path) -> None:
+        if policy.peft is not None:
+            save_merged(policy.model, policy.tokenizer, tmp)
+        else:
+            policy.save(str(tmp))
+        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+    write_folder_atomic(out, write)
+
+
+def sft_record(cfg: SFTConfig, steps: int) -> dict:
+    """sft.json: what the model was fine-tuned from and on, and the first prompt it learned to answer, which RL
+    compares with its own (run/warm_start.py). Rows from --data carry their own prompts:
+    their shape is the rows' own system message (the one they share; "" when none has one; None with
+    system_prompts_differ when they differ) and no worked example."""
+    if cfg.demos:
+        source = {"demos": cfg.demos, "env": cfg.env}
+        shape = {"system_prompt": cfg.system_prompt, "worked_example": cfg.worked_example,
+                 "system_prompts_differ": False}
     else:
-        policy.save(str(tmp))
-    if out.exists():
-        shutil.rmtree(out)
-    os.rename(tmp, out)
+        source, system = {"data": cfg.data}, rows_system_prompt(cfg)
+        shape = {"system_prompt": system, "worked_example": False, "system_prompts_differ": system is None}
+    return {"program": "sft", "base_model": cfg.model, **source, "tools": cfg.tools, "steps": steps, "prompt": shape}
+
+
+def rows_system_prompt(cfg: SFTConfig) -> str | None:
+    """The system message every --data row opens with ("" when none opens with one); None when they differ."""
+    from nanorllm.supervised.sft_data import read_rows, sft_columns
+
+    column = sft_columns(cfg.task_fields)["messages"]
+    found = set()
+    for _, row in read_rows(cfg.data, limit=cfg.limit):
+        messages = row.get(column)
+        first = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], dict) else {}
+        found.add(first.get("content") if first.get("role") == "system" else "")
+    return found.pop() if len(found) == 1 and isinstance(next(iter(found)), str) else None
 
 
 def learner_device(devices: str) -> str:
