@@ -32,6 +32,7 @@ from nanorllm.policy.tool_calls import ToolCall, check_call
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.metrics import rollout_metrics
+from tests.procs import run_train
 from tests.runs import TINY_ARGS
 from tests.test_tools import call
 
@@ -252,6 +253,18 @@ def test_a_file_that_exits_at_import_is_refused_in_one_line_naming_it(tmp_path, 
     rc = main([*TINY_ARGS, flag, str(tmp_path / spec), "--output-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
     assert rc == 2 and "exits_at_import.py called sys.exit(5)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("raises, said", [("import sys\nsys.exit(5)", "called sys.exit(5)"),
+                                          ("raise KeyboardInterrupt", "raised KeyboardInterrupt")])
+@pytest.mark.parametrize("spec", ["ends_at_import.py:f", "ends_at_import.py"])
+def test_a_tools_file_that_exits_or_interrupts_at_import_is_refused_by_the_launcher_in_one_line(tmp_path, raises,
+                                                                                                said, spec):
+    (tmp_path / "ends_at_import.py").write_text(raises + "\n")
+    rc, out, _ = run_train(["--tools", str(tmp_path / spec)], tmp_path / "runs")
+    assert rc == 2 and f"ends_at_import.py {said}" in out
+    assert "Traceback" not in out
     assert not (tmp_path / "runs").exists()
 
 

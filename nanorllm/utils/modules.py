@@ -17,13 +17,14 @@ class EnvSpecError(ValueError):
 
 def _import_module(where: str, spec: str):
     """The module `where` names (a file path or a module path); EnvSpecError naming the file when importing it
-    calls sys.exit (a script's argument parsing, say): that would end the run silently with the file's code."""
+    calls sys.exit (a script's argument parsing, say) or raises KeyboardInterrupt (a script waiting on input): either
+    would end the run with the file's code, or a traceback, instead of a refusal naming the file."""
     try:
         return _load(where, spec)
-    except SystemExit as e:
-        raise EnvSpecError(f"{spec!r}: importing {where} called sys.exit({e.code!r}); a file the run imports must "
-                           "define its functions without running a program (guard it with if __name__ == "
-                           "'__main__':)") from None
+    except (SystemExit, KeyboardInterrupt) as e:
+        how = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else "raised KeyboardInterrupt"
+        raise EnvSpecError(f"{spec!r}: importing {where} {how}; a file the run imports must define its functions "
+                           "without running a program (guard it with if __name__ == '__main__':)") from None
 
 
 def _load(where: str, spec: str):
