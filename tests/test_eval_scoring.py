@@ -113,6 +113,20 @@ def test_a_users_own_tasks_without_eval_tasks_are_evaluated_on_a_share_of_themse
     assert parts.dropped_heldout == len(held)
 
 
+@pytest.mark.parametrize("own_tasks", [False, True])
+def test_the_training_set_is_the_same_whatever_eval_limit_and_leaves_out_the_whole_held_out_set(own_tasks, rewards,
+                                                                                                 tmp_path):
+    args = ["--env", "single", "--reward", rewards, "--tasks", users_file(tmp_path, 200)] if own_tasks else []
+    whole, *limited = [assemble(parse_config([*args, "--model", "tiny-random", *limit]))
+                       for limit in ([], ["--eval-limit", "2"], ["--eval-limit", "7"])]
+    held = [t["task_id"] for t in whole.eval_tasks]
+    trained = [t["task_id"] for t in whole.train_tasks]
+    assert held and not set(held) & set(trained)
+    for parts, n in zip(limited, (2, 7)):
+        assert [t["task_id"] for t in parts.train_tasks] == trained and parts.dropped_heldout == whole.dropped_heldout
+        assert [t["task_id"] for t in parts.eval_tasks] == held[:n]
+
+
 @pytest.mark.slow
 def test_a_reward_run_on_its_own_tasks_reports_held_out_success_on_them_and_launch_eval_agrees(tmp_path,
                                                                                                 monkeypatch):

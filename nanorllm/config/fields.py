@@ -222,7 +222,8 @@ class EvalSettings:
     """How held-out sets are evaluated beyond greedy success; `launch/eval.py` takes the same fields."""
 
     eval_limit: int | None = None
-    """Use only the first N held-out tasks."""
+    """Evaluate only the first N held-out tasks (and of each --eval-set); training leaves out the whole held-out
+    set whatever N."""
     eval_set: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """More held-out sets, name=spec, one flag each (--eval-set gsm8k=../shared/data/gsm8k/test.jsonl): evaluated
     beside --eval-tasks (not removed from training), logged as eval/<name>/... and kept in eval.json."""

@@ -27,14 +27,14 @@ def run_devices(cfg: TrainConfig) -> DeviceMap:
 
 def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
     """Everything of the run that needs no model: `cfg`'s env (built once: `env`, the bundle the command line's
-    checks built, or here), its tasks (loaded once, held-out ones removed from training), its devices and its
-    LoRA spec."""
+    checks built, or here), its tasks (loaded once; the whole held-out set removed from training, whatever
+    --eval-limit, which limits only the tasks evaluated), its devices and its LoRA spec."""
     spec = env_spec(cfg)
     env = env if env is not None else load_bundle(spec)
     tasks, eval_tasks = resolve_task_specs(cfg.tasks, cfg.eval_tasks, env)
     cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
     loaded = check_task_rows(env_tasks(env, tasks, cfg.limit), tasks)
-    heldout = check_task_rows(env_tasks(env, eval_tasks, cfg.eval_limit), eval_tasks) if eval_tasks else []
+    heldout = check_task_rows(env_tasks(env, eval_tasks, None), eval_tasks) if eval_tasks else []
     train, dropped = remove_overlap(loaded, heldout)
     if not train:
         raise TaskFileError(tasks, [f"{tasks}: no training tasks left after removing the {dropped} that are also "
@@ -46,8 +46,8 @@ def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
     return RunParts(cfg=cfg, env_spec=spec, env=env, lora=lora_spec(cfg), devices=run_devices(cfg),
-                    train_tasks=train, eval_tasks=heldout, eval_sets=eval_sets(cfg, env), dropped_heldout=dropped,
-                    task_order=order)
+                    train_tasks=train, eval_tasks=heldout[:cfg.eval_limit], eval_sets=eval_sets(cfg, env),
+                    dropped_heldout=dropped, task_order=order)
 
 
 def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:
