@@ -14,6 +14,7 @@ from nanorllm.datasets.holdout import held_out, parse_holdout
 from nanorllm.envs.registry import load_bundle
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.run import evaluation
 from nanorllm.run.assembly import assemble
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, with_run_settings
@@ -54,6 +55,13 @@ def test_held_out_success_is_over_the_scored_episodes_and_the_failed_ones_are_co
     assert (out["success_rate"], out["mean_reward"], out["n"], out["failed"]) == (1.0, 1.0, 3, 3)  # not 0.5
 
 
+def test_held_out_counts_each_reward_sources_failed_scores_over_every_episode(rewards, task_file):
+    env = single_turn_bundle(rewards)
+    out = evaluate(HFCausalPolicy.from_name("tiny-random"), env.load_tasks(task_file),
+                   sampling=SamplingParams(max_new_tokens=2), env=env)
+    assert (out["failed"], out["reward/failed/fails_on_odd"], out["reward/fails_on_odd"]) == (3, 3, 1.0)
+
+
 def test_pass_at_k_and_mean_at_n_count_each_tasks_scored_samples_only(rewards, task_file):
     env = single_turn_bundle(rewards)
     policy = HFCausalPolicy.from_name("tiny-random")
@@ -75,6 +83,26 @@ def test_launch_eval_reports_the_failed_scores_beside_a_success_rate_over_the_sc
     out = evaluate_model(cfg)
     assert (out["success_rate"], out["n"], out["failed"]) == (1.0, 3, 3)
     assert (out["pass@2"], out["mean@2"], out["sampled_failed"]) == (1.0, 1.0, 6)
+
+
+def strict_json(line: str):
+    """The JSON of `line`, refusing NaN and Infinity, which JSON has no word for."""
+    return json.loads(line, parse_constant=lambda word: pytest.fail(f"{word} is not JSON: {line}"))
+
+
+NOT_SCORED = "no episode was scored (2 not scored: the env raised or a reward source failed)"
+
+
+def test_launch_eval_writes_a_rate_over_no_scored_episode_as_null_and_says_why(rewards, tmp_path, capsys):
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"Say {i}."}) + "\n" for i in (1, 3)))
+    assert evaluation.main(["--model", "tiny-random", "--env", "single", "--reward", rewards, "--tasks", str(path),
+                            "--max-new-tokens", "2", "--eval-samples", "2"]) == 0
+    (row,) = [strict_json(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["success_rate"], row["mean_reward"], row["pass@1"], row["mean@2"], row["n"]) == (None,) * 4 + (0,)
+    assert row["why_null"]["success_rate"] == NOT_SCORED
+    assert row["why_null"]["pass@1"] == "no task had 1 scored samples (4 sampled episodes not scored)"
+    assert row["reward/failed/fails_on_odd"] == 2
 
 
 def rows(n: int) -> list[dict]:
@@ -142,3 +170,24 @@ def test_a_reward_run_on_its_own_tasks_reports_held_out_success_on_them_and_laun
     assert trained and not trained & {t["task_id"] for t in held}
     result = evaluate_model(with_run_settings(EvalConfig(model=str(out / "r" / "final_model")), set())[0])
     assert (result["n"], result["success_rate"]) == (len(held), 1.0)  # the same held-out tasks
+
+
+@pytest.mark.slow
+def test_a_run_whose_held_out_scores_all_fail_counts_them_and_writes_eval_json_with_nulls_and_why(rewards, tmp_path,
+                                                                                                   capsys):
+    even, odd = tmp_path / "even.jsonl", tmp_path / "odd.jsonl"
+    for path, ids in ((even, (0, 2, 4, 6)), (odd, (1, 3))):
+        path.write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"Say {i}."}) + "\n" for i in ids))
+    out = tmp_path / "runs"
+    assert main([*TINY_ARGS, "--serial", "--env", "single", "--reward", rewards, "--tasks", str(even),
+                 "--eval-tasks", str(odd), "--max-steps", "1", "--report-to", "jsonl", "--no-save-model",
+                 "--output-dir", str(out), "--run-name", "r"]) == 0
+    summary = strict_json((out / "r" / "eval.json").read_text())
+    for when in ("before", "after"):
+        assert (summary[when]["success_rate"], summary[when]["n"], summary[when]["failed"]) == (None, 0, 2)
+        assert summary[when]["why_null"]["success_rate"] == NOT_SCORED
+    assert summary["gain"] is None and summary["why_null"]["gain"] == "no success_rate before or after: no episode " \
+                                                                      "was scored"
+    rows = [json.loads(line) for line in (out / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/reward/failed/fails_on_odd"] for r in rows if "eval/failed" in r] == [2, 2]
+    assert "held-out success n/a -> n/a (n/a) on 0 tasks (2 failed to score, left out)" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """launch/seed_table.py: runs of one setting side by side, read from their eval.json and event files."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def test_a_missing_eval_file_or_field_is_refused_naming_it(tmp_path):
     proc = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), str(tmp_path / "c-0")],
                       capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "c-0/eval.json: no such file" in proc.stderr and proc.stdout == ""
+
+
+def test_a_field_null_in_eval_json_is_refused_with_the_reason_written_beside_it(tmp_path):
+    run = _run(tmp_path, "n-0", 0, 0.1, 0.2, [0.0])
+    why = "no episode was scored (2 not scored: the env raised or a reward source failed)"
+    (tmp_path / "n-0" / "eval.json").write_text(json.dumps({
+        "before": {"success_rate": None, "n": 0, "failed": 2, "why_null": {"success_rate": why}},
+        "after": {"success_rate": 0.5, "n": 2}}))
+    with pytest.raises(SeedTableError, match=re.escape(f"n-0/eval.json: before.success_rate is null ({why})")):
+        rows_of(SeedTableConfig(runs=(run,), field=("success_rate",)))
 
 
 def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path):

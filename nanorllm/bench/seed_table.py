@@ -6,7 +6,8 @@ them: success_rate, mean_reward, an env's own such as reasoning_gym/solved; with
 is read). `--scalar TAG` adds a TensorBoard scalar's curve per run (its value at each step, from the run's event
 files), its first and last values in the table and, with `--plot`, the curve's mean over the runs with a min-max
 band. `--json` writes all of it.
-A run without an eval.json, or whose eval.json lacks a field in "before" or "after", is refused naming the file.
+A run without an eval.json, or whose eval.json lacks a field in "before" or "after" or holds it null (no episode was
+scored), is refused naming the file.
 """
 
 import json
@@ -49,6 +50,9 @@ def read_eval(run: Path, names: tuple[str, ...]) -> dict:
         for when in ("before", "after"):
             if name not in summary.get(when, {}):
                 raise SeedTableError(f"{path}: no {when}.{name} (keys: {', '.join(sorted(summary.get(when, {})))})")
+            if summary[when][name] is None:  # a rate over no scored episode
+                why = summary[when].get("why_null", {}).get(name, "no value")
+                raise SeedTableError(f"{path}: {when}.{name} is null ({why})")
         out[name] = {"before": summary["before"][name], "after": summary["after"][name],
                      "gain": summary["after"][name] - summary["before"][name]}
     return out

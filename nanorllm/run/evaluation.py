@@ -1,6 +1,6 @@
 """The evaluation program that launch/eval.py runs: a model evaluated greedily on an env's tasks, the settings of
 the run that wrote it where no flag gives them, one JSON line per set printed; a bad task spec or env is refused in
-one line with exit 2, before the model loads."""
+one line with exit 2, before the model loads. A rate over no scored episode is null, with "why_null" beside it."""
 
 import json
 import sys
@@ -9,6 +9,7 @@ import tyro
 
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, given_fields, with_run_settings
+from nanorllm.trainer.evaluate import json_ready
 from nanorllm.utils.modules import EnvSpecError
 
 
@@ -24,5 +25,5 @@ def main(argv: list[str], description: str | None = None) -> int:
         return 2
     sets = result.pop("sets", {})
     for name, row in {result["spec"]: result, **sets}.items():
-        print(json.dumps({"set": name, **row}))
+        print(json.dumps({"set": name, **json_ready(row)}))
     return 0

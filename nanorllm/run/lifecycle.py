@@ -185,11 +185,21 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
         print(f"[stopped] checkpoint under {run.run_dir / 'checkpoints'}; continue with --resume {run.run_dir}")
     s = out.summary
     if status == "done" and "gain" in s and not quiet:  # a held-out set (not only --eval-set ones) before and after
-        b, a = s["before"]["success_rate"], s["after"]["success_rate"]
-        failed = s["after"].get("failed", 0)
-        print(f"[done] held-out success {b:.3f} -> {a:.3f} ({a - b:+.3f}) on {s['after']['n']} tasks"
-              f"{f' ({failed} failed to score, left out)' if failed else ''} | {run.run_dir}")
+        print(f"[done] {held_out_change(s)} | {run.run_dir}")
     return out
+
+
+def held_out_change(summary: dict) -> str:
+    """eval.json's success before and after, and their gain, for the last line; "n/a" where no episode was scored
+    (null in eval.json)."""
+    before, after, gain = summary["before"]["success_rate"], summary["after"]["success_rate"], summary["gain"]
+    failed = summary["after"].get("failed", 0)
+    return (f"held-out success {figure(before, '.3f')} -> {figure(after, '.3f')} ({figure(gain, '+.3f')}) on "
+            f"{summary['after']['n']} tasks{f' ({failed} failed to score, left out)' if failed else ''}")
+
+
+def figure(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def main(argv: list[str]) -> int:

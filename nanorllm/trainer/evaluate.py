@@ -12,12 +12,17 @@ Evaluation keeps training's failed-score rule: an episode the env raised in or w
 judge or reward model that raised, timed out or gave nan: `RolloutResult.failed`) says nothing about the policy, so
 every rate is over the scored episodes alone and the failed ones are counted beside it (`failed`), never averaged
 in as zeros. pass@k and mean@n count a task's scored samples only; a task with fewer than k of them is left out of
-pass@k (`sampled_failed` counts the failed samples).
+pass@k (`sampled_failed` counts the failed samples). A count of the failed episodes themselves (the env's
+`reward/failed/<source>`) is over every episode: over the scored ones alone it would always read 0.
+
+A rate over no episode is nan, which JSON has no word for: eval.json and launch/eval.py's lines hold it as null with
+`why_null` beside it naming the reason (`json_ready`).
 """
 
 import math
 from dataclasses import replace
 
+from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
@@ -50,8 +55,17 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
         "failed": len(results) - len(scored),
         "grader_timeouts": timeouts,
         "first_timeout_task": first_timeout,
-        **env.metrics(scored),
+        **env_metrics(env, results, scored),
     }
+
+
+FAILED_COUNTS = "reward/failed/"  # the env's metrics that count failed episodes (rewards/functions.py)
+
+
+def env_metrics(env: EnvBundle, results: list[RolloutResult], scored: list[RolloutResult]) -> dict:
+    """The env's own metrics over the scored episodes, its counts of failed scores over every episode."""
+    failed = {k: v for k, v in env.metrics(results).items() if k.startswith(FAILED_COUNTS)}
+    return {**env.metrics(scored), **failed}
 
 
 def mean(values) -> float:
@@ -99,3 +113,36 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
     out[f"mean@{samples}"] = sum(c for _, c in counts) / scored if scored else math.nan
     out["sampled_failed"] = len(results) - scored
     return out
+
+
+def json_ready(res: dict) -> dict:
+    """`res` as JSON holds it: each rate over no episode (nan) null, "why_null" naming the reason of each; its
+    --eval-sets' under "sets" likewise."""
+    out = {k: {name: json_ready(r) for name, r in v.items()} if k == "sets" else v for k, v in res.items()}
+    why = {k: why_null(k, res) for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not why:
+        return out
+    return {**out, **{k: None for k in why}, "why_null": why}
+
+
+def why_null(key: str, res: dict) -> str:
+    """Why `res[key]` has no value."""
+    if key.startswith("pass@"):
+        return f"no task had {key[5:]} scored samples ({res.get('sampled_failed', 0)} sampled episodes not scored)"
+    if key.startswith("mean@"):
+        return f"no sampled episode was scored ({res.get('sampled_failed', 0)} not scored)"
+    if res.get("n") == 0:
+        return f"no episode was scored ({res.get('failed', 0)} not scored: the env raised or a reward source failed)"
+    return f"{key} is not a finite number"
+
+
+def success_gain(summary: dict) -> dict:
+    """{"gain": after's success_rate - before's} of eval.json's `summary`: null with "why_null" where either has none;
+    {} until both are there."""
+    before, after = summary.get("before", {}), summary.get("after", {})
+    if "success_rate" not in before or "success_rate" not in after:
+        return {}
+    missing = [when for when, res in (("before", before), ("after", after)) if res["success_rate"] is None]
+    if missing:
+        return {"gain": None, "why_null": {"gain": f"no success_rate {' or '.join(missing)}: no episode was scored"}}
+    return {"gain": after["success_rate"] - before["success_rate"]}

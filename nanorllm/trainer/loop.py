@@ -43,7 +43,7 @@ from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, wher
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
 from nanorllm.trainer.collapse import CollapseAlarm
-from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
+from nanorllm.trainer.evaluate import evaluate, evaluate_sampled, json_ready, success_gain
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.reference import reference_policy
@@ -317,11 +317,10 @@ class TrainingRun:
         path = self.run_dir / "eval.json"
         summary = json.loads(path.read_text()) if path.exists() else {}
         if before is not None and "before" not in summary:
-            summary["before"] = before
+            summary["before"] = json_ready(before)
         if after is not None:
-            summary["after"] = after
-        if "success_rate" in summary.get("before", {}) and "success_rate" in summary.get("after", {}):
-            summary["gain"] = summary["after"]["success_rate"] - summary["before"]["success_rate"]
+            summary["after"] = json_ready(after)
+        summary.update(success_gain(summary))
         write_atomic(path, json.dumps(summary, indent=2) + "\n")
 
     # ---- the loop --------------------------------------------------------------------------
