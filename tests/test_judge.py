@@ -3,12 +3,15 @@ well, slowly, with garbage or with 500s (requests counted, the concurrency bound
 real runs (serial, with workers, and with the judge going away mid-run) scored by it, and a frozen model
 served as the judge (rollout/serve.py)."""
 
+import ipaddress
 import json
 import math
 import re
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,7 @@ from nanorllm.rewards.rubric import (RubricError, ScoreError, parse_group_scores
                                      single_messages)
 from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
+from nanorllm.utils.net import is_local
 from tests.procs import read_rollouts, read_scalars
 from tests.runs import TINY_ARGS
 
@@ -164,7 +168,9 @@ def test_a_reply_past_the_size_cap_is_a_failed_score_without_a_retry(stub, monke
     assert judge(stub().url)([episode("ab")], "single") == [0.8]  # a reply under the cap reads
 
 
-def test_a_loopback_judge_ignores_the_proxy_variables_and_its_key_reaches_only_the_judge(stub, monkeypatch):
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])  # 0.0.0.0: a client reaches this machine's 127.0.0.1
+def test_a_judge_on_this_machine_ignores_the_proxy_variables_and_its_key_reaches_only_the_judge(stub, monkeypatch,
+                                                                                                host):
     from nanorllm.chaos.proxy_trap import ProxyTrap
 
     trap, server = ProxyTrap(), stub()
@@ -172,12 +178,35 @@ def test_a_loopback_judge_ignores_the_proxy_variables_and_its_key_reaches_only_t
         for k, v in trap.env().items():
             monkeypatch.setenv(k, v)
         monkeypatch.setenv("NANORLLM_TEST_JUDGE_KEY", "sk-test")
-        assert judge(server.url, api_key_env="NANORLLM_TEST_JUDGE_KEY")([episode("ab")], "single") == [0.8]
+        url = server.url.replace("127.0.0.1", host)
+        assert judge(url, api_key_env="NANORLLM_TEST_JUDGE_KEY")([episode("ab")], "single") == [0.8]
         assert trap.connections == 0 and server.keys == {"Bearer sk-test"}
         judge("http://judge.invalid/v1", retries=0, timeout_s=2.0)([episode("ab")], "single")
         assert trap.connections == 1  # a judge elsewhere goes through the proxy, as the user set it
     finally:
         trap.close()
+
+
+def _own_addresses() -> list[str]:
+    """This host's interface addresses other than loopback and link-local, as Linux's /proc lists them."""
+    v4, v6 = Path("/proc/net/fib_trie"), Path("/proc/net/if_inet6")
+    lines = v4.read_text().splitlines() if v4.exists() else []
+    found = {ipaddress.ip_address(lines[i - 1].split()[-1]) for i, line in enumerate(lines)
+             if line.strip() == "/32 host LOCAL"}
+    found |= {ipaddress.IPv6Address(int(row.split()[0], 16)) for row in (v6.read_text().splitlines()
+                                                                          if v6.exists() else [])}
+    return [str(a) for a in sorted(found, key=str) if not (a.is_loopback or a.is_link_local)]
+
+
+def test_every_address_of_this_machine_is_local_and_no_other_is():
+    own = [f"http://[{a}]:8000" if ":" in a else f"http://{a}:8000" for a in _own_addresses()]
+    here = ["http://0.0.0.0:8000/v1", "http://[::]:8000/v1", "http://localhost:8000", "http://LOCALHOST.:8000",
+            "http://127.0.0.1:8000", "http://127.4.5.6:8000", "http://[::1]:8000", "http://[::ffff:127.0.0.1]:8000",
+            f"http://{socket.gethostname()}:8000", *own]
+    elsewhere = ["http://judge.invalid/v1", "https://api.openai.com/v1", "http://198.51.100.7:8000",
+                 "http://[2001:db8::7]:8000", "http://[::ffff:198.51.100.7]:8000", "not a url"]
+    assert [u for u in here if not is_local(u)] == []
+    assert [u for u in elsewhere if is_local(u)] == []
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test

@@ -16,6 +16,7 @@ pytest.importorskip("openenv")
 
 from helpers import ScriptedPolicy  # noqa: E402
 from nanorllm.chaos import forked  # noqa: E402
+from nanorllm.chaos.proxy_trap import ProxyTrap  # noqa: E402
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.openenv_serve import Served, serve_environment, stop_servers  # noqa: E402
@@ -248,6 +249,23 @@ def test_a_server_that_stops_mid_episode_ends_its_episodes_as_env_errors_and_the
         assert e.client is None
     (r,) = RolloutEngine(ScriptedPolicy(_bisect), sampling=SamplingParams(), env=env).run(tasks[:1]).results
     assert r.trajectory.termination_reason in ("done", "max_turns")  # a fresh server for the next episodes
+
+
+def test_a_server_on_this_machine_is_reached_without_the_proxy_variables_by_any_of_its_addresses(monkeypatch):
+    trap = ProxyTrap()  # every proxy variable points at it, and no NO_PROXY exception: a cluster's setting
+    try:
+        for k, v in trap.env().items():
+            monkeypatch.setenv(k, v)
+        env = load_env(GUESS, EpisodeSettings(max_turns=4))  # served on 127.0.0.1: OpenEnv's own bypass is overridden
+        served = serve_environment(env.name, env.env_cls, env.action_cls, env.observation_cls)
+        by_any_address = load_env(f"openenv:http://0.0.0.0:{served.port}", EpisodeSettings(max_turns=4))
+        for bundle in (env, by_any_address):
+            results = RolloutEngine(ScriptedPolicy(_bisect), sampling=SamplingParams(), env=bundle).run(
+                bundle.load_tasks("openenv:count=2,seed=5")).results
+            assert [r.reward for r in results] == [1.0, 1.0]
+        assert trap.connections == 0
+    finally:
+        trap.close()
 
 
 def _garbage_app():

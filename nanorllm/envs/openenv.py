@@ -29,12 +29,16 @@ not a number, a `done` that is not a bool, a missing text field) ends that episo
 (`rollout/env_errors`); the session is closed. At start (every process that loads the bundle) the server must
 answer GET /schema and one reset, within --env-timeout-s, or the run is refused, one line, exit 2.
 
+A server on this machine (any of its addresses, utils/net.py) is reached without the proxy variables, its
+/schema and its WebSocket sessions alike (session_client).
+
 Tasks are seeds (envs/seeds.py): `openenv:count=N,seed=S`; training uses seeds 0-1999, the held-out set
 1,000,000-1,000,199.
 """
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import json
 import math
@@ -49,8 +53,9 @@ from nanorllm.core.limits import ENV_TIMEOUT_S
 from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle, EnvProtocolError
 from nanorllm.envs.seeds import EVAL_SEEDS, TRAIN_SEEDS, parse_seed_spec, seed_spec
-from nanorllm.utils.aio import client_loop, is_loopback
+from nanorllm.utils.aio import client_loop
 from nanorllm.utils.modules import EnvSpecError, import_spec
+from nanorllm.utils.net import is_local
 
 PREFIX = "openenv"
 PROBE_SEEDS = 4  # the first task seeds of a set whose openings are compared (warn_same_openings)
@@ -82,12 +87,35 @@ def close_soon(client) -> None:
     asyncio.run_coroutine_threadsafe(client.close(), client_loop())
 
 
+@functools.cache
+def session_client() -> type:
+    """OpenEnv's GenericEnvClient, whose WebSocket to a server on this machine bypasses the proxy variables.
+
+    websockets' connect reads them (HTTP_PROXY, ...), and OpenEnv's own bypass names only `localhost` and
+    `127.0.0.1` in NO_PROXY, which a cluster's lowercase `no_proxy` overrides: a session with a server on
+    0.0.0.0, or on 127.0.0.1 under such a proxy, went to the proxy and failed there."""
+    from openenv.core.generic_client import GenericEnvClient
+    from websockets.asyncio.client import connect as ws_connect
+
+    class DirectWhenLocal(GenericEnvClient):
+        async def connect(self):
+            if self._ws is None and is_local(self._ws_url):
+                try:
+                    self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                                max_size=self._max_message_size, proxy=None)
+                except Exception as e:
+                    raise ConnectionError(f"Failed to connect to {self._ws_url}: {e}") from e
+            return await super().connect()
+
+    return DirectWhenLocal
+
+
 def fetch_schema(url: str, timeout_s: float) -> dict:
     """The server's GET /schema: {"action": JSON schema, "observation": JSON schema, ...}."""
     import requests
 
     with requests.Session() as session:
-        session.trust_env = not is_loopback(url)  # a proxy set for a cluster must not take loopback requests
+        session.trust_env = not is_local(url)  # a proxy set for a cluster must not take this machine's requests
         response = session.get(url.rstrip("/") + "/schema", timeout=timeout_s)
         response.raise_for_status()
         schema = response.json()
@@ -177,10 +205,8 @@ class OpenEnvEnv:
         self.turn = 0
 
     def reset(self, task: dict) -> str:
-        from openenv.core.generic_client import GenericEnvClient
-
         self.close()
-        self.client = GenericEnvClient(base_url=self.url, connect_timeout_s=self.timeout_s,
+        self.client = session_client()(base_url=self.url, connect_timeout_s=self.timeout_s,
                                        message_timeout_s=self.timeout_s)
         self._finalizer = weakref.finalize(self, close_soon, self.client)  # an episode the engine ended
         self.turn = 0

@@ -12,9 +12,9 @@ group (the episodes of one group_id), RULER's shape, so the judge ranks the resp
 Requests run `concurrency` at a time, as coroutines on the process's network loop (utils/aio.py, httpx). Each
 attempt has a whole-request deadline, `timeout_s` from connecting to the reply's last byte: a judge that sends
 one byte a second is cut at it (a per-read timeout would wait forever), and the cut closes the connection, so
-nothing is left reading after the run. A reply past MAX_REPLY_BYTES is no reply. A judge on this machine
-(localhost, 127.0.0.0/8, ::1) is reached without the proxy variables (HTTP_PROXY, ...): a cluster's proxy cannot
-reach it, and must not read its key.
+nothing is left reading after the run. A reply past MAX_REPLY_BYTES is no reply. A judge on this machine (any of
+its addresses: 0.0.0.0, localhost, ..., utils/net.py) is reached without the proxy variables (HTTP_PROXY, ...): a
+cluster's proxy cannot reach it, and must not read its key.
 
 A 5xx, a 429, a deadline or a connection error is retried with exponential backoff, `retries` times. A score that
 still could not be had is NaN, the reward sources' mark of a failed score (never a 0: a judge that is down says
@@ -38,7 +38,8 @@ from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
 from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, parse_group_scores,
                                      parse_score, single_messages)
-from nanorllm.utils.aio import client_loop, is_loopback
+from nanorllm.utils.aio import client_loop
+from nanorllm.utils.net import is_local
 
 GEMINI_PREFIX = "gemini:"
 BACKOFF_S = 0.5  # the first retry's wait; doubles each time
@@ -234,7 +235,7 @@ class Judge:
         import httpx  # the `agents` extra: only a run with --judge needs it
 
         if self.client is None:  # no proxy for a judge on this machine: it could not reach it, and would read the key
-            self.client = httpx.AsyncClient(timeout=None, trust_env=not is_loopback(self.api.url))
+            self.client = httpx.AsyncClient(timeout=None, trust_env=not is_local(self.api.url))
         try:
             async with self.client.stream("POST", self.api.url, json=self.api.body(messages),
                                           headers=self.api.headers) as reply:

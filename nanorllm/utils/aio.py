@@ -6,9 +6,7 @@ and the loop's thread is a daemon, so a server that never answers cannot keep th
 """
 
 import asyncio
-import ipaddress
 import threading
-from urllib.parse import urlparse
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -22,15 +20,3 @@ def client_loop() -> asyncio.AbstractEventLoop:
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="network-clients", daemon=True).start()
         return _loop
-
-
-def is_loopback(url: str) -> bool:
-    """Whether `url` names this machine (localhost, 127.0.0.0/8, ::1): a proxy set for a cluster must not take its
-    requests, nor the keys they carry."""
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
