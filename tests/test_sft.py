@@ -1,4 +1,6 @@
-"""SFT rows: each format read, rendered as the rollouts' token streams, bad rows named all at once; the SFT loss."""
+"""SFT rows: each format read, rendered as the rollouts' token streams, bad rows named all at once (tool calls by
+RL's own check, rows that crashed the renderer, rows far past the context before they are tokenized); the SFT
+loss."""
 
 import json
 
@@ -10,6 +12,7 @@ from nanorllm.envs.calc_tool import EXAMPLE, calc
 from nanorllm.envs.tools import tool_schema
 from nanorllm.policy.tool_calls import parse
 from nanorllm.supervised.sft import SFTLoss
+from nanorllm.supervised import sft_data
 from nanorllm.supervised.sft_data import load_sft_rows
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
@@ -63,7 +66,7 @@ def test_task_fields_map_columns_and_tools_come_from_the_flag_where_a_row_has_no
     (mapped,) = load(tiny_policy, spec, task_fields="messages=conversation", tools=[SCHEMA])
     (direct,) = load(tiny_policy, write_jsonl(tmp_path / "d.jsonl", [TOOL_ROW]))
     assert [s.prompt_ids for s in mapped] == [s.prompt_ids for s in direct]
-    with pytest.raises(TaskFileError, match="names no tool"):  # without --tools the call names no tool
+    with pytest.raises(TaskFileError, match="no tool named 'calc'"):  # without --tools the call names no tool
         load(tiny_policy, spec, task_fields="messages=conversation")
 
 
@@ -95,9 +98,103 @@ def test_every_bad_row_is_named_by_file_and_line_at_once(tiny_policy, tmp_path):
         load(tiny_policy, spec, max_tokens=1000)
     assert [p.split(": ")[0] for p in e.value.problems] == [f"{spec}:{n}" for n in (2, 3, 4, 5, 6, 7)]
     tool, empty, long_row, columns, no_reply, schemas = e.value.problems
-    assert "tool call 'nope' names no tool (calc)" in tool and "nothing to learn" in empty
+    assert "tool call 0: there is no tool named 'nope'; the tools are: calc" in tool and "nothing to learn" in empty
     assert "past the context (1000)" in long_row and "nor 'prompt' and 'completion'" in columns
     assert "no assistant message" in no_reply and "'tools' is text but not a JSON list" in schemas
+
+
+def with_call(function) -> dict:
+    """TOOL_ROW whose assistant call has `function` as its function."""
+    call = {**TOOL_ROW["messages"][2], "tool_calls": [{"type": "function", "function": function}]}
+    return {**TOOL_ROW, "messages": [*TOOL_ROW["messages"][:2], call, *TOOL_ROW["messages"][3:]]}
+
+
+def problems_of(policy, tmp_path, rows, **kw) -> list[str]:
+    """Each bad row's problems, checked to be named by file and line in order."""
+    spec = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(TaskFileError) as e:
+        load(policy, spec, **kw)
+    assert [p.split(": ")[0] for p in e.value.problems] == [f"{spec}:{n}" for n in range(1, len(rows) + 1)]
+    return [p.split(": ", 1)[1] for p in e.value.problems]
+
+
+def test_a_tool_call_that_rls_own_check_refuses_is_named_by_file_and_line(tiny_policy, tmp_path):
+    """SFT checks a call with the function RL's tool env checks it with (`check_call`), so it never teaches a call
+    the rollout would score as a parse failure or a wrong call."""
+    unnamed = {**SCHEMA, "function": {**SCHEMA["function"], "name": 3}}
+    not_json, wrong_type, no_name, list_args = problems_of(tiny_policy, tmp_path, [
+        with_call({"name": "calc", "arguments": '{"expression": '}),
+        with_call({"name": "calc", "arguments": {"expression": 3}}),
+        {**TOOL_ROW, "tools": [unnamed]},
+        with_call({"name": "calc", "arguments": "[1, 2]"})])
+    assert not_json.startswith("message 2 (assistant): tool call 0: the arguments of the call to 'calc' are not valid "
+                               "JSON")
+    assert "tool call 0: the call to 'calc' has argument(s) of the wrong type: expression must be a string, got 3" \
+        in wrong_type
+    assert no_name.startswith("tool schema 0: its name must be text, got 3") and "no tool named 'calc'" in no_name
+    assert "tool call 0: the arguments of the call to 'calc' are not a JSON object (got list)" in list_args
+
+
+def test_rows_that_crashed_the_renderer_are_named_by_file_and_line(tiny_policy, tmp_path):
+    user_null = {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "4"}]}
+    tool_null = {**TOOL_ROW, "messages": [*TOOL_ROW["messages"][:3], {"role": "tool", "name": "calc"},
+                                          TOOL_ROW["messages"][4]]}
+    as_dict = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": {"text": "4"}}]}
+    calls_text = {**TOOL_ROW, "messages": [*TOOL_ROW["messages"][:2], {**TOOL_ROW["messages"][2], "tool_calls": "x"}]}
+    found = problems_of(tiny_policy, tmp_path, [
+        user_null, tool_null, with_call("calc"), {**TOOL_ROW, "tools": [{"type": "function", "function": "calc"}]},
+        as_dict, calls_text, {**TOOL_ROW, "tools": [{**SCHEMA, "function": {**SCHEMA["function"], "parameters": 1}}]}])
+    assert found == [
+        "message 0 (user): content must be text, got none (null)",
+        "message 3 (tool): content must be text, got none (null)",
+        'message 2 (assistant): tool call 0: must be {"type": "function", "function": {"name", "arguments"}}, got '
+        '{"type": "function", "function": "calc"}',
+        "tool schema 0: 'function' must be an object {name, parameters}, got str; message 2 (assistant): tool call 0: "
+        "there is no tool named 'calc'; the tools are: none",
+        "message 1 (assistant): content must be text, got dict",
+        "message 2 (assistant): tool_calls must be a list of calls, got str",
+        "tool schema 0: (calc) its parameters must be a JSON schema object; message 2 (assistant): tool call 0: there "
+        "is no tool named 'calc'; the tools are: none"]
+
+
+def test_a_row_far_past_the_context_is_refused_before_it_is_tokenized(tiny_policy, tmp_path, monkeypatch):
+    """12 characters are the most a byte-tokenizer token stands for (its special tokens): 12 x 100 + 12 characters
+    are past 100 tokens whatever they are (the reply's two count too); 101 characters are decided by their tokens."""
+    assert sft_data.longest_token(tiny_policy.tokenizer) == 12
+    far = {"prompt": "x" * 1212, "completion": "ok"}
+    text = {"text": "y" * 1212}
+    with monkeypatch.context() as m:
+        m.setattr(sft_data, "render_turns", lambda *a, **k: pytest.fail("the row was rendered"))
+        m.setattr(sft_data, "every_token", lambda *a, **k: pytest.fail("the row was tokenized"))
+        conversation, lm = problems_of(tiny_policy, tmp_path, [far, text], max_tokens=100)
+    assert conversation == "the conversation is at least 101 tokens (1214 characters, at most 12 a token), past the " \
+                           "context (100)"
+    assert lm == "the text is at least 101 tokens (1212 characters, at most 12 a token), past the context (100)"
+    (near,) = problems_of(tiny_policy, tmp_path, [{"prompt": "x" * 101, "completion": "ok"}], max_tokens=100)
+    assert near.startswith("the conversation is ") and "at least" not in near
+
+
+def test_no_text_takes_fewer_tokens_than_the_floor_the_length_check_uses(tiny_policy):
+    """The bound the early refusal stands on: each token stands for at most `longest_token` characters, whatever
+    the text (multi-byte characters, special tokens written in it, runs of one character)."""
+    tok = tiny_policy.tokenizer
+    longest = sft_data.longest_token(tok)
+    texts = ["x" * 500, "héllo wörld " * 30, "数学" * 100, "<|im_end|><|im_start|>" * 20, "🙂 a" * 50, ""]
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) >= len(t) // longest for t in texts)
+
+
+def test_language_modelling_text_rows_train_every_token(tiny_policy, tmp_path):
+    """TRL's {"text": ...} rows: the text's tokens and an end-of-text token, every token after the first trained;
+    --task-fields maps the column; an empty or non-text text is named."""
+    (row,) = load(tiny_policy, write_jsonl(tmp_path / "t.jsonl", [{"text": "The sum is 4."}]))
+    ids = tiny_policy.tokenizer("The sum is 4.")["input_ids"] + tiny_policy.eos_ids[:1]
+    assert len(row) == 1 and row[0].prompt_ids + row[0].response_ids == ids and row[0].prompt_ids == ids[:1]
+    assert int(collate_train_batch(row, pad_id=tiny_policy.pad_id)["loss_mask"].sum()) == len(ids) - 1
+    spec = write_jsonl(tmp_path / "m.jsonl", [{"body": "The sum is 4."}])
+    (mapped,) = load(tiny_policy, spec, task_fields="text=body")
+    assert mapped[0].response_ids == row[0].response_ids
+    assert problems_of(tiny_policy, tmp_path, [{"text": " "}, {"text": 4}]) == [
+        "nothing to learn (empty text)", "the text must be text, got int"]
 
 
 def test_the_whole_conversation_mode_trains_every_token_after_the_first(tiny_policy, tmp_path):

@@ -4,10 +4,12 @@
      "tools": [schema, ...]}                                        conversational (tools optional)
     {"prompt": "text", "completion": "text"}                        prompt / completion, plain
     {"prompt": [messages], "completion": [assistant messages]}      prompt / completion, conversational
+    {"text": "..."}                                                 language modelling: every token trained
 
 JSONL, or any source `datasets` reads (parquet, a folder, hf:NAME; datasets/hf_tasks.py); `--task-fields
-messages=conversations,tools=functions` names other columns (keys: messages, prompt, completion, tools). A
-row without a `tools` column takes the --tools schemas.
+messages=conversations,tools=functions` names other columns (keys: messages, prompt, completion, tools, text).
+A row without a `tools` column takes the --tools schemas. A text row is TRL's language-modelling format: the
+tokenizer's tokens of the text (its own special tokens, as TRL adds them) and an end-of-text token, no template.
 
 Why rendering goes through policy/chat_render.py, turn by turn, and not through one template call: the
 tokens SFT teaches must be the tokens the RL parser reads. A rollout's first prompt is `prompt_ids` of the
@@ -20,22 +22,37 @@ and the learner merges a conversation's turns into one row (trainer/collate.py).
 
 The loss is on assistant tokens (each reply's tokens); `whole` trains on the whole conversation instead
 (every token after the first). Bad rows are named by file and line (or row), all at once, before
-anything trains: a tool call naming no tool, an assistant turn with nothing to learn, a conversation past
-the context, a malformed message.
+anything trains: a tool call RL's own check refuses (`check_call`: no such tool, arguments that are not JSON
+or not of the schema's types), a tool schema without a name, an assistant turn with nothing to learn, a
+conversation past the context, a malformed message, one the chat template refuses.
+
+A conversation far past the context is refused before it is tokenized (tokenizing megabytes takes minutes):
+`surely_past` bounds its tokens from below by its characters. Each token stands for at most as many characters
+as its vocabulary entry is long: a byte-level BPE entry (SmolLM2, Qwen, Llama 3, the byte tokenizer) is one
+character per byte, and a byte makes at most one character; a SentencePiece piece is its text with "▁" for a
+space (a byte-fallback piece, "<0xE3>", is longer than its one byte); an added token is its own text. So a text
+of C characters (after the tokenizer's normalizer) takes at least C / L tokens, L the vocabulary's longest
+entry (81 for SmolLM2, 12 for the byte tokenizer). The converse, one token per character at least, does not
+hold (a character of several bytes can be several tokens), so characters alone cannot accept a row, only refuse.
 """
 
 import json
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
+from jinja2 import TemplateError
+
+from nanorllm.config.errors import first_line
 from nanorllm.core.types import StepSample
 from nanorllm.datasets import hf_tasks
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.datasets.golds import parse_task_fields
 from nanorllm.datasets.tasks import read_records
 from nanorllm.policy import chat_render
+from nanorllm.policy.tool_calls import check_call
 
-SFT_FIELDS = ("messages", "prompt", "completion", "tools")
+SFT_FIELDS = ("messages", "prompt", "completion", "tools", "text")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -86,8 +103,8 @@ def conversation(row: dict, col: dict[str, str], tools: list[dict] | None
             raise ValueError(f"{col['prompt']!r} and {col['completion']!r} must both be text or both lists of "
                              "messages")
     else:
-        raise ValueError(f"no {col['messages']!r} column, nor {col['prompt']!r} and {col['completion']!r} "
-                         f"(columns: {', '.join(row) or 'none'})")
+        raise ValueError(f"no {col['messages']!r} column, nor {col['prompt']!r} and {col['completion']!r}, nor "
+                         f"{col['text']!r} (columns: {', '.join(row) or 'none'})")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError(f"{col['messages']!r} must be a list of messages")
     return [_clean(m) for m in messages], row_tools or tools, start
@@ -99,31 +116,63 @@ def _clean(m: dict) -> dict:
 
 
 def message_problems(messages: list[dict], tools: list[dict] | None, start: int = 0) -> list[str]:
-    """What keeps a conversation from teaching anything (its replies from message `start` on), one line each."""
-    names = {t.get("function", t).get("name") for t in tools or []}
-    problems, replies = [], 0
+    """What keeps a conversation from teaching anything (its replies from message `start` on), or from rendering,
+    one line each."""
+    problems = [f"tool schema {k}: {why}" for k, t in enumerate(tools or []) if (why := schema_problem(t))]
+    tools, replies = [t for t in tools or [] if schema_problem(t) is None], 0  # a call is checked against these
     for i, m in enumerate(messages):
         role = m.get("role")
         if role not in ROLES:
             problems.append(f"message {i}: role {role!r} is not one of {', '.join(ROLES)}")
             continue
+        found = content_problems(m) + (call_problems(m.get("tool_calls") or [], tools) if role == "assistant" else [])
+        problems += [f"message {i} ({role}): {p}" for p in found]
         if role != "assistant" or i < start:
-            if not isinstance(m.get("content", ""), str):
-                problems.append(f"message {i} ({role}): content must be text")
             continue
         if i == 0:
             problems.append(f"message {i} (assistant): nothing comes before it to condition on")
-        calls = m.get("tool_calls") or []
-        if not calls and not str(m.get("content") or "").strip():
+        content = m.get("content")
+        if not m.get("tool_calls") and (content is None or isinstance(content, str) and not content.strip()):
             problems.append(f"message {i} (assistant): nothing to learn (no content, no tool call)")
-        for c in calls:
-            name = (c.get("function") or {}).get("name") if isinstance(c, dict) else None
-            if name not in names:
-                problems.append(f"message {i} (assistant): tool call {name!r} names no tool "
-                                f"({', '.join(sorted(filter(None, names))) or 'no tools given'})")
         replies += 1
     if not replies:
         problems.append("no assistant message: nothing to learn")
+    return problems
+
+
+def content_problems(m: dict) -> list[str]:
+    """A message's content is text; an assistant's may be absent (its tool calls, or nothing to learn, speak)."""
+    content = m.get("content")
+    if isinstance(content, str) or (content is None and m["role"] == "assistant"):
+        return []
+    return [f"content must be text, got {'none (null)' if content is None else type(content).__name__}"]
+
+
+def schema_problem(schema: dict) -> str | None:
+    """Why a tool schema does not name its tool as RL reads it (policy/tool_calls.py), or None: {"type": "function",
+    "function": {"name", "parameters"}} or the inner object, the name text, the parameters an object."""
+    fn = schema.get("function", schema)
+    if not isinstance(fn, dict):
+        return f"'function' must be an object {{name, parameters}}, got {type(fn).__name__}"
+    if not isinstance(fn.get("name"), str) or not fn["name"].strip():
+        return f"its name must be text, got {fn.get('name')!r}"
+    if not isinstance(fn.get("parameters") or {}, dict):
+        return f"({fn['name']}) its parameters must be a JSON schema object"
+    return None
+
+
+def call_problems(calls, tools: list[dict] | None) -> list[str]:
+    """Why each of an assistant message's tool calls ({"type": "function", "function": {"name", "arguments"}})
+    fails RL's own check of a call (`check_call`), one line each: the SFT rows teach no call RL would refuse."""
+    if not isinstance(calls, list):
+        return [f"tool_calls must be a list of calls, got {type(calls).__name__}"]
+    problems = []
+    for k, c in enumerate(calls):
+        if not isinstance(c, dict) or not isinstance(c.get("function"), dict):
+            problems.append(f'tool call {k}: must be {{"type": "function", "function": {{"name", "arguments"}}}}, '
+                            f"got {json.dumps(c, default=str)[:80]}")
+        elif why := check_call(c, tools):
+            problems.append(f"tool call {k}: {why}")
     return problems
 
 
@@ -160,9 +209,74 @@ def reply_ids(tokenizer, eos_ids: list[int], history: list[dict], message: dict,
 def whole_conversation(samples: list[StepSample]) -> list[StepSample]:
     """The conversation as one sample whose every token after the first is trained (the --sft-loss all mode)."""
     last = samples[-1]
-    ids = last.prompt_ids + last.response_ids
-    return [StepSample(task_id=last.task_id, episode_id=last.episode_id, turn=0, prompt_ids=ids[:1],
-                       response_ids=ids[1:], rollout_logprobs=[0.0] * (len(ids) - 1), advantage=1.0)]
+    return [every_token(last.task_id, last.prompt_ids + last.response_ids)]
+
+
+def every_token(row_id: str, ids: list[int]) -> StepSample:
+    """`ids` as one sample that trains every token after the first."""
+    return StepSample(task_id=row_id, episode_id=row_id, turn=0, prompt_ids=ids[:1], response_ids=ids[1:],
+                      rollout_logprobs=[0.0] * (len(ids) - 1), advantage=1.0)
+
+
+def is_text_row(row: dict, col: dict[str, str]) -> bool:
+    """A language-modelling row: a text column and no conversation."""
+    return (row.get(col["text"]) is not None and row.get(col["messages"]) is None
+            and row.get(col["prompt"]) is None and row.get(col["completion"]) is None)
+
+
+def render_text_row(where: str, text, tokenizer, eos_ids: list[int], *, max_tokens: int) -> list[StepSample] | str:
+    """A text row as TRL trains it: the tokenizer's tokens of the text (with its own special tokens) ending in an
+    end-of-text token, every one after the first trained; or what is wrong with it (one line)."""
+    if not isinstance(text, str):
+        return f"the text must be text, got {type(text).__name__}"
+    if not text.strip():
+        return "nothing to learn (empty text)"
+    if too_long := surely_past(tokenizer, "text", len(normalized(tokenizer, text)), max_tokens):
+        return too_long
+    ids = tokenizer(text)["input_ids"]
+    ids = ids if ids[-1] in eos_ids else ids + eos_ids[:1]
+    if len(ids) > max_tokens:
+        return f"the text is {len(ids)} tokens, past the context ({max_tokens})"
+    return [every_token(where, ids)]
+
+
+def surely_past(tokenizer, what: str, chars: int, max_tokens: int) -> str | None:
+    """One line when `chars` characters of text are past the context whatever their tokens: at least chars / L
+    tokens, L the most characters a token stands for."""
+    longest = longest_token(tokenizer)
+    if chars // longest <= max_tokens:
+        return None
+    return (f"the {what} is at least {chars // longest} tokens ({chars} characters, at most {longest} a token), past "
+            f"the context ({max_tokens})")
+
+
+@lru_cache(maxsize=8)
+def longest_token(tokenizer) -> int:
+    """The most characters one token stands for: its vocabulary's longest entry (why: the module's docstring)."""
+    return max(map(len, tokenizer.get_vocab()))
+
+
+def normalized(tokenizer, text: str) -> str:
+    """`text` as the tokenizer's normalizer hands it to the model (NFC, for one, can join characters)."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return normalizer.normalize_str(text) if normalizer is not None else text
+
+
+def held_chars(tokenizer, eos_ids: list[int], messages: list[dict], start: int) -> int:
+    """Characters the conversation's last sample surely holds (the template writes each message's text, stripped):
+    every message's through the last reply, the prompt's own assistant turns left out (a template may drop a turn's
+    reasoning), each reply's up to an end-of-turn token written in it (its tokens end there)."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ends = [tokenizer.decode([t]) for t in eos_ids]
+    chars = 0
+    for i, m in enumerate(messages[:last + 1]):
+        text = m.get("content") or ""
+        if m["role"] == "assistant":
+            if i < start:
+                continue
+            text = text[:min([text.find(e) for e in ends if e and e in text], default=len(text))]
+        chars += len(normalized(tokenizer, text.strip()))
+    return chars
 
 
 def load_sft_rows(spec: str, tokenizer, eos_ids: list[int], *, task_fields: str | None = None,
@@ -172,6 +286,8 @@ def load_sft_rows(spec: str, tokenizer, eos_ids: list[int], *, task_fields: str 
     col = sft_columns(task_fields)
 
     def rendered(where: str, row: dict) -> list[StepSample] | str:
+        if is_text_row(row, col):
+            return render_text_row(where, row[col["text"]], tokenizer, eos_ids, max_tokens=max_tokens)
         try:
             messages, row_tools, start = conversation(row, col, tools)
         except ValueError as e:
@@ -189,10 +305,15 @@ def render_row(where: str, messages: list[dict], tools: list[dict] | None, token
     found = message_problems(messages, tools, start)
     if found:
         return "; ".join(found)
+    chars = held_chars(tokenizer, eos_ids, messages, start)
+    if too_long := surely_past(tokenizer, "conversation", chars, max_tokens):
+        return too_long
     try:
         samples = render_turns(tokenizer, eos_ids, messages, tools, row_id=where, start=start)
     except ValueError as e:
         return str(e)
+    except TemplateError as e:  # a template that refuses the conversation (roles that must alternate...)
+        return f"the chat template cannot render it: {first_line(e)}"
     n = len(samples[-1].prompt_ids) + len(samples[-1].response_ids)
     if n > max_tokens:
         return f"the conversation is {n} tokens, past the context ({max_tokens})"
