@@ -7,6 +7,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from nanorllm.chaos.in_flight import InFlight
+
 
 def reply_body(text: str) -> dict:
     """A chat completion whose one choice says `text`."""
@@ -35,21 +37,23 @@ def lying_score(body: dict) -> tuple[int, object]:
 
 
 class StubJudge:
-    """Answers each request by `answer(body) -> (status, body)` (a str body is sent as is), after `delay_s`; it
-    counts requests and the most in flight at once, and with `die_after` it goes away (socket closed: connections
-    refused) once it answered that many, at `closed_at` (time.monotonic()). With `drip_s` it sends the body one
-    byte every `drip_s` seconds (a judge that never times out per read); `hung_up` counts the clients that left
-    before its last byte."""
+    """Answers each request by `answer(body) -> (status, body)` (a str body is sent as is), after `delay_s` (cut
+    short by `close`). It counts requests and the most in flight at once (chaos/in_flight.py: exact; with
+    `hold_until` n every request waits until n were open together). With `die_after` it goes away once it answered
+    that many: a request past them is cut unanswered and the socket closes (connections refused) at `closed_at`
+    (time.monotonic()). With `drip_s` it sends the body one byte every `drip_s` seconds (a judge that never times
+    out per read); `hung_up` counts the clients that left before its last byte."""
 
     def __init__(self, answer=length_score, *, delay_s: float = 0.0, die_after: int | None = None,
-                 drip_s: float | None = None):
+                 drip_s: float | None = None, hold_until: int | None = None):
         self.answer, self.delay_s, self.die_after, self.drip_s = answer, delay_s, die_after, drip_s
-        self.hung_up = 0
+        self.flight = InFlight(hold_until)
+        self.hung_up = self.requests = 0
         self.first_at: float | None = None  # when the first request came (time.monotonic())
         self.keys: set[str] = set()  # the Authorization headers it was sent
-        self.requests = self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         self.closed_at: float | None = None
+        self.released = threading.Event()  # set by close: a delay or a drip under way ends
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,17 +61,13 @@ class StubJudge:
                 pass
 
             def do_POST(self):
-                with stub.lock:
-                    stub.first_at = stub.first_at or time.monotonic()
-                    stub.keys.add(self.headers.get("Authorization", ""))
-                    stub.requests += 1
-                    stub.in_flight += 1
-                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                if not stub.arrive(self.headers.get("Authorization", "")):
+                    return  # past die_after: cut unanswered, as a refused connection fails
                 try:
-                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                    time.sleep(stub.delay_s)
-                    status, out = stub.answer(body)
-                    data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
+                    try:
+                        status, data = stub.respond(self.rfile.read(int(self.headers["Content-Length"])))
+                    finally:
+                        stub.flight.leave()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -77,10 +77,7 @@ class StubJudge:
                     with stub.lock:
                         stub.hung_up += 1  # the client gave up (its deadline)
                 finally:
-                    with stub.lock:
-                        stub.in_flight -= 1
-                        answered = stub.requests
-                    if stub.die_after is not None and answered >= stub.die_after:
+                    if stub.die_after is not None and stub.requests >= stub.die_after:
                         threading.Thread(target=stub.close, daemon=True).start()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -89,6 +86,28 @@ class StubJudge:
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
+    @property
+    def max_in_flight(self) -> int:
+        return self.flight.most
+
+    def arrive(self, key: str) -> bool:
+        """Count a request in; False for one past `die_after`, which is neither counted nor answered."""
+        with self.lock:
+            if self.die_after is not None and self.requests >= self.die_after:
+                return False
+            self.first_at = self.first_at or time.monotonic()
+            self.keys.add(key)
+            self.requests += 1
+        self.flight.enter()
+        return True
+
+    def respond(self, raw: bytes) -> tuple[int, bytes]:
+        """A request's reply (status, body), once it is held and delayed."""
+        self.flight.hold()
+        self.released.wait(self.delay_s)
+        status, out = self.answer(json.loads(raw))
+        return status, out.encode() if isinstance(out, str) else json.dumps(out).encode()
+
     def send(self, out, data: bytes) -> None:
         if self.drip_s is None:
             out.write(data)
@@ -96,7 +115,7 @@ class StubJudge:
         for i in range(len(data)):
             out.write(data[i:i + 1])
             out.flush()
-            time.sleep(self.drip_s)
+            self.released.wait(self.drip_s)
 
     @property
     def closed(self) -> bool:
@@ -107,5 +126,6 @@ class StubJudge:
             if self.closed:
                 return
             self.closed_at = time.monotonic()
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
