@@ -1,6 +1,7 @@
-"""Test doubles shared by several test files."""
+"""Test doubles, and the wait for an event, shared by several test files."""
 
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -8,6 +9,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanorllm.core.types import RolloutResult, Step, Trajectory
 from nanorllm.policy.base import Generation, Policy, SamplingParams
+
+WAIT_S = 60.0  # a net under an event that never comes, not a guess at how soon it comes
+
+
+def wait_until(happened, timeout_s: float = WAIT_S) -> bool:
+    """Whether `happened()` became true, asked every 10 ms; False only once `timeout_s` passed without it."""
+    deadline = time.monotonic() + timeout_s
+    while not happened():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class ScriptedPolicy(Policy):

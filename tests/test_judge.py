@@ -8,10 +8,12 @@ import json
 import math
 import re
 import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +29,7 @@ from nanorllm.rewards.rubric import (RubricError, ScoreError, parse_group_scores
 from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
 from nanorllm.utils.net import is_local
+from tests.helpers import wait_until
 from tests.procs import read_rollouts, read_scalars
 from tests.runs import TINY_ARGS
 
@@ -54,6 +57,15 @@ def episode(response: str, task_id: str = "t0", group: str = "g0") -> RolloutRes
 
 def judge(url: str, **kw) -> Judge:
     return Judge(JudgeSpec(target=url, **{"backoff_s": 0.01, **kw}))
+
+
+def counted(wait, timeouts: list):
+    """concurrent.futures.wait, each call's timeout appended to `timeouts` once it returned."""
+    def wrapped(*args, timeout=None, **kwargs):
+        done = wait(*args, timeout=timeout, **kwargs)
+        timeouts.append(timeout)
+        return done
+    return wrapped
 
 
 # ---- the rubric and the reply formats ------------------------------------------------------------------
@@ -140,11 +152,20 @@ def test_500s_are_retried_then_the_score_is_nan_and_a_500_that_clears_is_scored(
 
 
 def test_a_judge_past_its_timeout_is_retried_then_nan(stub):
-    slow = stub(delay_s=3.0)
+    slow = stub(delay_s=600)  # no reply before the stub is closed
+    j, attempts = judge(slow.url, retries=1, timeout_s=0.2), []
+    post = j.chat
+
+    async def attempt(messages):
+        attempts.append(messages)
+        return await post(messages)
+
+    j.chat = attempt
     t0 = time.monotonic()
-    assert math.isnan(judge(slow.url, retries=1, timeout_s=0.2)([episode("ab")], "single")[0])
-    assert slow.requests == 2
-    assert time.monotonic() - t0 < 2.0
+    assert math.isnan(j([episode("ab")], "single")[0])
+    assert 0.4 <= time.monotonic() - t0 < 60  # two attempts, each cut at its deadline, not at a reply
+    assert len(attempts) == 2
+    assert slow.requests <= 2  # an attempt cut before it connected (a busy machine) never reaches the stub
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test
@@ -152,9 +173,8 @@ def test_a_judge_that_drips_its_reply_is_cut_at_the_whole_request_deadline_and_i
     drip = stub(drip_s=0.5)  # a ~300-byte reply: 150 s at this pace, each read under a second
     t0 = time.monotonic()
     assert math.isnan(judge(drip.url, retries=0, timeout_s=1.0)([episode("ab")], "single")[0])
-    assert time.monotonic() - t0 < 5.0
-    while drip.hung_up < 1:  # the stub sees the closed connection at its next byte
-        time.sleep(0.05)
+    assert 1.0 <= time.monotonic() - t0 < 60  # cut at its deadline, long before the last byte
+    assert wait_until(lambda: drip.hung_up == 1)  # the stub sees the closed connection at its next byte
     assert drip.requests == 1
 
 
@@ -181,8 +201,9 @@ def test_a_judge_on_this_machine_ignores_the_proxy_variables_and_its_key_reaches
         url = server.url.replace("127.0.0.1", host)
         assert judge(url, api_key_env="NANORLLM_TEST_JUDGE_KEY")([episode("ab")], "single") == [0.8]
         assert trap.connections == 0 and server.keys == {"Bearer sk-test"}
-        judge("http://judge.invalid/v1", retries=0, timeout_s=2.0)([episode("ab")], "single")
-        assert trap.connections == 1  # a judge elsewhere goes through the proxy, as the user set it
+        judge("http://judge.invalid/v1", retries=0, timeout_s=60)([episode("ab")], "single")  # the trap hangs up
+        # a judge elsewhere goes through the proxy, as the user set it (the trap counts it in its own thread)
+        assert wait_until(lambda: trap.connections >= 1) and trap.connections == 1
     finally:
         trap.close()
 
@@ -213,20 +234,33 @@ def test_every_address_of_this_machine_is_local_and_no_other_is():
 def test_an_attempt_its_deadline_did_not_end_stops_the_beat_so_the_hang_detection_sees_it(monkeypatch):
     import nanorllm.rewards.judge as judge_module
 
-    monkeypatch.setattr(judge_module, "PROGRESS_EVERY_S", 0.1)
-    monkeypatch.setattr(judge_module, "STALL_GRACE_S", 0.2)
+    now, waits, beats, release = [0.0], [], [], threading.Event()
+    monkeypatch.setattr(judge_module, "time", SimpleNamespace(monotonic=lambda: now[0]))  # the judge's clock only
+    monkeypatch.setattr(judge_module, "PROGRESS_EVERY_S", 0.01)
+    monkeypatch.setattr(judge_module, "wait", counted(judge_module.wait, waits))
 
     async def stuck(messages):  # blocks the loop: no deadline can cancel it
-        time.sleep(2.5)
+        release.wait(60)
         return "SCORE: 5"
 
     j = Judge(JudgeSpec(target="http://127.0.0.1:9/v1", retries=0, timeout_s=0.3), chat=stuck)
-    beats = []
-    j.progress = lambda: beats.append(time.monotonic())
-    t0 = time.monotonic()
-    j([episode("ab")], "single")
-    assert any(b - t0 < 0.5 for b in beats)  # within its deadline the wait is progress
-    assert not [b for b in beats if 1.0 < b - t0 < 2.4]  # past it, silence
+    j.progress = lambda: beats.append(now[0])
+    call = threading.Thread(target=j, args=([episode("ab")], "single"))
+    call.start()
+    try:
+        assert wait_until(lambda: j.started)
+        within = len(beats)
+        assert wait_until(lambda: len(beats) >= within + 2)  # within its deadline the wait is progress
+        now[0] = 0.3 + judge_module.STALL_GRACE_S + 0.01  # past the deadline and its grace
+        after = len(waits)
+        assert wait_until(lambda: len(waits) >= after + 2)  # each wait that ended since reads the clock as moved
+        heard = len(beats)
+        assert wait_until(lambda: len(waits) >= after + 6)
+        assert len(beats) == heard  # past it, silence
+    finally:
+        release.set()
+        call.join(60)
+    assert not call.is_alive()
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test
@@ -234,12 +268,24 @@ def test_a_judge_waiting_on_its_requests_says_it_is_alive_at_least_every_second(
     import nanorllm.rewards.judge as judge_module
 
     monkeypatch.setattr(judge_module, "PROGRESS_EVERY_S", 0.2)
-    slow, beats = stub(delay_s=1.5), []
-    j = judge(slow.url, concurrency=2)
-    j.progress = lambda: beats.append(time.monotonic())
+    waits, beats, heard = [], [], threading.Event()
+    monkeypatch.setattr(judge_module, "wait", counted(judge_module.wait, waits))
+
+    def answer(body):  # replies once the waiting call said three times that it is alive
+        heard.wait(60)
+        return length_score(body)
+
+    def beat():
+        beats.append(1)
+        if len(beats) >= 3:
+            heard.set()
+
+    j = judge(stub(answer).url, concurrency=2)
+    j.progress = beat
     assert j([episode("ab"), episode("abc")], "single") == [0.8, 0.2]
-    # ~every 0.2 s through the 1.5 s wait (none at all without the heartbeat); the bound allows a busy machine
-    assert len(beats) >= 3 and max(b - a for a, b in zip(beats, beats[1:])) < 1.0
+    assert heard.is_set()  # said while both requests were open (without the heartbeat, never)
+    # it waits PROGRESS_EVERY_S at most at a time and says it is alive after each wait
+    assert set(waits) == {0.2} and len(beats) == len(waits)
 
 
 @pytest.mark.parametrize("answer", [
