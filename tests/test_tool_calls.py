@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nanorllm.policy.tool_calls import (PARSERS, ParseFailure, ToolCall, check_call, get_parser, parse,
+from nanorllm.policy.tool_calls import (PARSERS, ParseFailure, ToolCall, call_like, check_call, get_parser, parse,
                                          parser_for_template, resolve_parser, to_openai)
 
 DS_B, DS_E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -255,3 +255,10 @@ def test_a_named_tool_parser_overrides_the_templates(tmp_path):
     for name, want in [("auto", "hermes"), ("mistral", "mistral")]:
         bundle = load_bundle(EnvSpec(agent=f"{path}:solve", tool_parser=name))
         assert AgentRunner(engine, bundle, shared_prefix=None, min_shared=0).tool_parser == want
+
+
+def test_a_call_in_any_familys_format_or_a_broken_one_is_call_like_and_plain_text_or_json_is_not():
+    written = [reply for cases in FIXTURES.values() for reply, _, calls in cases if calls]
+    broken = ['<tool_call>{"name": "calc", "arguments": ', "[TOOL_CALLS]calc[ARGS]{", '{"name": "calc", "arguments": ']
+    assert all(map(call_like, written + broken))
+    assert not any(map(call_like, ["The answer is \\boxed{4}.", '{"answer": 4}', "", "I would call calc here."]))

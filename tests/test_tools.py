@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ScriptedPolicy
+from helpers import ScriptedPolicy, episode
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env
 from nanorllm.envs.tools import ToolBundle, load_tools
@@ -237,6 +237,24 @@ def test_the_calculator_tool_has_a_schema_answers_and_its_tasks_load_under_the_m
     assert len(tasks) == 3 and all(t["task_id"].startswith("calc-") for t in tasks)
     obs, _, done, _ = _step(bundle, call("calc", expression="2 * (3 + 4)"))
     assert (obs, done) == ("14", False)
+
+
+def test_the_zero_call_warning_points_to_the_warm_start_only_when_no_response_holds_a_call(tiny_policy, tools_file,
+                                                                                            capsys):
+    """A model that writes no call in any format needs teaching (the warm start); one that writes calls the run's
+    parser does not read needs another --tool-parser."""
+    from nanorllm.trainer.loop import TrainingRun
+
+    def warning(response: str) -> str:
+        run = TrainingRun(parse_config(["--tools", f"{tools_file}:add", "--tool-alarm-steps", "1"]))
+        run.policy = tiny_policy
+        run.report_no_tool_calls([episode("a", None, response=response)], {"rollout/tool_calls_per_episode": 0.0}, 1)
+        return capsys.readouterr().out
+
+    plain = warning("The answer is 4.")
+    assert plain.startswith("[tools] warning: the first 1 steps parsed no tool call") and "docs/warm-start.md" in plain
+    mistral = warning('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert "set --tool-parser (docs/tools.md)" in mistral and "warm-start" not in mistral
 
 
 # ---- real runs -------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ raw text and why, worded to be sent back to the model). A failed call's text sta
 Parsers never raise on what a model writes.
 
 `PARSERS` names them; `parser_for_template` picks one from the markers in a chat template, and
-`get_parser` refuses a name it does not know, listing the ones it does. `check_call` checks a call
-against the request's tool schemas; `to_openai` writes calls as an OpenAI `tool_calls` list.
+`get_parser` refuses a name it does not know, listing the ones it does; `call_like` says whether any of them
+reads a call in a text. `check_call` checks a call against the request's tool schemas; `to_openai` writes calls
+as an OpenAI `tool_calls` list.
 """
 
 import json
@@ -322,6 +323,12 @@ def resolve_parser(name: str | None, chat_template: str | None) -> str:
 
 def parse(text: str, parser: str = DEFAULT_PARSER) -> ParseResult:
     return get_parser(parser)(text)
+
+
+def call_like(text: str) -> bool:
+    """Whether any family's parser reads a call, or a call that fails to parse, in `text`: the model tries to
+    call in some format (when the run's parser reads none, another --tool-parser may)."""
+    return any(calls or failures for _, calls, failures in (p(text) for p in PARSERS.values()))
 
 
 def _schemas(tools) -> dict[str, dict]:

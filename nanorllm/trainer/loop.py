@@ -39,6 +39,7 @@ from nanorllm.envs.registry import describe
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged, trainable_line, trainable_parameters
+from nanorllm.policy.tool_calls import call_like
 from nanorllm.ranks.group import ONE_RANK, LearnerRanks, ShardsUnavailable, where_line
 from nanorllm.rollout.prompt_budget import describe_long, long_prompts, no_room, prompt_limit
 from nanorllm.trainer import checkpoint, fingerprint
@@ -106,6 +107,7 @@ class TrainingRun:
         self.tool_calls_seen = 0.0  # --tools: calls per episode summed over this process's first steps
         self.tool_reply: str | None = None  # --tools: a raw response of the first step (None: no --tools step ran)
         self.tool_alarm_said = False
+        self.call_like_seen = False  # --tools: a response of those steps held a call in some family's format
         self.collapse = CollapseAlarm(cfg.collapse_alarm_steps)  # one distinct answer a group for long: a warning
         self.ranks: LearnerRanks = ONE_RANK  # this process is learner rank 0 of ranks.world
         # Made by setup(), in this order:
@@ -452,8 +454,10 @@ class TrainingRun:
         if "rollout/tool_calls_per_episode" not in metrics or not n or step - self.start_step > n:
             return
         self.tool_calls_seen += metrics["rollout/tool_calls_per_episode"]
+        responses = [s.model_response for r in results for s in r.trajectory.steps]
+        self.call_like_seen = self.call_like_seen or any(map(call_like, responses))
         if self.tool_reply is None:
-            self.tool_reply = next((s.model_response for r in results for s in r.trajectory.steps if s.model_response), "")
+            self.tool_reply = next((text for text in responses if text), "")
         if step - self.start_step == n:
             self.warn_no_tool_calls(n)
 
@@ -463,9 +467,12 @@ class TrainingRun:
             return
         self.tool_alarm_said = True
         parser, rendered_by = tool_format(self.policy.tokenizer, self.cfg.tool_parser)
+        hint = ("If the model writes calls in another format, set --tool-parser (docs/tools.md)" if self.call_like_seen
+                else "No response holds a call in any format the parsers read: the model does not call tools yet; "
+                "teach it the call first with a supervised warm start (docs/warm-start.md), or set --tool-parser if "
+                "it writes calls in a format of its own (docs/tools.md)")
         self.say(f"[tools] warning: the first {steps} steps parsed no tool call (parser {parser}, tools rendered by "
-                 f"the {rendered_by}); a response: {self.tool_reply[:300]!r}. If the model writes calls in another "
-                 "format, set --tool-parser (docs/tools.md)")
+                 f"the {rendered_by}); a response: {self.tool_reply[:300]!r}. {hint}")
 
     def report_collapse(self, results: list[RolloutResult], step: int) -> None:
         """One warning, once, when the step ends --collapse-alarm-steps steps whose every group held one distinct
