@@ -17,23 +17,32 @@ def reply_body(text: str) -> dict:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
+def nonce_of(body: dict) -> str:
+    """The nonce a request (OpenAI's shape or Gemini's) asks the judge to echo with its verdict."""
+    system = (body["messages"][0]["content"] if "messages" in body
+              else body["systemInstruction"]["parts"][0]["text"])
+    found = re.search(r'SCORE\[(\w+)\]|"nonce": "(\w+)"', system)
+    return found.group(1) or found.group(2)
+
+
 def length_score(body: dict) -> tuple[int, object]:
     """A judge that likes even-length responses: SCORE 8 for them, 2 for the others (a group: 0.8 / 0.2)."""
-    user = body["messages"][-1]["content"]
+    user, nonce = body["messages"][-1]["content"], nonce_of(body)
     responses = re.split(r"\n## Response \d+\n", user)[1:] or [user.split("## Response\n", 1)[1]]
     if "## Response 1" in user:
-        return 200, reply_body(json.dumps({"scores": [0.8 if len(r.strip()) % 2 == 0 else 0.2 for r in responses]}))
-    return 200, reply_body(f"Fine.\nSCORE: {8 if len(responses[0]) % 2 == 0 else 2}")
+        scores = [0.8 if len(r.strip()) % 2 == 0 else 0.2 for r in responses]
+        return 200, reply_body(json.dumps({"nonce": nonce, "scores": scores}))
+    return 200, reply_body(f"Fine.\nSCORE[{nonce}]: {8 if len(responses[0]) % 2 == 0 else 2}")
 
 
 def lying_score(body: dict) -> tuple[int, object]:
-    """A judge that lies about half the prompts (odd-length questions): `SCORE: 1e5` or `SCORE: 7.5.3`, no plain
-    number, failed; for the others its verdict, SCORE 2, is followed by the response quoted: 0.2."""
-    user = body["messages"][-1]["content"]
+    """A judge that lies about half the prompts (odd-length questions): `1e5` or `7.5.3` on its score line, no
+    plain number, failed; for the others its verdict, 2, is followed by the response quoted: 0.2."""
+    user, nonce = body["messages"][-1]["content"], nonce_of(body)
     question = user.split("## Prompt\n", 1)[1].split("\n\n## Response", 1)[0]
     if len(question) % 2:
-        return 200, reply_body(f"Superb.\nSCORE: {'1e5' if len(question) % 4 == 1 else '7.5.3'}")
-    return 200, reply_body("Weak.\nSCORE: 2\n\nThe response, quoted:\n> " + user.split("## Response\n", 1)[1])
+        return 200, reply_body(f"Superb.\nSCORE[{nonce}]: {'1e5' if len(question) % 4 == 1 else '7.5.3'}")
+    return 200, reply_body(f"Weak.\nSCORE[{nonce}]: 2\n\nThe response, quoted:\n> " + user.split("## Response\n", 1)[1])
 
 
 class StubJudge:

@@ -202,8 +202,9 @@ class JudgeSettings:
     """A text/markdown rubric file: free text, its first line (or a --- front matter) 'score: LOW-HIGH' (default
     0-10). None: a short built-in rubric (correct, complete, concise)."""
     judge_mode: Literal["single", "group"] = "single"
-    """'single': one request per episode, the reply's last 'SCORE: <number>' line; 'group': one request per group,
-    a {"scores": [...]} reply in [0, 1], all or none (OpenPipe's RULER)."""
+    """'single': one request per episode, the reply's last 'SCORE[<nonce>]: <number>' line (the request's nonce);
+    'group': one request per group, a {"nonce": ..., "scores": [...]} reply in [0, 1], all or none (OpenPipe's
+    RULER)."""
     judge_weight: float = 1.0
     """The judge's weight in the reward sources' weighted sum."""
     judge_concurrency: int = 8

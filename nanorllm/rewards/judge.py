@@ -7,7 +7,8 @@ The judge is any OpenAI-compatible chat endpoint (POST .../chat/completions; an 
 from the environment variable --judge-api-key-env names, none by default) or a Gemini model (generateContent, in
 policy/gemini.py's request and reply shapes). `single` mode sends one request per episode; `group` mode one per
 group (the episodes of one group_id), RULER's shape, so the judge ranks the responses against each other
-(rewards/rubric.py has the request text and the reply formats).
+(rewards/rubric.py has the request text and the reply formats: the judge echoes a nonce drawn for each request
+with its verdict, so no text of the policy's can set or void a score).
 
 Requests run `concurrency` at a time, as coroutines on the process's network loop (utils/aio.py, httpx). Each
 attempt has a whole-request deadline, `timeout_s` from connecting to the reply's last byte: a judge that sends
@@ -36,8 +37,8 @@ from dataclasses import dataclass
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
-from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, parse_group_scores,
-                                     parse_score, single_messages)
+from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, new_nonce,
+                                     parse_group_scores, parse_score, single_messages)
 from nanorllm.utils.aio import client_loop
 from nanorllm.utils.net import is_local
 
@@ -193,14 +194,15 @@ class Judge:
                 f.cancel()  # an interrupted call leaves no request running
 
     async def _score_one(self, r: RolloutResult) -> float:
-        response = response_text(r)
-        messages = single_messages(self.rubric, prompt_text(r.trajectory.task), response)
-        return (await self._ask(messages, lambda reply: parse_score(reply, self.rubric, (response,)), 1))[0]
+        nonce = new_nonce()
+        messages = single_messages(self.rubric, prompt_text(r.trajectory.task), response_text(r), nonce)
+        return (await self._ask(messages, lambda reply: parse_score(reply, self.rubric, nonce), 1))[0]
 
     async def _score_group(self, group: list[RolloutResult]) -> list[float]:
-        responses = tuple(response_text(r) for r in group)
-        messages = group_messages(self.rubric, prompt_text(group[0].trajectory.task), list(responses))
-        return await self._ask(messages, lambda reply: parse_group_scores(reply, len(group), responses), len(group))
+        nonce = new_nonce()
+        messages = group_messages(self.rubric, prompt_text(group[0].trajectory.task),
+                                  [response_text(r) for r in group], nonce)
+        return await self._ask(messages, lambda reply: parse_group_scores(reply, len(group), nonce), len(group))
 
     async def _ask(self, messages: list[dict], read: Callable[[str], float | list[float]], n: int) -> list[float]:
         """`read` of the judge's reply, as a list of n scores; n NaNs when no usable reply came."""

@@ -4,16 +4,19 @@ A rubric is free text (markdown is fine) that says what a good response is. Its 
 either as a first line `score: LOW-HIGH` or in a front-matter block (`---` lines around `score: LOW-HIGH`);
 without one the range is 0-10. The judge sees the rubric, then the prompt and the response(s).
 
-- one response (`--judge-mode single`): the reply ends with a line `SCORE: <number>` within the rubric's
-  range; the last such line of the judge's own counts, and the score is normalised to [0, 1] by the range.
-  The number is plain (`7`, `7.5`, `**7**`, `7/10` on a 0-10 rubric): `1e5`, `7.5.3` or `7 (good)` is no
-  score, so a reply is read as it was meant or not at all.
+Each request carries a nonce, drawn fresh for it (new_nonce), that the judge must echo with its verdict:
+- one response (`--judge-mode single`): the reply ends with a line `SCORE[<nonce>]: <number>` within the
+  rubric's range; the last line with this request's nonce counts, and the score is normalised to [0, 1] by the
+  range. The number is plain (`7`, `7.5`, `**7**`, `7/10` on a 0-10 rubric): `1e5`, `7.5.3` or `7 (good)` is
+  no score, so a reply is read as it was meant or not at all.
 - a group (`--judge-mode group`, RULER's shape): the responses of one prompt, numbered from 1, in one
-  request; the reply holds a JSON object `{"scores": [s1, s2, ...]}`, one score in [0, 1] per response,
-  in order. All or none: a missing, extra, non-numeric or out-of-range score fails the whole group.
+  request; the reply holds a JSON object `{"nonce": "<nonce>", "scores": [s1, s2, ...]}`, one score in [0, 1]
+  per response, in order. All or none: a missing, extra, non-numeric or out-of-range score fails the whole group.
 
-A score line (or scores object) that also stands in a response is not the judge's: a reply that quotes the
-response after its verdict must not let the response's own `SCORE: 10` win, so such lines are passed over.
+Why a nonce: a response is the policy's text, and a judge may quote it. The policy never sees the nonce (it is
+drawn after the response is written), so nothing it wrote can set the verdict (a quoted `SCORE: 10`, a guessed
+`SCORE[...]: 10`, is not read) or void it: passing over the score lines that also stand in a response, the
+obvious filter, let a response holding `SCORE: 0` ... `SCORE: 10` turn its low score into a failed one.
 
 A reply that cannot be read raises ScoreError; the judge turns it into a failed score (NaN).
 """
@@ -21,12 +24,15 @@ A reply that cannot be read raises ScoreError; the judge turns it into a failed 
 import json
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_RANGE = (0.0, 10.0)
 _RANGE = re.compile(r"^\s*score\s*:\s*(-?\d+(?:\.\d+)?)\s*(?:-|\.\.|to)\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
-_SCORE = re.compile(r"^\W*score\W*[:=](.*)$", re.I | re.M)  # a score line; group 1: what follows the colon
+_SCORE = re.compile(r"^\W*score\s*\[([^\]\n]*)\]\W*?[:=](.*)$", re.I | re.M)  # 1: the nonce; 2: after the colon
+_SCORES = re.compile(r"\{[^{}]*\"scores\"[^{}]*\}")  # a scores object (no nesting)
+NONCE_BYTES = 8
 _PLAIN = re.compile(r"\s*\**\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?\s*\**\s*\.?\s*")  # 7, **7.5**, 7/10
 
 
@@ -81,31 +87,37 @@ def load_rubric(path: str) -> Rubric:
     return parse_rubric(source, path)
 
 
-def single_messages(rubric: Rubric, prompt: str, response: str) -> list[dict]:
+def new_nonce() -> str:
+    """A fresh nonce for one request: 16 hex digits no response can have seen."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def single_messages(rubric: Rubric, prompt: str, response: str, nonce: str) -> list[dict]:
     """The chat messages of a one-response request."""
     system = (f"You are a strict grader. Grade the response against this rubric.\n\n{rubric.text}\n\n"
-              f"Give a score from {rubric.low:g} to {rubric.high:g}. End your reply with one line: "
-              f"SCORE: <number>")
+              f"Give a score from {rubric.low:g} to {rubric.high:g}. End your reply with one line, the code in "
+              f"brackets copied exactly: SCORE[{nonce}]: <number>")
     return [{"role": "system", "content": system},
             {"role": "user", "content": f"## Prompt\n{prompt}\n\n## Response\n{response}"}]
 
 
-def group_messages(rubric: Rubric, prompt: str, responses: list[str]) -> list[dict]:
+def group_messages(rubric: Rubric, prompt: str, responses: list[str], nonce: str) -> list[dict]:
     """The chat messages of a group request: the responses to one prompt, numbered from 1."""
     system = (f"You are a strict grader. Grade each response against this rubric, comparing them with each "
-              f"other.\n\n{rubric.text}\n\nReply with one JSON object, a score from 0 to 1 for each response, "
-              f'in order: {{"scores": [s1, s2, ...]}} ({len(responses)} scores)')
+              f"other.\n\n{rubric.text}\n\nReply with one JSON object, the code copied exactly and a score "
+              f'from 0 to 1 for each response, in order: {{"nonce": "{nonce}", "scores": [s1, s2, ...]}} '
+              f"({len(responses)} scores)")
     listed = "\n\n".join(f"## Response {i}\n{r}" for i, r in enumerate(responses, 1))
     return [{"role": "system", "content": system}, {"role": "user", "content": f"## Prompt\n{prompt}\n\n{listed}"}]
 
 
-def parse_score(reply: str, rubric: Rubric, quoted: tuple[str, ...] = ()) -> float:
-    """The last `SCORE: <number>` line of `reply` not quoted from `quoted` (the responses), normalised to [0, 1]
-    by the rubric's range; ScoreError when that line's value is not a plain number in range."""
-    found = [m for m in _SCORE.finditer(reply or "") if not _in_any(m.group(0), quoted)]
+def parse_score(reply: str, rubric: Rubric, nonce: str) -> float:
+    """The last `SCORE[<nonce>]: <number>` line of `reply` with this request's nonce, normalised to [0, 1] by the
+    rubric's range; ScoreError when there is none or its value is not a plain number in range."""
+    found = [m for m in _SCORE.finditer(reply or "") if m.group(1).strip(" <>").lower() == nonce]
     if not found:
-        raise ScoreError(f"no 'SCORE: <number>' line of the judge's own in the reply: {clip(reply)}")
-    value = _PLAIN.fullmatch(found[-1].group(1))
+        raise ScoreError(f"no 'SCORE[{nonce}]: <number>' line with the request's nonce in the reply: {clip(reply)}")
+    value = _PLAIN.fullmatch(found[-1].group(2))
     if value is None:
         raise ScoreError(f"the score line {clip(found[-1].group(0))} does not hold a plain number")
     score, out_of = float(value.group(1)), value.group(2)
@@ -116,12 +128,12 @@ def parse_score(reply: str, rubric: Rubric, quoted: tuple[str, ...] = ()) -> flo
     return (score - rubric.low) / (rubric.high - rubric.low)
 
 
-def parse_group_scores(reply: str, n: int, quoted: tuple[str, ...] = ()) -> list[float]:
-    """The last `{"scores": [...]}` object of `reply` not quoted from `quoted` (code fences allowed): exactly `n`
-    numbers in [0, 1]."""
-    objects = [o for o in re.findall(r"\{[^{}]*\"scores\"[^{}]*\}", reply or "") if not _in_any(o, quoted)]
+def parse_group_scores(reply: str, n: int, nonce: str) -> list[float]:
+    """The last `{"nonce": ..., "scores": [...]}` object of `reply` holding this request's nonce (code fences
+    allowed): exactly `n` numbers in [0, 1]."""
+    objects = [o for o in _SCORES.findall(reply or "") if nonce in o]
     if not objects:
-        raise ScoreError(f'no {{"scores": [...]}} object of the judge\'s own in the reply: {clip(reply)}')
+        raise ScoreError(f'no {{"nonce": "{nonce}", "scores": [...]}} object in the reply: {clip(reply)}')
     try:
         scores = json.loads(objects[-1])["scores"]
     except (ValueError, KeyError) as e:
@@ -134,14 +146,6 @@ def parse_group_scores(reply: str, n: int, quoted: tuple[str, ...] = ()) -> list
     if bad:
         raise ScoreError(f"scores must be numbers in [0, 1], got {bad[0]!r}")
     return [float(s) for s in scores]
-
-
-def _in_any(text: str, quoted: tuple[str, ...]) -> bool:
-    """Whether `text`, stripped of quote marks and markdown around it, stands whole in one of `quoted` (`SCORE: 1`
-    does not stand in `SCORE: 10`)."""
-    core = text.strip().lstrip(">*#_` \t").rstrip("*_` \t")
-    whole = re.compile(r"(?<![\w.])" + re.escape(core) + r"(?![\w.])")
-    return bool(core) and any(whole.search(q) for q in quoted)
 
 
 def clip(text: str | None, n: int = 120) -> str:
