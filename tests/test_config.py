@@ -53,13 +53,13 @@ def test_choices_off_the_list_are_reported_with_the_other_problems(tmp_path):
 def test_dtype_aliases_parse_and_help_lists_the_choices(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # help wraps to the terminal's width
     assert parse_config(["--dtype", "bf16"]).dtype == "bf16"
-    assert parse_config(["--dtype=bfloat16"]).dtype == "bfloat16"
+    assert parse_config(["--dtype=bfloat16"]).dtype == "bfloat16" and parse_config([]).dtype == "auto"
     with pytest.raises(SystemExit):
         parse_config(["--help"])
     out = capsys.readouterr().out
     for listed in ["{token-mean,seq-mean,seq-mean-token-sum-norm}", "{episode,turn}", "{none,tis,mis,decoupled}",
                    "{grpo,rloo,reinforce++}", "{token,sequence}", "{constant,linear,cosine}",
-                   "{float32,bfloat16,fp32,bf16}", "{ddp,fsdp}"]:
+                   "{auto,float32,bfloat16,fp32,bf16}", "{ddp,fsdp}"]:
         assert listed in out
 
 

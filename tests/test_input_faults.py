@@ -513,7 +513,7 @@ def test_eval_settings_come_from_the_run_that_wrote_the_model_and_flags_win(tmp_
                                       given_fields(argv))
         assert (cfg.env, cfg.reward, cfg.max_new_tokens, cfg.tasks, cfg.eval_limit) == (
             "single", ("rw.py:f",), 64, "held.jsonl", 10), model
-        assert (cfg.max_turns, cfg.worked_example, cfg.dtype, cfg.seed) == (3, False, "float32", 0), model
+        assert (cfg.max_turns, cfg.worked_example, cfg.dtype, cfg.seed) == (3, False, "auto", 0), model
         assert str(run / "config.json") in line
     cfg, line = with_run_settings(EvalConfig(model="tiny-random", reward=("rw.py:f",)), set())
     assert line is None and cfg.env == "single"  # --reward without --env, as in training

@@ -152,7 +152,7 @@ def _choice_problems(cfg) -> list[str]:
     for name, allowed in literal_fields(type(cfg)).items():
         if name == "dtype":
             if cfg.dtype not in allowed:
-                p.append(f"dtype: must be 'float32' or 'bfloat16' (or fp32 / bf16), got {cfg.dtype!r}")
+                p.append(f"dtype: must be 'auto', 'float32' or 'bfloat16' (or fp32 / bf16), got {cfg.dtype!r}")
             continue
         p += choice_problem(name, getattr(cfg, name), allowed)
     return p

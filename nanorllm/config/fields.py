@@ -38,9 +38,11 @@ class ModelSettings:
 
     model: str = "smollm2-135m-instruct"
     """Built-in name (smollm2-135m-instruct, tiny-random), a local HF model directory or a hub id."""
-    dtype: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
-    """'float32' or 'bfloat16' (aliases fp32, bf16): bf16 computes in bf16 over fp32 master weights and
-    optimizer state; workers sample with bf16 replicas and the weight broadcast moves bf16."""
+    dtype: Literal["auto", "float32", "bfloat16", "fp32", "bf16"] = "auto"
+    """'auto' (bf16 where every device the run uses has bf16 units: a CPU with avx512_bf16 or AMX, a GPU from
+    Ampere on; fp32 elsewhere; the choice and why are printed and kept in config.json), or 'float32' / 'bfloat16'
+    (aliases fp32, bf16) to force one: bf16 computes in bf16 over fp32 master weights and optimizer state;
+    workers sample with bf16 replicas and the weight broadcast moves bf16."""
     threads: int | None = None
     """Torch threads per process on CPU; None splits the cores across processes."""
 
@@ -613,6 +615,10 @@ class Faults:
     fails."""
 
 
+DTYPE_CHOICE = "dtype_choice"
+"""A key config.json holds beside the fields: how --dtype was chosen (utils/precision.py), a record, not a setting."""
+
+
 class Program:
     """What every program's config shares beyond its groups: the lists a config file or a saved config gives
     made the tuples its fields hold (an env_arg mapping made key=value items)."""
@@ -645,4 +651,9 @@ class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, Distil
     def saved(self) -> dict:
         """The fields as written beside the run and into checkpoints (a one-resume decision left out)."""
         return {**asdict(self), "resume_new_data": False}
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> "TrainConfig":
+        """A run's config.json (or a checkpoint's config) as a config; the records beside its fields left out."""
+        return cls(**{k: v for k, v in saved.items() if k != DTYPE_CHOICE})
 

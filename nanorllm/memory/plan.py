@@ -37,6 +37,7 @@ import torch
 from nanorllm.memory.tasks import TaskShape, task_shape
 from nanorllm.trainer.micro_batches import CPU_MICRO_BATCH_TOKENS
 from nanorllm.trainer.parts import RunParts
+from nanorllm.utils.precision import resolve as resolve_precision
 
 UNKNOWN = 1 << 62  # a free figure nothing could read (policy/slot_cache.py)
 
@@ -231,9 +232,9 @@ def layer_bytes(config, dtype_bytes: int) -> int:
     return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
 
 
-def compute_bytes(dtype: str) -> int:
-    """Bytes per value in the compute dtype (--dtype)."""
-    return 2 if dtype in ("bfloat16", "bf16") else 4
+def compute_bytes(dtype: str, device: str) -> int:
+    """Bytes per value in the compute dtype (--dtype; auto: as utils/precision.py chooses it for `device`)."""
+    return 2 if resolve_precision(dtype, device) == "bfloat16" else 4
 
 
 def budget_tokens(micro_batch_tokens: int | None) -> int:
@@ -308,8 +309,8 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     if config is None:
         return None
     total, trainable = parameter_counts(config, lora)
-    compute = compute_bytes(cfg.dtype)
     learner_dev = devices.learner
+    compute = compute_bytes(cfg.dtype, learner_dev)
     tokens = budget_tokens(cfg.micro_batch_tokens)
     # the longest first prompt the run accepts (rollout/prompt_budget.py): a longer one is refused or dropped
     context = getattr(config, "max_position_embeddings", None)
@@ -342,7 +343,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         *process_overheads(learner_dev)])
     if cfg.kl_coef > 0 and lora is None:
         learner.parts.insert(3, Part("reference", total * compute))
-    if getattr(cfg, "teacher", None) is not None and (teacher := teacher_bytes(cfg, mb)) is not None:
+    if getattr(cfg, "teacher", None) is not None and (teacher := teacher_bytes(cfg, mb, learner_dev)) is not None:
         learner.parts.insert(3, Part("teacher", teacher, f"{cfg.teacher}, no grad", device=cfg.teacher_device))
     processes = [learner]
     # the shared block: what the workers load (every parameter, or the adapters), in the replica dtype
@@ -374,14 +375,14 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
                       free=dict(free), micro_batch_tokens=tokens, shrink=SHRINK_RUN, host_source=host_source)
 
 
-def teacher_bytes(cfg, mb: MicroBatch) -> int | None:
+def teacher_bytes(cfg, mb: MicroBatch, learner_device: str) -> int | None:
     """The --teacher's weights in --dtype plus its no-grad forward of the largest micro-batch (one layer's
     activations alive at a time; its fp32 logits, its log-distributions and the exact KL's at the scored tokens),
     from its config alone; None where that cannot be read."""
     config = model_config(cfg.teacher)
     if config is None:
         return None
-    dtype_bytes = compute_bytes(cfg.dtype)
+    dtype_bytes = compute_bytes(cfg.dtype, cfg.teacher_device or learner_device)
     total, _ = parameter_counts(config, None)
     layer = layer_bytes(config, dtype_bytes)
     return int(total * dtype_bytes + mb.tokens * layer + 3 * 4 * mb.scored * config.vocab_size)

@@ -39,6 +39,7 @@ from nanorllm.policy.sampler import sample_with_uniforms, uniforms_from_generato
 from nanorllm.policy.shared_columns import shared_columns_of
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import SlotCache, SlotForward, check_fits, model_shape
+from nanorllm.utils.precision import resolve as resolve_precision
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -86,10 +87,11 @@ class HFCausalPolicy(Policy):
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
                   replica: bool = False, lora: LoraSpec | None = None, adapter: str | None = None):
-        """`dtype` is the compute dtype. The parameters are fp32 unless `replica` (sampling only).
-        With `lora` the base is stored in the compute dtype and frozen, and fp32 adapters are added
-        (their weights read from `adapter`, a peft adapter folder, when given)."""
-        compute = DTYPES[dtype]
+        """`dtype` is the compute dtype ("auto": bf16 where `device` has bf16 units, utils/precision.py). The
+        parameters are fp32 unless `replica` (sampling only). With `lora` the base is stored in the compute dtype
+        and frozen, and fp32 adapters are added (their weights read from `adapter`, a peft adapter folder, when
+        given)."""
+        compute = DTYPES[resolve_precision(dtype, device)]
         stored = compute if replica or lora else torch.float32
         model, tokenizer = load_model_and_tokenizer(name, dtype=stored, device=device)
         if lora is None:

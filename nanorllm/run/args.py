@@ -35,7 +35,7 @@ def parse_train_args(argv: list[str]) -> tuple[TrainConfig, str | None, dict, En
         raise ConfigError([f"resume: {e}"], "command-line flags") from None
     if source != str(Path(resume_dir) / "config.json"):
         print(f"[resume] config from {source}", flush=True)
-    saved = TrainConfig(**saved_fields)
+    saved = TrainConfig.from_saved(saved_fields)
     cfg = parse_config(rest, base=saved, world=world.problems)
     overrides = {k: v for k, v in asdict(cfg).items() if asdict(saved)[k] != v}
     return cfg, resume_dir, overrides, world.env

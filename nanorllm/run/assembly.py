@@ -18,6 +18,7 @@ from nanorllm.ranks.group import learner_spec
 from nanorllm.trainer import fingerprint
 from nanorllm.trainer.parts import RunParts
 from nanorllm.utils.devices import DeviceMap, resolve_devices
+from nanorllm.utils.precision import choose_precision
 
 
 def run_devices(cfg: TrainConfig) -> DeviceMap:
@@ -28,11 +29,14 @@ def run_devices(cfg: TrainConfig) -> DeviceMap:
 def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
     """Everything of the run that needs no model: `cfg`'s env (built once: `env`, the bundle the command line's
     checks built, or here), its tasks (loaded once; the whole held-out set removed from training, whatever
-    --eval-limit, which limits only the tasks evaluated), its devices and its LoRA spec."""
+    --eval-limit, which limits only the tasks evaluated), its devices, its compute dtype (--dtype auto chosen for
+    them) and its LoRA spec."""
     spec = env_spec(cfg)
     env = env if env is not None else load_bundle(spec)
     tasks, eval_tasks = resolve_task_specs(cfg.tasks, cfg.eval_tasks, env)
-    cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks)  # config.json records what was resolved
+    devices = run_devices(cfg)
+    precision = choose_precision(cfg.dtype, [*devices.learners, *devices.workers])
+    cfg = replace(cfg, tasks=tasks, eval_tasks=eval_tasks, dtype=precision.name)  # config.json records what was chosen
     loaded = check_task_rows(env_tasks(env, tasks, cfg.limit), tasks)
     heldout = check_task_rows(env_tasks(env, eval_tasks, None), eval_tasks) if eval_tasks else []
     train, dropped = remove_overlap(loaded, heldout)
@@ -45,9 +49,9 @@ def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
               f"({overlap_counts(loaded, heldout)}; {OVERLAP_RULE})", file=sys.stderr, flush=True)
     kept = {id(t) for t in train}
     order = fingerprint.task_order(loaded, [t for t in loaded if id(t) not in kept], cfg.seed)
-    return RunParts(cfg=cfg, env_spec=spec, env=env, lora=lora_spec(cfg), devices=run_devices(cfg),
+    return RunParts(cfg=cfg, env_spec=spec, env=env, lora=lora_spec(cfg), devices=devices,
                     train_tasks=train, eval_tasks=heldout[:cfg.eval_limit], eval_sets=eval_sets(cfg, env),
-                    dropped_heldout=dropped, task_order=order)
+                    dropped_heldout=dropped, task_order=order, precision=precision.why)
 
 
 def eval_sets(cfg: TrainConfig, env: EnvBundle) -> dict[str, list[dict]]:

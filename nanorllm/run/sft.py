@@ -9,6 +9,7 @@ computed by all ranks together between steps.
 """
 
 import sys
+from dataclasses import replace
 
 import tyro
 
@@ -27,6 +28,7 @@ from nanorllm.utils.children import socket_folder_problem
 from nanorllm.utils.devices import DeviceError, configure_threads, resolve_devices
 from nanorllm.utils.modules import EnvSpecError
 from nanorllm.utils.outputs import OutputPath, output_problems
+from nanorllm.utils.precision import choose_precision
 
 
 def main(argv: list[str]) -> int:
@@ -44,10 +46,13 @@ def main(argv: list[str]) -> int:
     try:
         devices = resolve_devices(cfg.devices, 0, serial=True, learner_spec=cfg.learner_devices)
         check_parallel(cfg.learner_parallel, len(devices.learners), devices.learner)
+        precision = choose_precision(cfg.dtype, devices.learners)
+        cfg = replace(cfg, dtype=precision.name)
         if len(devices.learners) > 1 and (why := socket_folder_problem()) is not None:
             raise ConfigError([why])  # the ranks' fork server could not listen
         if not check_plan(plan_sft(cfg, devices.learner), cfg.model, plan_only=cfg.memory_plan_only):
             return 0
+        print(f"[precision] {cfg.dtype}: {precision.why}", flush=True)
         run, start = sft.start_run(cfg, lambda policy: sft.sft_rows(cfg, policy), device=devices.learner,
                                    processes=len(devices.learners))
     except (TaskFileError, EnvSpecError, MemoryPlanError, DeviceError) as e:

@@ -32,6 +32,7 @@ from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.outputs import OutputPath, output_problems
+from nanorllm.utils.precision import resolve as resolve_precision
 from nanorllm.utils.sinks import parse_report_to
 
 
@@ -107,7 +108,8 @@ def passes(rows: list[tuple[list[int], ...]], cfg: FitConfig, model) -> list[lis
     bucketed by --max-pad-frac as the learner's (trainer/micro_batches.py)."""
     from nanorllm.policy.hf_causal import DTYPES
 
-    budget = device_micro_batch_tokens(model, model.device, DTYPES[cfg.dtype], cfg.micro_batch_tokens)
+    dtype = DTYPES[resolve_precision(cfg.dtype, str(model.device))]
+    budget = device_micro_batch_tokens(model, model.device, dtype, cfg.micro_batch_tokens)
     return length_chunks([max(len(x) for x in r) for r in rows], budget, rows=len(rows[0]),
                          max_pad_frac=device_max_pad_frac(model.device, cfg.max_pad_frac))
 
@@ -179,9 +181,10 @@ def compute_precision(cfg: FitConfig, device: str):
     """--dtype as the learner computes: bf16 autocast over fp32 weights, or nothing."""
     from nanorllm.policy.hf_causal import DTYPES
 
-    if DTYPES[cfg.dtype] == torch.float32:
+    dtype = DTYPES[resolve_precision(cfg.dtype, device)]
+    if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=DTYPES[cfg.dtype])
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 @dataclass

@@ -4,15 +4,17 @@ said at once (exit 2, nothing written, before any model loads), then one of its 
 
 import json
 import sys
+from dataclasses import replace
 
 import tyro
 
 from nanorllm.rewards.model import reward_model_problems
 from nanorllm.supervised.data import RewardDataError, read_rows
 from nanorllm.config.fit import FIT_DEFAULTS, FitConfig, problems
-from nanorllm.supervised.fit import FitError, fit, out_problems, score_rows, write_pairs
+from nanorllm.supervised.fit import FitError, fit, fit_device, out_problems, score_rows, write_pairs
 from nanorllm.supervised.labels import sample_rows
 from nanorllm.trainer import checkpoint
+from nanorllm.utils.precision import resolve as resolve_precision
 
 
 def input_problems(cfg: FitConfig) -> list[str]:
@@ -35,6 +37,8 @@ def input_problems(cfg: FitConfig) -> list[str]:
 
 def run(cfg: FitConfig) -> None:
     """The mode the flags name; RewardDataError when --to-pairs finds no pair to make."""
+    if not cfg.to_pairs and cfg.score is None:  # a mode that loads a model: --dtype auto chosen for its device
+        cfg = replace(cfg, dtype=resolve_precision(cfg.dtype, fit_device(cfg)))
     if cfg.sample_from is not None:
         sample_rows(cfg)
     elif cfg.to_pairs:

@@ -31,6 +31,7 @@ from nanorllm.algos.groups import group_by_task_id
 from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.config.errors import cannot_load
+from nanorllm.config.fields import DTYPE_CHOICE
 from nanorllm.config.specs import sampling_params
 from nanorllm.core.types import RolloutResult
 from nanorllm.datasets.stream import TaskStream
@@ -204,6 +205,7 @@ class TrainingRun:
                                 report_to=parse_report_to(cfg.report_to), config=cfg.saved())
         self.say(format_config(cfg).replace("|-|-|\n", ""))
         self.say(describe(self.env))
+        self.say(f"[precision] {cfg.dtype}: {self.parts.precision}")
         if self.overrides:
             self.say(f"[resume] overriding the saved config with: {self.overrides}")
         self.say(f"[run] {self.run_dir} | train tasks {len(self.train_tasks)} (held-out removed: "
@@ -212,7 +214,8 @@ class TrainingRun:
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
-        write_atomic(self.run_dir / "config.json", json.dumps(cfg.saved(), indent=2) + "\n")  # setup succeeded
+        saved = {**cfg.saved(), DTYPE_CHOICE: first_choice(self.run_dir, cfg.dtype) or self.parts.precision}
+        write_atomic(self.run_dir / "config.json", json.dumps(saved, indent=2) + "\n")  # setup succeeded
 
     def check_prompt_lengths(self) -> None:
         """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or
@@ -561,3 +564,12 @@ class TrainingRun:
             self.logger.close()
         if self.lock is not None:
             self.lock.release()  # last: the run's final writes happen under it
+
+
+def first_choice(run_dir: Path, dtype: str) -> str | None:
+    """The dtype choice config.json already records for `dtype` (a resumed run keeps why its start chose it)."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get(DTYPE_CHOICE) if isinstance(saved, dict) and saved.get("dtype") == dtype else None

@@ -23,3 +23,4 @@ class RunParts:
     eval_sets: dict[str, list[dict]] = field(default_factory=dict)  # --eval-set name=spec: evaluated only
     dropped_heldout: int = 0  # training tasks left out because they are held out
     task_order: dict | None = None  # the fingerprint checkpoints carry (trainer/fingerprint.py)
+    precision: str = ""  # how cfg.dtype was chosen (utils/precision.py): printed, and kept in config.json
