@@ -99,6 +99,21 @@ def test_a_teacher_with_another_vocabulary_is_refused_in_one_line_before_anythin
     assert not [p for p in World().problems(same) if p.startswith("teacher:")]
 
 
+def test_a_teacher_path_with_nothing_at_it_is_named_as_a_path_not_as_a_bad_hub_id(tmp_path):
+    """Training's check before anything loads, and the teacher's own load, say the path holds nothing; neither
+    speaks of the form of hub repo ids, which the user did not write."""
+    from nanorllm.trainer.teacher import load_teacher
+
+    missing = str(tmp_path / "runs" / "teacher")
+    cfg = TrainConfig(model="tiny-random", teacher=missing, output_dir=str(tmp_path))
+    [line] = [p for p in World().problems(cfg) if p.startswith("teacher:")]
+    assert line == (f"teacher: cannot read the tokenizer of the teacher {missing!r}: no such file or folder (nor is "
+                    "it a hub repo id)")
+    with pytest.raises(ConfigError) as e:
+        load_teacher(cfg, "cpu")
+    assert e.value.problems == [f"teacher: cannot load {missing!r}: no such file or folder (nor is it a hub repo id)"]
+
+
 @pytest.mark.slow
 def test_the_launch_refuses_another_vocabulary_with_exit_2_and_writes_nothing(tmp_path):
     r = forked.run([sys.executable, str(ROOT / "launch" / "train.py"), "--model", "tiny-random", "--teacher",

@@ -222,5 +222,6 @@ def test_a_model_that_does_not_load_is_one_line_exit_2_and_no_run_folder(tmp_pat
     rc = main(["--model", str(tmp_path / "no-such-model"), "--demos", "2", "--out", str(tmp_path / "out"),
                "--output-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: model: cannot load '{tmp_path / 'no-such-model'}'")
+    assert rc == 2 and err == [f"error: model: cannot load '{tmp_path / 'no-such-model'}': no such file or folder (nor "
+                               "is it a hub repo id)"]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()

@@ -23,7 +23,7 @@ held in --dtype like a sampling replica, and is counted in the memory plan (memo
 import torch
 import torch.nn.functional as F
 
-from nanorllm.config.errors import cannot_load, first_line
+from nanorllm.config.errors import cannot_load, load_failure
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import load_tokenizer
 from nanorllm.trainer.update import score
@@ -61,10 +61,13 @@ def load_teacher(cfg, learner_device: str) -> Teacher | None:
 def vocabulary_problem(student: str, teacher: str) -> str | None:
     """One line when `teacher`'s tokenizer maps tokens to ids otherwise than `student`'s (the teacher scores the
     student's token ids); read from the tokenizers alone, before any weights load."""
-    try:
-        s, t = load_tokenizer(student).get_vocab(), load_tokenizer(teacher).get_vocab()
-    except (OSError, ValueError) as e:
-        return f"teacher: cannot read the tokenizer of {teacher!r} or of the student {student!r}: {first_line(e)}"
+    vocabularies = []
+    for name, whose in ((teacher, "the teacher"), (student, "the student")):
+        try:
+            vocabularies.append(load_tokenizer(name).get_vocab())
+        except (OSError, ValueError) as e:
+            return f"teacher: cannot read the tokenizer of {whose} {name!r}: {load_failure(name, e)}"
+    t, s = vocabularies
     if s == t:
         return None
     diff = sorted(set(s.items()) ^ set(t.items()), key=lambda kv: kv[1])[0][0]
