@@ -25,6 +25,15 @@ def success(steps: list["Step"], reward: float) -> bool:
     return bool(said[-1]) if said else reward > 0
 
 
+def ending(reason: str | None, reward: float, *, cut: bool, otherwise: str = "max_turns") -> str:
+    """Why an episode its env ended did end: when its last response was `cut` at max_new_tokens and earned nothing,
+    "truncated", whatever the env said (its turn limit, a wrong answer, an invalid move: the cut is what happened);
+    else the env's `reason`, else "correct" when rewarded, else `otherwise`."""
+    if cut and reward <= 0:
+        return "truncated"
+    return reason or ("correct" if reward > 0 else otherwise)
+
+
 @dataclass
 class Step:
     """One turn: observation -> model response -> env feedback."""
@@ -96,6 +105,11 @@ class RolloutResult:
     @property
     def failed(self) -> bool:
         return self.trajectory.termination_reason in FAILED_REASONS
+
+    @property
+    def cut(self) -> bool:
+        """Its last response hit max_new_tokens without EOS."""
+        return bool(self.step_samples) and self.step_samples[-1].truncated
 
     @property
     def succeeded(self) -> bool:

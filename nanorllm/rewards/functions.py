@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from nanorllm.core.limits import REWARD_TIMEOUT_S
-from nanorllm.core.types import RolloutResult
+from nanorllm.core.types import RolloutResult, ending
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.utils.modules import EnvSpecError, import_spec
 from nanorllm.utils.timed import CallTimeout, call_with_limit
@@ -263,7 +263,7 @@ class RewardSources:
             for s in r.step_samples:
                 s.reward = total
             if env_name == "single":
-                r.trajectory.termination_reason = "correct" if total > 0 else "max_turns"
+                r.trajectory.termination_reason = ending(None, total, cut=r.cut)
 
     def score(self, source, results: list[RolloutResult], env_name: str) -> tuple[list[float | None], bool]:
         """(`source`'s checked values for `results`, whether its failure is said already): all nan (failed scores)

@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nanorllm.chaos.faults import agent_engine_step
-from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
+from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory, ending
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_result
 from nanorllm.envs.base import EnvProtocolError
 from nanorllm.policy.base import Generation, SamplingParams
@@ -470,8 +470,7 @@ class AgentRunner:
             last.info["success"] = info["success"]
         cut = self.bundle.cut_ends_truncated and ep.samples[-1].truncated  # AgentBundle.cut_ends_truncated
         traj.final_reward, traj.terminated = reward, not cut
-        traj.termination_reason = str(info.get("reason") or ("correct" if reward > 0 else "truncated" if cut
-                                                             else "wrong"))
+        traj.termination_reason = str(ending(info.get("reason"), reward, cut=cut, otherwise="wrong"))
         for s in ep.samples:
             s.reward = reward
         ep.result = RolloutResult(trajectory=traj, step_samples=ep.samples, group_id=ep.group_id)

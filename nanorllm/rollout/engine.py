@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from nanorllm.chaos.faults import env_response
-from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory
+from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory, ending
 from nanorllm.envs.agent_fn import AgentBundle
 from nanorllm.envs.base import Agent, Env, EnvBundle, EnvProtocolError, EpisodeSettings, check_reset, check_step
 from nanorllm.envs.registry import DEFAULT_ENV, load_env
@@ -272,7 +272,7 @@ class RolloutEngine:
         feedback, info = self._bounded(ep, gen, params, feedback, info)
         if done:
             agent.update_from_env(feedback, reward, done, info)
-            self._finish(ep, terminated=True, reason=info.get("reason") or ("correct" if reward > 0 else "max_turns"))
+            self._finish(ep, terminated=True, reason=ending(info.get("reason"), reward, cut=gen.truncated))
             return False
         if gen.truncated or feedback is None or len(ep.samples) >= self.max_turns:
             # a cut-off response ends the episode (no retry after it), as does an env with nothing to
