@@ -9,9 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from nanorllm.chaos.in_flight import InFlight
 from nanorllm.policy.gemini import (GeminiClient, GeminiError, GeminiPolicy, is_gemini_spec,
                                  policy_from_spec)
 from nanorllm.policy.base import SamplingParams
+from tests.helpers import wait_until
 
 API_KEY = "test-key-5ecr3t-do-not-leak"
 MODEL = "gemini-test-model"
@@ -23,7 +25,8 @@ def ok_reply(text: str, finish_reason: str = "STOP") -> dict:
 
 
 class StubGemini:
-    """Scriptable fake endpoint that records every request and how many were in flight at once.
+    """Scriptable fake endpoint that records every request and how many were in flight at once (`flight`, exact;
+    a test that sets its `hold_until` n sees n requests open together before any is answered).
 
     `handler(request) -> (status, body, headers, delay_s)` decides each reply; `body` is a dict
     (sent as JSON) or a str.
@@ -32,8 +35,7 @@ class StubGemini:
     def __init__(self):
         self.requests: list[dict] = []
         self.handler: Callable[[dict], tuple] = lambda request: (200, ok_reply("ok"), {}, 0.0)
-        self.in_flight = 0
-        self.max_in_flight = 0
+        self.flight = InFlight()
         self.lock = threading.Lock()
         self.release = threading.Event()
         stub = self
@@ -46,15 +48,14 @@ class StubGemini:
                            "body": json.loads(raw)}
                 with stub.lock:
                     stub.requests.append(request)
-                    stub.in_flight += 1
-                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                stub.flight.enter()
                 try:
+                    stub.flight.hold()
                     status, body, headers, delay = stub.handler(request)
                     if delay:
                         stub.release.wait(delay)
                 finally:
-                    with stub.lock:
-                        stub.in_flight -= 1
+                    stub.flight.leave()
                 data = (json.dumps(body) if isinstance(body, dict) else body).encode()
                 try:
                     self.send_response(status)
@@ -199,13 +200,13 @@ def test_error_without_json_body_uses_truncated_raw_body(stub, client):
 def test_slow_response_times_out_and_is_retried(stub, sleeps):
     client = GeminiClient(MODEL, api_key=API_KEY, base_url=stub.url, timeout_s=0.3, max_retries=1,
                           sleep=sleeps.append)
-    stub.handler = lambda request: (200, ok_reply("too late"), {}, 2.0)
+    stub.handler = lambda request: (200, ok_reply("too late"), {}, 600)  # no reply before the stub is closed
     start = time.monotonic()
     with pytest.raises(GeminiError) as info:
         client.generate([{"role": "user", "content": "x"}], max_output_tokens=8, temperature=1.0,
                         top_p=1.0)
-    assert time.monotonic() - start < 1.8
-    assert len(stub.requests) == 2
+    assert 0.6 <= time.monotonic() - start < 60  # two attempts, each cut at its timeout, not at a reply
+    assert wait_until(lambda: len(stub.requests) == 2)  # the stub reads a request its client gave up on late
     assert sleeps == [1.0]
     assert info.value.status is None
     assert "2 attempts" in str(info.value) and "timed out after 0.3s" in str(info.value)
@@ -256,13 +257,14 @@ def test_policy_generate_is_concurrent_bounded_and_ordered(stub):
         return 200, ok_reply(f"echo {last}"), {}, 0.08
 
     stub.handler = echo
+    stub.flight.hold_until = 4  # no reply until 4 are open at once
     policy = GeminiPolicy(MODEL, concurrency=4, api_key=API_KEY, base_url=stub.url)
     conversations = [[{"role": "system", "content": "sys"}, {"role": "user", "content": f"q{i}"}]
                      for i in range(12)]
     generations = policy.generate(conversations, [[] for _ in conversations], SamplingParams())
     assert [g.text for g in generations] == [f"echo q{i}" for i in range(12)]
     assert len(stub.requests) == 12
-    assert 1 < stub.max_in_flight <= 4
+    assert stub.flight.most == 4  # concurrent, and bounded
 
 
 def test_policy_raises_on_failed_request(stub, client):
@@ -307,10 +309,11 @@ def test_eval_script_runs_the_self_refine_loop_against_the_api(stub, monkeypatch
         return 200, ok_reply(f"\\boxed{{{total if retry else total + 1}}}"), {}, 0.05
 
     stub.handler = solver
+    stub.flight.hold_until = 4
     monkeypatch.setenv("GEMINI_API_KEY", API_KEY)
     monkeypatch.setenv("GEMINI_BASE_URL", stub.url)
     result = evaluate_model(EvalConfig(model="gemini:test-model", tasks="arith:digits=1,terms=3,count=12,seed=4",
                                        api_concurrency=4))
     assert result == {"spec": "arith:digits=1,terms=3,count=12,seed=4", "success_rate": 1.0, "first_turn_success": 0.0,
                       "mean_reward": 1.0, "mean_turns": 2.0, "n": 12, "failed": 0, "grader_timeouts": 0, "first_timeout_task": None}
-    assert len(stub.requests) == 24 and 1 < stub.max_in_flight <= 4
+    assert len(stub.requests) == 24 and stub.flight.most == 4
