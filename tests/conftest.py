@@ -35,6 +35,17 @@ def nothing_printed_yet():
             getattr(sys.modules[module], name).clear()
 
 
+@pytest.fixture
+def no_symbolic_check(monkeypatch):
+    """Fails the test if an answer reaches the symbolic checker (envs/symbolic.py): what a fast path must avoid."""
+    from nanorllm.envs.symbolic import CHECKER
+
+    def asked(predicted, gold, *args, **kwargs):
+        raise AssertionError(f"the symbolic checker was asked: {predicted[:40]!r} against {gold[:40]!r}")
+
+    monkeypatch.setattr(CHECKER, "check", asked)
+
+
 def _tiny():
     from nanorllm.policy.hf_causal import HFCausalPolicy
 

@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from nanorllm.agents.math_agent import DEFAULT_EXAMPLE, DEFAULT_SYSTEM_PROMPT, MathAgent
@@ -54,10 +52,8 @@ def test_unclosed_box():
     assert grade("\\boxed{5} then \\boxed{7", "5") == (True, "5")
 
 
-def test_huge_boxed_answer_is_rejected_fast():
-    t0 = time.perf_counter()
+def test_huge_boxed_answer_is_rejected_without_a_symbolic_check(no_symbolic_check):
     correct, extracted = grade("\\boxed{" + "1+" * 4999 + "1}", "5000")
-    assert time.perf_counter() - t0 < 2.0
     assert correct is False
     assert len(extracted) == 9999
 

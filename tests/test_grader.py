@@ -59,11 +59,9 @@ def test_a_symbolic_gold_keeps_math_verify_equivalence():
     assert check_answer("\\sqrt{3}", "\\sqrt{2}") == (False, False)
 
 
-def test_numeric_checks_take_no_time_under_load():
-    t0 = time.perf_counter()
-    for answer, gold in ACCEPTED * 20:
-        assert check_answer(answer, gold)[0]
-    assert time.perf_counter() - t0 < 1.0  # no sympy on this path
+def test_numeric_checks_never_reach_the_symbolic_checker(no_symbolic_check):
+    for answer, gold in ACCEPTED + REJECTED:
+        assert check_answer(answer, gold)[1] is False
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test
@@ -85,14 +83,12 @@ def test_a_gold_no_parser_finishes_is_a_counted_timeout_within_the_budget():
     assert env.step("\\boxed{2}")[3]["grader_timeout"] is True
 
 
-def test_a_gold_longer_than_pythons_int_string_limit_is_compared_exactly():
+def test_a_gold_longer_than_pythons_int_string_limit_is_compared_exactly(no_symbolic_check):
     gold = "7" * 5001  # int() refuses more than 4,300 digits
-    t0 = time.perf_counter()
     assert judge("\\boxed{1}", gold) == judge("\\boxed{1}", gold)
     assert judge("\\boxed{1}", gold).correct is False and judge("\\boxed{1}", gold).timed_out is False
     assert check_answer("0.5", "0.5" + "0" * 5000) == (True, False)
     assert check_answer("2/3", "\\frac{" + "2" * 5001 + "}{" + "3" * 5001 + "}") == (True, False)
-    assert time.perf_counter() - t0 < 1.0
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test
