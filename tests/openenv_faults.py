@@ -1,7 +1,7 @@
 """OpenEnv environments that misbehave on some seeds, for the fault tests of tests/test_openenv.py (importable by a
 run's own processes): slow past --env-timeout-s, or an observation without its text."""
 
-import time
+import threading
 
 from openenv.core.env_server import Observation
 
@@ -15,7 +15,10 @@ class MaybeTextObservation(Observation):
 
 
 class SlowGuessEnv(GuessEnv):
-    """GuessEnv whose first step on an even seed takes SLOW_S seconds."""
+    """GuessEnv whose first step on an even seed takes `slow_s` seconds, or until `released` is set; `slow_steps`
+    counts those steps that returned."""
+
+    slow_s, released, slow_steps = SLOW_S, threading.Event(), 0
 
     def reset(self, seed=None, episode_id=None, **kwargs):
         self.slow = seed is not None and seed % 2 == 0
@@ -23,7 +26,8 @@ class SlowGuessEnv(GuessEnv):
 
     def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
         if self.slow and self._state.step_count == 0:
-            time.sleep(SLOW_S)
+            self.released.wait(self.slow_s)
+            SlowGuessEnv.slow_steps += 1
         return super().step(action)
 
 

@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -219,13 +220,18 @@ def test_a_server_down_at_start_is_refused_and_nothing_is_written(tmp_path, caps
 
 
 @pytest.mark.slow  # a fault whose wait is the behaviour under test
-def test_a_step_past_the_timeout_ends_only_that_episode_as_an_env_error(capsys):
+def test_a_step_past_the_timeout_ends_only_that_episode_as_an_env_error(capsys, monkeypatch):
     env = load_env(f"openenv:{FAULTS}:SlowGuessEnv", EpisodeSettings(max_turns=2, env_timeout_s=0.3))
+    slow_env, before = env.env_cls, env.env_cls.slow_steps
+    monkeypatch.setattr(slow_env, "slow_s", 120)  # the slow step returns once released (a net: 120 s)
+    monkeypatch.setattr(slow_env, "released", threading.Event())
     tasks = env.load_tasks("openenv:count=2,seed=0")  # seed 0 is slow, seed 1 is not
-    t0 = time.monotonic()
-    slow, fine = RolloutEngine(ScriptedPolicy([["3", "3"], ["4", "4"]]), sampling=SamplingParams(),
-                               env=env).run(tasks).results
-    assert time.monotonic() - t0 < 2.5  # the slow step (3 s) was not waited for
+    try:
+        slow, fine = RolloutEngine(ScriptedPolicy([["3", "3"], ["4", "4"]]), sampling=SamplingParams(),
+                                   env=env).run(tasks).results
+        assert slow_env.slow_steps == before  # the episodes ended while the slow step still ran: not waited for
+    finally:
+        slow_env.released.set()
     assert slow.trajectory.termination_reason == "error"
     assert "did not answer step 1 within --env-timeout-s 0.3 s" in slow.trajectory.steps[-1].info["error"]
     assert fine.trajectory.termination_reason in ("done", "max_turns") and fine.trajectory.num_turns >= 1
