@@ -20,6 +20,7 @@ from nanorllm.chaos.procs import processes_with_token, shm_entries, shm_held
 from nanorllm.pipeline.channel import Inbox, Outbox, frame
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.utils.logger import RunLogger
+from tests.helpers import WAIT_S, wait_until
 from tests.procs import ROOT, read_scalars
 
 
@@ -207,6 +208,16 @@ def _pipe():
     return r, w
 
 
+def _returns(call):
+    """call()'s result from a thread, or a failure if it still blocks after WAIT_S (not a hung test)."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert out, f"still blocked after {WAIT_S:.0f} s"
+    return out[0]
+
+
 @pytest.mark.slow
 def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
     r, w = _pipe()
@@ -214,10 +225,7 @@ def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
     w.send({"n": 1})
     payload = pickle.dumps({"n": 2, "pad": b"x" * 100_000})
     os.write(w.fileno(), frame(payload) + payload[:5000])  # a writer that died halfway
-    t0 = time.monotonic()
-    assert inbox.read() == [{"n": 1}]
-    assert inbox.read() == []
-    assert time.monotonic() - t0 < 0.5
+    assert _returns(lambda: [inbox.read(), inbox.read()]) == [[{"n": 1}], []]  # a read that waited would wait forever
     w.close()
     assert inbox.read() == [] and inbox.eof
 
@@ -226,17 +234,17 @@ def test_inbox_returns_whole_messages_and_never_waits_for_a_torn_one():
 def test_outbox_never_blocks_on_a_full_pipe_and_delivers_in_order():
     r, w = _pipe()
     outbox = Outbox(w)
-    t0 = time.monotonic()
-    for i in range(20):
-        outbox.put({"i": i, "pad": b"x" * 50_000})  # 1 MB into a 64 KB pipe nobody reads yet
-    assert time.monotonic() - t0 < 1.0 and outbox.pending
+    _returns(lambda: [outbox.put({"i": i, "pad": b"x" * 50_000}) for i in range(20)])  # 1 MB into a 64 KB pipe
+    assert outbox.pending  # nobody reads it yet: a put that waited would wait forever
     got = []
     reader = threading.Thread(target=lambda: got.extend(r.recv()["i"] for _ in range(20)), daemon=True)
     reader.start()  # a worker: blocking reads, while the learner flushes when it can
-    deadline = time.monotonic() + 10
-    while reader.is_alive() and time.monotonic() < deadline:
+
+    def delivered():
         outbox.flush()
-        time.sleep(0.01)
+        return not reader.is_alive()
+
+    assert wait_until(delivered)
     assert got == list(range(20))
 
 
