@@ -60,8 +60,8 @@ REWARDS = textwrap.dedent('''
 
     import time
 
-    def sleepy(completions, **kw):
-        time.sleep(3)
+    def sleepy(completions, **kw):  # returns long after any limit a test sets
+        time.sleep(3600)
         return [1.0] * len(completions)
 
     hangs = [0]
@@ -149,7 +149,7 @@ def test_a_function_past_its_timeout_fails_the_scores_of_the_batch_naming_it(rew
     batch = [episode("a", "1"), episode("b", "2")]
     t0 = time.monotonic()
     b.score_batch(batch, watch=heard.append)
-    assert time.monotonic() - t0 < 2  # abandoned at the limit, not waited for
+    assert 0.2 <= time.monotonic() - t0 < 60  # abandoned at the limit, not waited for
     assert [r.trajectory.termination_reason for r in batch] == ["reward_failed", "reward_failed"]
     assert heard == [f"reward function {rewards_file}:sleepy"]  # nothing left for the next function to score
     err = capsys.readouterr().err
