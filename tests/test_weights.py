@@ -10,6 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nanorllm.pipeline.weights import SharedWeights, flatten_parameters
+from tests.helpers import wait_until
 
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))
@@ -196,12 +197,15 @@ def _names_pid(name: str, pid: int) -> bool:
 
 
 def _worker_loading(store: SharedWeights, learner_pid: int, device: str, out) -> None:
-    """A pipeline worker's part: dies with its learner (lifeline.py), loads in a loop until then."""
+    """A pipeline worker's part: dies with its learner (lifeline.py), loads in a loop until then; it says so once a
+    publish landed between two of its loads (loads and publishes overlap)."""
     from nanorllm.utils.lifeline import die_with_parent
 
     die_with_parent(learner_pid, poll_s=0.1)
     block = store.attach(_model(device=device))
-    store.load_into(block)
+    first, _ = store.load_into(block)
+    while store.load_into(block)[0] == first:
+        pass
     out.put(("loading", os.getpid(), store.reads_gpu))
     while True:
         store.load_into(block)
@@ -240,22 +244,21 @@ def test_a_learner_killed_while_publishing_takes_its_worker_and_the_memory_with_
     shm_before = shm_entries()  # the queue's own semaphores included
     learner = ctx.Process(target=_learner_publishing, args=(device, out))
     learner.start()
-    what, worker_pid, reads_gpu = out.get(timeout=120)
+    what, worker_pid, reads_gpu = out.get(timeout=120)  # once loads and publishes overlap
     assert what == "loading" and reads_gpu == (device == "cuda")
-    time.sleep(0.5)  # loads and publishes overlap
     os.kill(learner.pid, signal.SIGKILL)
     learner.join(timeout=30)
-    deadline = time.monotonic() + 20
-    while not _gone(worker_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _gone(worker_pid), "the worker outlived its learner"
-    time.sleep(1.0)  # the driver and the kernel release what the dead processes held
-    left = shm_entries() - shm_before - shm_held()  # an entry a live process holds is not this run's (parallel tests)
-    # Only a CUDA IPC producer's own bookkeeping may stay: torch's reference-count file and the driver's
-    # file, both named by the killed learner's pid, which only that process could have unlinked.
-    assert left == ({n for n in left if _names_pid(n, learner.pid)} if device == "cuda" else set()), left
-    if device == "cuda":
-        assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)  # within 64 MiB: nothing held
+    assert wait_until(lambda: _gone(worker_pid)), "the worker outlived its learner"
+
+    def left() -> tuple[set[str], bool]:
+        """(/dev/shm entries left, whether the GPU still holds more than 64 MiB of what was free)."""
+        entries = shm_entries() - shm_before - shm_held()  # an entry a live process holds is not this run's
+        # Only a CUDA IPC producer's own bookkeeping may stay: torch's reference-count file and the driver's
+        # file, both named by the killed learner's pid, which only that process could have unlinked.
+        stray = {n for n in entries if not (device == "cuda" and _names_pid(n, learner.pid))}
+        return stray, device == "cuda" and torch.cuda.mem_get_info()[0] < free_before - (64 << 20)
+
+    assert wait_until(lambda: left() == (set(), False)), left()  # once the driver and the kernel released it
 
 
 def test_seqlock_fences_are_real_fences_or_the_store_refuses_to_run(monkeypatch):
