@@ -2,13 +2,13 @@
 
 import importlib.util
 import json
-import time
 
 import pytest
 import torch
 
 from nanorllm.agents.math_agent import MathAgent
 from nanorllm.policy.base import SamplingParams
+from nanorllm.policy import models
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, ensure_smollm2, follow_config_eos, tiny_model
 
@@ -26,9 +26,8 @@ def test_default_model_converts_once_and_answers_a_sum(tmp_path, monkeypatch):
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert list(path.glob("*.safetensors"))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
-    t0 = time.perf_counter()
-    policy = HFCausalPolicy.from_name(SMOLLM2)  # from the cache now
-    assert time.perf_counter() - t0 < 15
+    monkeypatch.setattr(models, "smollm2_gguf_dir", lambda: pytest.fail("converted again, not read from the cache"))
+    policy = HFCausalPolicy.from_name(SMOLLM2)
     assert policy.tokenizer.chat_template and policy.eos_ids == [policy.tokenizer.eos_token_id]
     assert policy.tokenizer.eos_token == "<|im_end|>" and policy.pad_id == policy.tokenizer.eos_token_id
     agent = MathAgent()
