@@ -19,13 +19,14 @@ import sys
 
 from nanorllm.run.prestart import start_workers_early
 from nanorllm.utils.quick_exit import exit_now
+from nanorllm.utils.startup import process_start
 
 
 def main(argv: list[str]) -> int:
     start_workers_early(argv)  # the workers' imports run beside the launcher's own
     from nanorllm.run.lifecycle import main as run
 
-    return run(argv)
+    return run(argv, started=process_start())  # the start-up line counts the imports too
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ class _Pool:
 def _learner() -> PipelineSource:
     """The learner's message handling alone: no run, no processes."""
     src = PipelineSource.__new__(PipelineSource)
-    src.pool, src.ready, src.last_error, src.holding = _Pool(), set(), {}, False  # training has begun
+    src.pool, src.ready, src.last_error, src.holding, src.capture_s = _Pool(), set(), {}, False, 0.0  # training has begun
     src.outstanding, src.owner, src.attempts, src.done, src.specs = {}, {}, {}, {}, {}
     src.failures, src.totals, src.longest_job_s, src._msgs = {0: 0, 1: 0}, Counter(), 0.0, []
     return src

@@ -93,6 +93,7 @@ class PipelineSource:
         self.step_jobs: dict[int, list[str]] = {}
         self.step_position: dict[int, int] = {}  # task-stream position before step s was drawn
         self.ready: set[int] = set()  # workers whose current process has loaded its model
+        self.capture_s = 0.0  # the longest decode-graph capture a worker reported with its Ready
         self.failures = {wid: 0 for wid in range(n)}  # failures in a row, without a finished job
         self.last_error: dict[int, str] = {}  # a worker's own traceback, from its last Fatal message
         self.longest_job_s = 0.0
@@ -183,6 +184,7 @@ class PipelineSource:
         wid = msg.worker_id
         if isinstance(msg, Ready):
             self.ready.add(wid)
+            self.capture_s = max(self.capture_s, msg.capture_s)
             return
         if isinstance(msg, Fatal):
             self.last_error[wid] = msg.error

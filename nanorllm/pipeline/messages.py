@@ -48,6 +48,7 @@ class Ready:
     worker_id: int
     version: int  # the weights version it loaded first
     load_s: float  # seconds that first load took
+    capture_s: float = 0.0  # seconds its decode graphs took to capture (0 where there are none: the CPU)
 
 
 @dataclass

@@ -124,7 +124,7 @@ def _serve(wid: int, start: WorkerStart, device: str, threads, num_processes: in
                                on_progress=lambda: hb.beat(wid))
     if capture_s:
         print(f"[worker {wid}] decode graphs captured in {capture_s:.1f} s", flush=True)
-    sender.put(Ready(wid, policy.version, load_s), waiting=lambda: hb.beat(wid))
+    sender.put(Ready(wid, policy.version, load_s, capture_s or 0.0), waiting=lambda: hb.beat(wid))
     # Time since the last report, by what the worker was doing: the learner reads the shares.
     acc, t_mark = JobTimes(load_s=load_s, loads=1), time.perf_counter()
     while not stop[0]:

@@ -49,6 +49,7 @@ from nanorllm.trainer.source import RolloutSource, SerialSource
 from nanorllm.utils.children import start_server
 from nanorllm.utils.devices import DeviceError
 from nanorllm.utils.modules import EnvSpecError
+from nanorllm.utils.startup import StartupClock
 
 BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError,
              EnvSpecError)
@@ -67,6 +68,9 @@ class RunOutcome:
     """Building the rollout source and waiting for it, less the held-out eval in between."""
     train_s: float = 0.0
     """The loop's wall time."""
+    startup: dict = field(default_factory=dict)
+    """Seconds by start-up phase, from the process's start (or run_training's call) to the first step, as its
+    `[startup]` line prints them; `capture`: the decode graphs' capture, inside the engine or workers' phase."""
 
 
 def make_source(run: TrainingRun) -> RolloutSource:
@@ -97,15 +101,20 @@ def _attempt(what: str, fn: Callable[[], object]) -> None:
 def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
                  quiet: bool = False, evaluate_first: bool = True, checkpoints: bool = True,
                  on_step: Callable[[TrainingRun, int], None] | None = None,
-                 finish: Callable[[TrainingRun], dict] | None = None, env: EnvBundle | None = None) -> RunOutcome:
+                 finish: Callable[[TrainingRun], dict] | None = None, env: EnvBundle | None = None,
+                 started: float | None = None) -> RunOutcome:
     """Train `cfg` (or continue the run in `resume_dir`, `overrides` changed) to its end.
 
     quiet: no console output but errors. evaluate_first: the held-out eval at step 0. checkpoints:
     False for a run whose folder is thrown away (benchmarks) -- no save at shutdown. on_step(run, n):
     called once before the first step (n = start step) and after each step n is on record. finish(run):
     what a finished run does once its workers are gone (default: final eval and final_model/). env: the run's
-    bundle as the command line's checks built it (run/world.py), so it is not built again (None: built here)."""
+    bundle as the command line's checks built it (run/world.py), so it is not built again (None: built here).
+    started: when the process began (utils/startup.py process_start), so the start-up line counts its imports."""
     plan = None
+    clock = StartupClock(started)
+    if started is not None:
+        clock.lap("imports")  # the interpreter, torch and transformers, the flags and their checks
     try:
         parts = assemble(cfg, env=env)  # env, tasks, devices, LoRA spec: once, for the plan, the run and its workers
         if (warning := prompt_shape_warning(cfg)) is not None and not quiet:
@@ -114,12 +123,13 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
             go, plan = check_memory(parts, quiet=quiet)
             if not go:
                 return RunOutcome(exit_code=0)
+        clock.lap("assembly")
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         return RunOutcome(exit_code=2)
     if not parts.cfg.serial:
         start_server()  # the workers' imports run while the learner loads
-    run = TrainingRun(parts.cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet)
+    run = TrainingRun(parts.cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet, clock=clock)
     signals = StopSignals(run)
     source, status, out = None, "failed", RunOutcome(exit_code=1)
     try:
@@ -127,13 +137,19 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
         t0 = time.perf_counter()
         source = make_source(run)  # workers load while the eval runs
         t_eval = time.perf_counter()
+        clock.lap("workers start" if not parts.cfg.serial else "engine")
         if evaluate_first:
             run.evaluate_before()
+            clock.lap("eval")
         run.use_cores(alone=False)
         t_wait = time.perf_counter()
         source.wait_ready(lambda: run.stop_requested)
         t_ready = time.perf_counter()
         out.startup_s = (t_eval - t0) + (t_ready - t_wait)
+        if not parts.cfg.serial:
+            clock.lap("workers load")
+        out.startup = dict(clock.phases, capture=source.capture_s)
+        run.say(clock.line() + (f" (decode graphs captured in {source.capture_s:.1f})" if source.capture_s else ""))
         if on_step is not None:
             on_step(run, run.start_step)
         run.train(source, on_step)
@@ -202,8 +218,9 @@ def figure(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def main(argv: list[str]) -> int:
-    """`python launch/train.py ARGV`: the exit code. Under torchrun a rank other than 0 follows rank 0's run."""
+def main(argv: list[str], started: float | None = None) -> int:
+    """`python launch/train.py ARGV`: the exit code. Under torchrun a rank other than 0 follows rank 0's run.
+    started: when the process began, so the start-up line counts its imports (None: from run_training's call)."""
     if under_torchrun() and int(os.environ["RANK"]) > 0:
         return follow_torchrun(argv)
     try:
@@ -211,4 +228,4 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_training(cfg, resume_dir=resume_dir, overrides=overrides, env=env).exit_code
+    return run_training(cfg, resume_dir=resume_dir, overrides=overrides, env=env, started=started).exit_code

@@ -58,6 +58,7 @@ from nanorllm.trainer.step_metrics import derived_metrics
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
+from nanorllm.utils.startup import StartupClock
 from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.sinks import parse_report_to
 
@@ -92,8 +93,9 @@ class TrainingRun:
     EVAL_HANG_S = 600.0  # held-out eval without progress this long is hung, unless --worker-timeout-s says
 
     def __init__(self, cfg: TrainConfig, *, resume_dir: str | None = None, overrides: dict | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, clock: StartupClock | None = None):
         self.cfg = cfg
+        self.clock = clock or StartupClock()  # the start-up's phases (utils/startup.py): setup laps its own
         self.quiet = quiet  # no console output (timed trials print their own summary)
         self.resume_dir = resume_dir
         self.overrides = overrides or {}
@@ -178,9 +180,12 @@ class TrainingRun:
         self.policy.graphs_enabled = cfg.cuda_graphs
         if cfg.grad_checkpointing:
             self.policy.enable_grad_checkpointing()
+        self.clock.lap("model")
         self.say(trainable_line(self.policy))
         self.check_prompt_lengths()
+        self.clock.lap("checks")
         self.say(startup_parity_line(self.policy, temperature=cfg.temperature))  # stops a run that would train on noise
+        self.clock.lap("parity")
         self.ref_policy = reference_policy(self.policy, cfg, self.devices.learner,
                                            cfg.model if not state else state["reference_model"])
         self.teacher = load_teacher(cfg, self.devices.learner)
@@ -216,6 +221,7 @@ class TrainingRun:
         self.last_save_t = time.monotonic()
         saved = {**cfg.saved(), DTYPE_CHOICE: first_choice(self.run_dir, cfg.dtype) or self.parts.precision}
         write_atomic(self.run_dir / "config.json", json.dumps(saved, indent=2) + "\n")  # setup succeeded
+        self.clock.lap("setup")  # reference, teacher, optimizer, resume, run folder and logs
 
     def check_prompt_lengths(self) -> None:
         """Refuse (TaskFileError, exit 2) tasks whose first prompt is longer than the limit, naming each, or

@@ -77,6 +77,8 @@ class FillRounds:
 
 
 class RolloutSource(Protocol):
+    capture_s: float  # the longest decode-graph capture its engines took before they were ready (0: none)
+
     def wait_ready(self, stop: Callable[[], bool]) -> None:
         """Return once batches can be made (workers loaded), or when `stop()` says so."""
 
@@ -100,7 +102,7 @@ class SerialSource:
         self.cfg, self.policy, self.stream = cfg, policy, stream
         self.engine = training_engine(policy, cfg, env)
         # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
-        self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task)
+        self.capture_s = self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task) or 0.0
         self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
 
     def wait_ready(self, stop: Callable[[], bool]) -> None:
