@@ -53,8 +53,8 @@ def kept_rows(results: list[RolloutResult], prompts: dict[str, list[dict]], *, m
     return rows
 
 
-def sample_rows(cfg: SampleConfig, policy) -> tuple[list[dict], int]:
-    """(the kept rows, episodes sampled): --samples-per-task episodes of each task from `policy` on --env."""
+def sample_rows(cfg: SampleConfig, policy) -> tuple[list[dict], list[RolloutResult]]:
+    """(the kept rows, every episode sampled): --samples-per-task episodes of each task from `policy` on --env."""
     bundle = load_bundle(env_spec(cfg))
     tasks = training_tasks(bundle, cfg.tasks, cfg.eval_tasks, cfg.limit)
     engine = RolloutEngine(policy, sampling=sampling_params(cfg), env=bundle)
@@ -66,7 +66,15 @@ def sample_rows(cfg: SampleConfig, policy) -> tuple[list[dict], int]:
         prompts[task["task_id"]] = list(agent.messages)
     tools = getattr(bundle, "tools", None)
     schemas = [t.schema for t in tools] if tools else None
-    return kept_rows(results, prompts, min_reward=cfg.min_reward, tools=schemas), len(results)
+    return kept_rows(results, prompts, min_reward=cfg.min_reward, tools=schemas), results
+
+
+def summary(rows: list[dict], results: list[RolloutResult], cfg: SampleConfig) -> str:
+    """The closing line: the rows kept of the episodes sampled, and how many of those failed (an env error, or a
+    reward no source could compute), which are never kept whatever --min-reward says."""
+    failed = sum(r.failed for r in results)
+    return (f"[sample] kept {len(rows)} of {len(results)} episodes (reward >= {cfg.min_reward}, deduplicated; "
+            f"{failed} failed: an env error or a reward that could not be computed) in {cfg.out}")
 
 
 def main(argv: list[str]) -> int:
@@ -90,11 +98,11 @@ def main(argv: list[str]) -> int:
     configure_threads(device, cfg.threads, 1)
     try:
         policy = HFCausalPolicy.from_name(cfg.model, device=device, seed=cfg.seed)
-        rows, n = sample_rows(cfg, policy)
+        rows, results = sample_rows(cfg, policy)
     except (TaskFileError, EnvSpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(cfg.out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print(f"[sample] kept {len(rows)} of {n} episodes (reward >= {cfg.min_reward}, deduplicated) in {cfg.out}")
+    print(summary(rows, results, cfg))
     return 0
