@@ -17,7 +17,7 @@ RL_ONLY = """--kl-coef --clip-low --clip-high --loss-agg --off-policy-correction
     --updates-per-batch --reward --reward-model --reward-mode --judge --teacher --agent --tool-parser --max-tool-calls
     --num-workers --serial --max-policy-lag --queue-size --temperature --top-p
     --max-turns --max-new-tokens --max-prompt-tokens --grader-timeout-s --env-timeout-s --max-batch-episodes
-    --cuda-graphs --collapse-alarm-steps --tool-alarm-steps --lr-schedule --warmup-steps --lora-merged
+    --cuda-graphs --collapse-alarm-steps --tool-alarm-steps --lora-merged
     --sample-every --rollout-dump-size --save-model --resume-new-data --eval-tasks""".split()
 FIELDS = {f.name for f in dataclasses.fields(SFTConfig)}
 
@@ -30,6 +30,17 @@ def test_the_help_lists_each_sft_field_and_no_rl_only_flag(capsys):
     assert stop.value.code == 0
     assert {f"--{name.replace('_', '-')}" for name in FIELDS} <= flags
     assert flags & set(RL_ONLY) == set()
+
+
+def test_the_help_says_what_sft_reads_in_task_fields_max_steps_and_epochs(capsys):
+    """--task-fields names SFT's own keys, --max-steps says it is the steps and replaces --epochs (TRL's reading)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "launch/sft.py's --data rows: keys messages, prompt, completion, tools, text" in text
+    assert "launch/sft.py: the steps the run makes, over the data as many times as they take, in place of --epochs, " \
+           "as TRL's max_steps (0: as many as --epochs make)" in text
+    assert "launch/sft.py: over the data, when --max-steps is 0" in text and "--lr-schedule" in text
 
 
 READ: set[str] = set()

@@ -65,8 +65,10 @@ class EnvOptions:
     env_arg: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """The env's own options, key=value, one flag each (--env-arg a=1 --env-arg b=2); a config file may give a mapping."""
     task_fields: str | None = None
-    """The task sources' own column names, key=column, comma-separated: question=problem,answer=solution,task_id=id
-    (keys: question, answer, task_id). A source without a task_id column gets <source>-<row> ids."""
+    """The sources' own column names, key=column, comma-separated. Tasks (training, evaluation, sampling, --demos):
+    keys question, answer, task_id (question=problem,answer=solution,task_id=id; a source without a task_id column
+    gets <source>-<row> ids). launch/sft.py's --data rows: keys messages, prompt, completion, tools, text
+    (messages=conversations,tools=functions)."""
 
 
 @dataclass
@@ -348,7 +350,8 @@ class Optimizer(AdamWSettings):
 
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning rate over the run's steps after warmup: constant, linear decay to 0 or cosine decay to 0
-    at max_steps (a function of the step, so a resume continues it exactly)."""
+    at its last step (training's max_steps; launch/sft.py's steps), a function of the step, so a resume continues
+    it exactly."""
     warmup_steps: int = 0
     """Steps of linear warmup from lr / (warmup_steps + 1) to lr, before lr_schedule applies."""
 
@@ -383,11 +386,12 @@ class Steps:
     """How long training runs: its optimizer steps and passes."""
 
     max_steps: int = 24
-    """Optimizer steps: training's learner updates; launch/sft.py's cap on the steps its --epochs make (0: no
-    cap)."""
+    """Optimizer steps. Training: its learner updates. launch/sft.py: the steps the run makes, over the data as
+    many times as they take, in place of --epochs, as TRL's max_steps (0: as many as --epochs make).
+    launch/train_reward_model.py: a cap on the steps its --epochs make (0: none)."""
     epochs: int = 1
-    """Passes: in training over each rollout batch (each pass makes updates_per_batch optimizer steps); in
-    launch/sft.py over the data."""
+    """Passes. Training: over each rollout batch (each pass makes updates_per_batch optimizer steps).
+    launch/sft.py: over the data, when --max-steps is 0. launch/train_reward_model.py: over the data."""
 
 
 @dataclass

@@ -2,7 +2,8 @@
 and one group of its own; no RL-only field (tests/test_sft_config.py: every field is read by an SFT run).
 
 Its fields mean what they mean in training (fields.Learner: --micro-batch-tokens, --max-pad-frac,
---packing, --tf32; fields.AdamWSettings: --lr, --weight-decay, --max-grad-norm; fields.LearnerForward:
+--packing, --tf32; fields.Optimizer: --lr, --weight-decay, --max-grad-norm, --lr-schedule, --warmup-steps (RL's
+schedule, trainer/schedule.py, over this run's steps); fields.LearnerForward:
 --disable-dropout, --grad-checkpointing; fields.MemoryPlanning's --memory-plan-only (memory/sft.py);
 fields.LoraAdapters; fields.LearnerRankSettings' --devices (its first entry) and learner ranks (--learner-devices N:
 the first N, each step's rows split over them; --learner-parallel, --learner-timeout-s);
@@ -10,18 +11,18 @@ fields.RunLog's folder, sinks and checkpoints, --eval-every for the held-out los
 --dtype, --threads; fields.EnvOptions' --env, --env-arg, --task-fields; fields.ToolFunctions' --tools;
 fields.TrainingTasks' --tasks (the tasks --demos draws from) and --limit (--data's rows);
 fields.FirstPrompt's --system-prompt and --worked-example, which shape a demonstration's prompt as they shape
-RL's). Two of fields.Steps read differently here, as a supervised pass needs: --epochs counts passes over the
-data, and --max-steps (0: none) caps the optimizer steps those passes make. This program's own defaults
-(`SFT_DEFAULTS`) are values, not second declarations of those fields.
+RL's). fields.Steps read as TRL's trainer reads them: --epochs counts passes over the data, and --max-steps, when
+not 0, is the number of optimizer steps instead, the data read as many times as they take. This program's own
+defaults (`SFT_DEFAULTS`) are values, not second declarations of those fields.
 """
 
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import (AdamWSettings, Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
-                                    LearnerRankSettings, LoraAdapters, MemoryPlanning, ModelSettings, RunLog, Seeding,
-                                    Sources, Steps, ToolFunctions, TrainingTasks)
+from nanorllm.config.fields import (Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
+                                    LearnerRankSettings, LoraAdapters, MemoryPlanning, ModelSettings, Optimizer, RunLog,
+                                    Seeding, Sources, Steps, ToolFunctions, TrainingTasks)
 
 SFT_DEFAULTS = {"max_steps": 0, "lr": 1e-5, "packing": True, "exp_name": "sft"}
 
@@ -49,7 +50,8 @@ class SFTSettings:
 
     data: str | None = None
     """SFT rows: a JSONL file, a parquet file or folder, or hf:NAME (nanorllm/supervised/sft_data.py): TRL's
-    `messages` (tool calls and role `tool` included, a `tools` column) or `prompt`/`completion` rows."""
+    `messages` (tool calls and role `tool` included, a `tools` column), `prompt`/`completion` or `text` rows (language
+    modelling: every token trained)."""
     demos: int = 0
     """Instead of --data: this many demonstrations from --env's own gold (its `demonstrations(task)`, on its
     training tasks)."""
@@ -70,15 +72,15 @@ class SFTSettings:
 
 @dataclass
 class SFTConfig(SFTSettings, Overwriting, Resuming, RunLog, LearnerRankSettings, MemoryPlanning, LearnerForward,
-                LoraAdapters, Steps, AdamWSettings, Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions,
+                LoraAdapters, Steps, Optimizer, Learner, FirstPrompt, TrainingTasks, ToolFunctions, EnvOptions,
                 ModelSettings):
     """Supervised fine-tuning on conversations, with the learner RL uses (docs/warm-start.md)."""
 
     def validate(self) -> list[str]:
         """Every problem, one line each, naming the field."""
         p = bound_problems(self, {**dict.fromkeys(["epochs", "rows_per_step", "keep_checkpoints"], ">= 1"),
-                                  **dict.fromkeys(["max_steps", "demos", "save_every", "eval_every", "lora_rank"],
-                                                  ">= 0"),
+                                  **dict.fromkeys(["max_steps", "demos", "save_every", "eval_every", "lora_rank",
+                                                   "warmup_steps"], ">= 0"),
                                   **dict.fromkeys(["threads", "limit", "micro_batch_tokens", "max_tokens"],
                                                   ">= 1 or unset"),
                                   "lr": "> 0", "max_grad_norm": "> 0"})
@@ -88,6 +90,9 @@ class SFTConfig(SFTSettings, Overwriting, Resuming, RunLog, LearnerRankSettings,
             p.append("out: give --out FOLDER, where the fine-tuned model is written")
         if not 0 <= self.eval_frac < 1:
             p.append(f"eval_frac: must be in [0, 1), got {self.eval_frac}")
+        if self.warmup_steps >= self.max_steps >= 1:
+            p.append(f"warmup_steps: {self.warmup_steps} is not below max_steps ({self.max_steps}): the run never "
+                     "reaches --lr")
         return p
 
     def saved(self) -> dict:

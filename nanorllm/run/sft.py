@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     try:
         ranks = start_ranks(devices, cfg.learner_timeout_s, parallel=cfg.learner_parallel, follower=follow_sft)
         if ranks.world > 1:
-            ranks.broadcast(cfg)  # the other ranks load the model from it, then take rank 0's weights
+            ranks.broadcast((cfg, run.steps))  # the other ranks load the model from it, then take rank 0's weights
             print(where_line(ranks.attach(run.policy, run.optimizer)), flush=True)
         sft.train_sft(run, start, ranks=ranks)
         ranks.release()
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
 def follow_sft(ranks: LearnerRanks) -> int:
     """A learner rank other than 0: rank 0's config, the model, rank 0's weights and optimizer state; then train
     its share of every step (or join a collective rank 0 runs between steps) until rank 0 releases it."""
-    cfg = ranks.broadcast()
+    cfg, steps = ranks.broadcast()  # the run's steps: its learning-rate schedule ends there
     configure_threads(ranks.device, cfg.threads, ranks.world)
     policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
                                       lora=lora_spec(cfg))  # rank 0's weights (a resumed run's too) come in attach
@@ -98,5 +98,5 @@ def follow_sft(ranks: LearnerRanks) -> int:
             continue
         share = ranks.receive()
         if share is not None:
-            sft.train_rows(policy, optimizer, share["results"], cfg, ranks)
+            sft.train_rows(policy, optimizer, share["results"], cfg, ranks, lr=sft.step_lr(cfg, step, steps))
     return 0

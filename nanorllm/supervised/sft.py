@@ -9,7 +9,9 @@ Why the RL learner and not a second trainer: the rows are StepSamples rendered a
 micro-batches, packing, precision, LoRA, grad checkpointing and non-finite guard (trainer/update.py); only
 the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`SFTLoss`).
 
-Steps: each optimizer step trains --rows-per-step conversations, drawn in a fresh seeded order each epoch;
+Steps: each optimizer step trains --rows-per-step conversations, drawn in a fresh seeded order each epoch
+(--max-steps steps, or as many as --epochs passes make), at RL's learning-rate schedule (--lr-schedule,
+--warmup-steps; trainer/schedule.py) over the run's steps;
 the step alone says which rows it trains, and no update draws a random number, so a resumed run (the
 checkpoint's weights and AdamW state) continues exactly as an uninterrupted one. Checkpoints are the
 training run's (trainer/checkpoint.py, `<run>/checkpoints/step_<N>/`), and so are the sinks
@@ -40,6 +42,7 @@ from nanorllm.trainer import checkpoint
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import token_logprobs
 from nanorllm.trainer.precision import matmul_precision
+from nanorllm.trainer.schedule import lr_at
 from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_folder_atomic
@@ -82,14 +85,15 @@ class SFTRun:
 
     @property
     def steps(self) -> int:
-        """Optimizer steps: --epochs passes over the rows, capped by --max-steps (0: no cap)."""
-        n = math.ceil(self.cfg.epochs * len(self.train) / self.cfg.rows_per_step)
-        return min(n, self.cfg.max_steps) if self.cfg.max_steps else n
+        """Optimizer steps: --max-steps when given (TRL's max_steps: it replaces --epochs), else as many as --epochs
+        passes over the rows make."""
+        return self.cfg.max_steps or math.ceil(self.cfg.epochs * len(self.train) / self.cfg.rows_per_step)
 
     def rows_of_step(self, step: int) -> list[list[StepSample]]:
-        """The rows step `step` trains: positions step x k .. (step + 1) x k of the epochs' seeded orders."""
+        """The rows step `step` trains: positions step x k .. (step + 1) x k of the epochs' seeded orders, one after
+        another (as many epochs as --max-steps takes; under --epochs the last step may be short)."""
         k, n = self.cfg.rows_per_step, len(self.train)
-        positions = range(step * k, min((step + 1) * k, self.cfg.epochs * n))
+        positions = range(step * k, (step + 1) * k if self.cfg.max_steps else min((step + 1) * k, self.cfg.epochs * n))
         orders = {e: epoch_order(n, self.cfg.seed, e) for e in {p // n for p in positions}}
         return [self.train[orders[p // n][p % n]] for p in positions]
 
@@ -139,9 +143,17 @@ def held_out_part(shares: list, cfg: SFTConfig, policy: HFCausalPolicy, optimize
     return sums["nll"] / max(sums["tokens"], 1)
 
 
+def step_lr(cfg: SFTConfig, step: int, steps: int) -> float:
+    """The rate of 0-based `step` of a run of `steps`: RL's schedule (trainer/schedule.py), --warmup-steps, then
+    --lr-schedule's decay to 0 at the run's last step."""
+    return lr_at(step, lr=cfg.lr, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps, max_steps=steps)
+
+
 def train_rows(policy: HFCausalPolicy, optimizer, rows: list[list[StepSample]], cfg: SFTConfig,
-               ranks: LearnerRanks) -> dict[str, float]:
-    """One optimizer step on this rank's `rows`, with the others' (update's sums are every rank's)."""
+               ranks: LearnerRanks, *, lr: float) -> dict[str, float]:
+    """One optimizer step at rate `lr` on this rank's `rows`, with the others' (update's sums are every rank's)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     samples = [s for row in rows for s in row]
     with matmul_precision(policy.device, tf32=cfg.tf32):  # as RL's update: TF32 on CUDA (--tf32)
         return update(policy, optimizer, samples, cfg, ranks=ranks, loss=SFTLoss(), host={})
@@ -160,10 +172,11 @@ def train_sft(run: SFTRun, start: int = 0, say=print, ranks: LearnerRanks | None
         with ranks.guarded():  # a rank that died or hangs: one RankError naming it
             ranks.begin(step)
             rows = ranks.share(run.rows_of_step(step), step, split=split_conversations)  # this rank's share
-            n = train_rows(run.policy, run.optimizer, rows, cfg, ranks)
+            lr = step_lr(cfg, step, run.steps)
+            n = train_rows(run.policy, run.optimizer, rows, cfg, ranks, lr=lr)
         seconds = time.perf_counter() - t0
         last = {"sft/loss": n["loss"], "sft/assistant_tokens": n["tokens"], "sft/tokens_per_s": n["tokens"] / seconds,
-                "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
+                "sft/lr": lr, "sft/grad_norm": n["grad_norm"], "sft/skipped_nan": n["skipped_nan"],
                 "sft/entropy": n["entropy"] / max(n["tokens"], 1), "perf/pad_frac": 1 - n["real_tokens"] /
                 max(n["padded_tokens"], 1)}
         run.policy.version = step + 1
