@@ -33,3 +33,18 @@ def test_the_distillation_bench_times_both_updates_on_the_same_batch():
 
     r = compare("tiny-random", 1)
     assert r["rl_s"] > 0 and r["distill_s"] > 0 and r["ratio"] == r["distill_s"] / r["rl_s"] and r["tokens"] > 0
+
+
+@pytest.mark.slow
+def test_the_precision_bench_times_fp32_and_bf16_on_the_same_inputs():
+    from nanorllm.bench import precision
+    from nanorllm.config import TrainConfig
+
+    cfg = TrainConfig(model="tiny-random", tasks_per_step=2, num_samples_per_task=2, max_new_tokens=6,
+                      drop_zero_std_groups=False)
+    m = precision.matmul_figures(1, "cpu")
+    u = precision.update_figures(cfg, 2, "cpu")
+    r = precision.rollout_figures(cfg, 1, "cpu")
+    assert set(m) == {"matmul_gflops_fp32", "matmul_gflops_bf16"} and all(v > 0 for v in m.values())
+    assert set(u) == {"update_s_fp32", "update_s_bf16"} and all(v > 0 for v in u.values())
+    assert set(r) == {"rollout_tokens_per_s_fp32", "rollout_tokens_per_s_bf16"} and all(v > 0 for v in r.values())
