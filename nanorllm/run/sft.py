@@ -9,7 +9,6 @@ computed by all ranks together between steps.
 """
 
 import sys
-from dataclasses import replace
 
 import tyro
 
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
         devices = resolve_devices(cfg.devices, 0, serial=True, learner_spec=cfg.learner_devices)
         check_parallel(cfg.learner_parallel, len(devices.learners), devices.learner)
         precision = choose_precision(cfg.dtype, devices.learners)
-        cfg = replace(cfg, dtype=precision.name)
+        cfg.dtype = precision.name  # the run's dtype from here on: its ranks, its plan, config.json
         if len(devices.learners) > 1 and (why := socket_folder_problem()) is not None:
             raise ConfigError([why])  # the ranks' fork server could not listen
         if not check_plan(plan_sft(cfg, devices.learner), cfg.model, plan_only=cfg.memory_plan_only):
