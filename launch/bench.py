@@ -8,6 +8,7 @@
     python launch/bench.py lora [--quick]              # full fine-tune vs LoRA: memory, publish, update, decode
     python launch/bench.py packing [--quick]           # the RL and SFT updates, padded vs packed
     python launch/bench.py precision [--quick]         # fp32 vs bf16: matmul ceiling, update, rollout; --main-job
+    python launch/bench.py sanity [--quick]            # train on the tasks the model solves 20-80%: to mastery?
     python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
     python launch/bench.py adapters [--model tiny-random] # a reasoning-gym dataset via its adapter vs as a JSONL file
     python launch/bench.py MODE --help                 # that mode's flags
@@ -32,6 +33,7 @@ from nanorllm.bench.learning import LearningConfig, run_learning
 from nanorllm.bench.lora import LoraBenchConfig, run_lora_bench
 from nanorllm.bench.packing import PackingBenchConfig, run_packing_bench
 from nanorllm.bench.precision import PrecisionBenchConfig, run_precision_bench
+from nanorllm.bench.sanity import SanityBenchConfig, run_sanity_bench
 from nanorllm.bench.suite import run_bench
 
 MODES = {  # name: (its config, what runs it, one line for --help)
@@ -42,6 +44,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "lora": (LoraBenchConfig, run_lora_bench, "full fine-tune vs LoRA: learner memory, publish, update, decode"),
     "packing": (PackingBenchConfig, run_packing_bench, "the RL and SFT updates on padded vs packed micro-batches"),
     "precision": (PrecisionBenchConfig, run_precision_bench, "fp32 vs bf16 side by side, and what --dtype auto picks"),
+    "sanity": (SanityBenchConfig, run_sanity_bench, "train only on the tasks the model solves 20-80% of the time"),
     "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
     "adapters": (AdapterBenchConfig, run_adapter_bench, "a reasoning-gym dataset via its adapter vs as a JSONL file"),
 }
