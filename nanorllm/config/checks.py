@@ -212,6 +212,7 @@ def _algorithm_problems(cfg) -> list[str]:
                      "tasks before a step's extra ones, which would break the task stream's exactly-once order: "
                      "use --max-policy-lag 0 (or --serial)")
         p += bound_problems(cfg, {"fill_batch_cap": ">= 1"})
+    p += sampler_problems(cfg)
     if cfg.warmup_steps >= cfg.max_steps >= 1 and cfg.warmup_steps:
         p.append(f"warmup_steps: {cfg.warmup_steps} is not below max_steps ({cfg.max_steps}): the run never "
                  "reaches --lr")
@@ -297,4 +298,16 @@ def _non_finite(cfg) -> list[str]:
             if isinstance(v, float) and not math.isfinite(v) and not (f.name in NO_LIMIT_FIELDS and v == math.inf):
                 hint = f" (inf means 'no limit' only for {', '.join(NO_LIMIT_FIELDS)})" if v == math.inf else ""
                 p.append(f"{f.name}: must be a finite number, got {v}{hint}")
+    return p
+
+
+def sampler_problems(cfg) -> list[str]:
+    """The signal sampler's band and shares (fields.TaskSampling)."""
+    p = []
+    if len(cfg.sampler_band) != 2 or not 0 <= cfg.sampler_band[0] < cfg.sampler_band[1] <= 1:
+        p.append(f"sampler_band: must be two pass rates 0 <= low < high <= 1, got {cfg.sampler_band}")
+    if not 0 <= cfg.sampler_explore <= 1:
+        p.append(f"sampler_explore: must be a chance in [0, 1], got {cfg.sampler_explore}")
+    if not 0 <= cfg.sampler_revisit <= 1:
+        p.append(f"sampler_revisit: must be in [0, 1], got {cfg.sampler_revisit}")
     return p

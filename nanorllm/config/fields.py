@@ -176,6 +176,22 @@ class TaskSources(TrainingTasks):
 
 
 @dataclass
+class TaskSampling:
+    """Which training tasks each step draws (datasets/stream.py, datasets/sampler.py, docs/tasks.md)."""
+
+    task_sampler: Literal["uniform", "signal"] = "uniform"
+    """'uniform': every task once per epoch, in a seeded shuffled order. 'signal': draw toward the tasks whose
+    pass-rate estimate lies in --sampler-band (they give groups whose rewards differ), explore unseen tasks,
+    revisit solved and hopeless ones rarely (docs/tasks.md)."""
+    sampler_band: tuple[float, float] = (0.2, 0.8)
+    """signal: the band [low, high] of pass-rate estimates m drawn by m(1 - m); outside it by --sampler-revisit."""
+    sampler_explore: float = 0.25
+    """signal: the chance each pick is a task not seen yet, while any is left."""
+    sampler_revisit: float = 0.05
+    """signal: the draw weight of a task outside the band (solved or hopeless), as a share of the weight at 0.5."""
+
+
+@dataclass
 class Sources(TaskSources, RewardModelSettings, RewardFunctions, ToolSettings, EnvSource, ModelSettings):
     """What to train on: the model, the episodes' env or agent, their tools, rewards and task sources."""
 
@@ -637,8 +653,8 @@ class Program:
 
 
 @dataclass
-class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, Lora, Distillation, GRPO, Episodes, EvalSettings, JudgeSettings,
-                  Sources):
+class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, TaskSampling, Lora, Distillation, GRPO, Episodes,
+                  EvalSettings, JudgeSettings, Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
     Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.

@@ -11,7 +11,9 @@ evaluation has no reward model) gives no part.
 from dataclasses import replace
 
 from nanorllm.config.fields import (EnvOptions, EnvSource, EpisodeShape, FirstPrompt, JudgeSettings, LoraAdapters,
-                                    PromptLimit, RewardFunctions, RewardModelSettings, Sampling, ToolSettings)
+                                    PromptLimit, RewardFunctions, RewardModelSettings, Sampling, TaskSampling,
+                                    ToolSettings)
+from nanorllm.datasets.sampler import SamplerSpec
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec, RewardModelSpec
 from nanorllm.policy.base import SamplingParams
@@ -25,6 +27,13 @@ def lora_spec(cfg: LoraAdapters) -> LoraSpec | None:
         return None
     return LoraSpec(rank=cfg.lora_rank, alpha=effective_alpha(cfg.lora_rank, cfg.lora_alpha),
                     dropout=cfg.lora_dropout, targets=cfg.lora_targets)
+
+
+def sampler_spec(cfg: TaskSampling) -> SamplerSpec | None:
+    """The signal sampler's settings; None for the uniform order."""
+    if cfg.task_sampler == "uniform":
+        return None
+    return SamplerSpec(band=tuple(cfg.sampler_band), explore=cfg.sampler_explore, revisit=cfg.sampler_revisit)
 
 
 def sampling_params(cfg: Sampling | EpisodeShape) -> SamplingParams:

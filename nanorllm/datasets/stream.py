@@ -4,7 +4,8 @@ Epoch e is the task list shuffled with seed (seed, e); position p is the p-th ta
 Every draw gets a unique group_id `<task_id>@<p>`, so the same task drawn twice (a later epoch) forms
 two groups, and a checkpoint only needs `position` to continue without repeating a task. `origin` is
 the position where this task list's epoch 0 began (not 0 after a resume accepted a new task list),
-so positions, and group ids, stay unique across the change.
+so positions, and group ids, stay unique across the change. `--task-sampler signal` draws from a
+subclass, datasets/sampler.py's SignalSampler, with the same positions and group ids.
 """
 
 import random
@@ -27,8 +28,9 @@ class TaskStream:
             self._epoch = epoch
         return self._order
 
-    def take(self, n: int) -> list[tuple[dict, str]]:
-        """The next n (task, group_id) pairs."""
+    def take(self, n: int, *, avoid: frozenset[str] | set[str] = frozenset()) -> list[tuple[dict, str]]:
+        """The next n (task, group_id) pairs. `avoid` (task ids a step has already) is the signal sampler's: the
+        uniform order keeps its order."""
         out = []
         for _ in range(n):
             epoch, i = divmod(self.position - self.origin, len(self.tasks))
@@ -36,3 +38,10 @@ class TaskStream:
             out.append((task, f"{task['task_id']}@{self.position}"))
             self.position += 1
         return out
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the order beside its position: nothing (the signal sampler: its estimates)."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass

@@ -6,7 +6,8 @@
                          the full, plain one on any number of ranks (gathered from FSDP's shards)
     rng.pt               torch and sampler RNG states, weights_only=True
     trainer_state.json   step, task-stream position (and where the current task order's epoch 0 began),
-                         python RNG state, counters, config, the task order's fingerprint (trainer/fingerprint.py)
+                         python RNG state, counters, config, the task order's fingerprint (trainer/fingerprint.py),
+                         with --task-sampler signal its estimates ("sampler": datasets/sampler.py's state())
     manifest.json        every other file's size and sha256, written last
 
 The task-stream position is the exactly-once ledger: every group is named by the position it was
@@ -77,10 +78,12 @@ def clean_stale(run_dir: Path) -> list[Path]:
 
 
 def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalPolicy, optimizer_state: dict,
-         stream_position: int, stream_origin: int, task_order: dict, totals: dict) -> Path:
+         stream_position: int, stream_origin: int, task_order: dict, totals: dict,
+         sampler: dict | None = None) -> Path:
     """Write checkpoint `step` of the run in `run_dir` and keep the newest `keep`. `config`: the run's
     fields as saved (TrainConfig.saved()); `stream_position`: before `step`'s tasks were drawn;
-    `stream_origin` and `task_order`: where the current task order's epoch 0 began, and its fingerprint."""
+    `stream_origin` and `task_order`: where the current task order's epoch 0 began, and its fingerprint;
+    `sampler`: the task sampler's state (the signal sampler's estimates; empty or None: none is written)."""
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step}"
@@ -92,6 +95,8 @@ def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalP
         "python_rng": _jsonable(random.getstate()), "totals": totals, "config": config,
         "reference_model": config["model"], "task_order": task_order, "stream_origin": stream_origin,
     }
+    if sampler:
+        state["sampler"] = sampler
     try:
         _write(tmp, step, policy, optimizer_state, state)
     except BaseException:  # a full disk, a stop: no half-written folder stays behind
@@ -270,6 +275,7 @@ def restore(state: dict, *, policy: HFCausalPolicy, optimizer: torch.optim.Optim
     random.setstate(_tupled(state["python_rng"]))
     stream.position = state["stream_position"]
     stream.origin = state.get("stream_origin", 0)
+    stream.load_state(state.get("sampler", {}))  # a checkpoint of another sampler's: the estimates start afresh
     policy.version = state["step"]
     totals.update(state.get("totals", {}))
     return state["step"]

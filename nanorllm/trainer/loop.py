@@ -32,8 +32,9 @@ from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.config.errors import cannot_load
 from nanorllm.config.fields import DTYPE_CHOICE
-from nanorllm.config.specs import sampling_params
+from nanorllm.config.specs import sampler_spec, sampling_params
 from nanorllm.core.types import RolloutResult
+from nanorllm.datasets.sampler import SignalSampler, make_stream
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.envs.registry import describe
@@ -191,7 +192,7 @@ class TrainingRun:
         self.teacher = load_teacher(cfg, self.devices.learner)
         self.optimizer = make_optimizer(self.policy, cfg)
         self.optimizer.register_step_pre_hook(self._updating)
-        self.stream = TaskStream(self.train_tasks, seed=cfg.seed)
+        self.stream = make_stream(self.train_tasks, seed=cfg.seed, spec=sampler_spec(cfg))
         if state:
             self.start_step = checkpoint.restore(state, policy=self.policy, optimizer=self.optimizer,
                                                  stream=self.stream, totals=self.totals)
@@ -352,7 +353,7 @@ class TrainingRun:
                 if results is None:
                     break
                 metrics.update(self.learn(results, step))  # group -> advantage -> flatten -> collate -> loss -> step
-            metrics.update(self.publish(step))  # the new weights to the workers
+            metrics.update(self.publish(step, results))  # the sampler learns, the new weights go to the workers
             self.record(step + 1, results, metrics, t0, bar)  # totals, logs, console, checkpoint when due
             if on_step is not None:
                 on_step(self, step + 1)
@@ -389,10 +390,22 @@ class TrainingRun:
         check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
         return metrics
 
-    def publish(self, step: int) -> dict:
-        """The source's work after an update (publishing the weights); from here the step is being committed."""
+    def publish(self, step: int, results: list[RolloutResult]) -> dict:
+        """From here the step is being committed: the task sampler learns its outcomes, then the source does its
+        work after an update (publishing the weights; the pipeline draws later steps, from the new estimates)."""
         self.committing = True  # already set by the optimizer's hook, unless the update was skipped
-        return self.source.after_update(step)
+        return {**self.observe(results), **self.source.after_update(step)}
+
+    def observe(self, results: list[RolloutResult]) -> dict:
+        """The signal sampler's estimates take the step's groups (failed episodes left out); its sampler/* scalars.
+        Only a committed step's: a step abandoned before its update is drawn again on resume, from these."""
+        if not isinstance(self.stream, SignalSampler):
+            return {}
+        groups: dict[str, list[RolloutResult]] = {}
+        for r in results:
+            groups.setdefault(r.group_id, []).append(r)
+        return self.stream.observe([(rs[0].task_id, [r.succeeded for r in rs if not r.failed])
+                                    for rs in groups.values()])
 
     def record(self, step: int, results: list[RolloutResult], metrics: dict, t0: float, bar) -> None:
         """Step `step` on record: the run's totals, the derived scalars, the logs, the console line and a
@@ -509,7 +522,8 @@ class TrainingRun:
         position = self.source.position_at(step) if self.source else self.stream.position
         path = checkpoint.save(self.run_dir, step, config=self.cfg.saved(), keep=self.cfg.keep_checkpoints,
                                policy=self.policy, optimizer_state=optimizer_state, stream_position=position,
-                               stream_origin=self.stream.origin, task_order=self.task_order, totals=self.totals)
+                               stream_origin=self.stream.origin, task_order=self.task_order, totals=self.totals,
+                               sampler=self.stream.state())
         self.last_save_t = time.monotonic()
         self.say(f"[checkpoint] {path}")
         return path

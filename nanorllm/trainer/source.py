@@ -43,8 +43,8 @@ def mixed_groups(cfg: TrainConfig, results: list[RolloutResult]) -> int:
 class FillRounds:
     """DAPO dynamic sampling's round loop, the one both sources drive: rounds of as many new tasks as groups with a
     signal (`mixed_groups`) are missing, drawn in stream order (a resume redraws them from the step's position,
-    with the same seeds), until the step has tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step
-    tasks.
+    with the same seeds; the signal sampler draws none of the step's tasks again), until the step has
+    tasks_per_step of them or has drawn fill_batch_cap x tasks_per_step tasks.
 
         fill = FillRounds(cfg, stream, step, first_results)
         for round_, picked, seed in fill.rounds():   # picked: [(task, group_id)]
@@ -56,13 +56,15 @@ class FillRounds:
         self.cfg, self.stream, self.step = cfg, stream, step
         self.need, self.cap = cfg.tasks_per_step, int(cfg.fill_batch_cap * cfg.tasks_per_step)
         self.drawn, self.mixed = self.need, mixed_groups(cfg, first)
+        self.taken = {r.task_id for r in first}  # the step's tasks so far
 
     def rounds(self) -> Iterator[tuple[int, list[tuple[dict, str]], int]]:
         """(round 1, 2, ..., its tasks, its sampling seed) while mixed groups are missing and the cap allows."""
         round_ = 0
         while self.mixed < self.need and self.drawn < self.cap:
             round_ += 1
-            picked = self.stream.take(min(self.need - self.mixed, self.cap - self.drawn))
+            picked = self.stream.take(min(self.need - self.mixed, self.cap - self.drawn), avoid=self.taken)
+            self.taken |= {t["task_id"] for t, _ in picked}
             self.drawn += len(picked)
             yield round_, picked, fill_seed(self.cfg, self.step, round_)
 
