@@ -30,7 +30,7 @@ def compare(model: str, rounds: int) -> dict:
     policy = HFCausalPolicy.from_name(model)
     results = sampled_episodes(policy, cfg, load_tasks(DEFAULT_TASKS, limit=cfg.tasks_per_step),
                                samples=cfg.num_samples_per_task)
-    teacher = Teacher(model, device="cpu", dtype=cfg.dtype, temperature=cfg.temperature)
+    teacher = Teacher(model, device="cpu", dtype=cfg.dtype)
     distill = replace(cfg, teacher=model, distill_only=True)
     times = {"rl": [], "distill": []}
     for _ in range(rounds + 1):  # the first round warms up

@@ -20,7 +20,8 @@ the host (CPU processes' parts, every runtime, the /dev/shm block) shares what t
 this process: the least of MemAvailable and its memory cgroups' limits (policy/slot_cache.py
 `host_memory`); a CUDA device's parts are held against its `mem_get_info`. The activation
 figure is the saved values of the forward (10 x hidden + 4 x intermediate per layer and token, in
-the compute dtype) plus the head's fp32 logits work at the scored tokens only (the head gather):
+the compute dtype) plus the head's logits and their gradient at the scored tokens only (the head gather), in
+the compute dtype, and one block of the loss's fp32 log-softmax (trainer/logprobs.py):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
 It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
 first prompt measured with the tokenizer, memory/tasks.py; every turn's response at --max-new-tokens)
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.memory.tasks import TaskShape, task_shape
+from nanorllm.trainer.logprobs import rows_per_block
 from nanorllm.trainer.micro_batches import CPU_MICRO_BATCH_TOKENS
 from nanorllm.trainer.parts import RunParts
 from nanorllm.utils.precision import resolve as resolve_precision
@@ -46,7 +48,11 @@ RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transform
 # with lazy module loading takes a few hundred MB on recent GPUs; 500 MiB errs on the side of refusing.
 CUDA_CONTEXT_BYTES = 500 * 2**20
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
-HEAD_BYTES_PER_VOCAB = 20  # fp32 logits, log-softmax, its exp, the entropy's product, the gradient
+# The head at the scored tokens: its logits (the compute dtype) kept for the backward and their gradient; the
+# loss's fp32 log-softmax runs a block of rows at a time (trainer/logprobs.py), up to this many block-sized
+# fp32 tensors alive at once in its backward (the upcast, the scaled logits, the log-softmax, its exp, the
+# entropy's product, a gradient).
+HEAD_COPIES_PER_VOCAB, HEAD_BLOCK_COPIES = 2, 6
 CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
 FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/tasks.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
@@ -255,7 +261,13 @@ def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, chec
     hidden, layers = config.hidden_size, config.num_hidden_layers
     layer = layer_bytes(config, dtype_bytes)
     body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * dtype_bytes + layer) if checkpointing else layers * layer
-    return int(tokens * body + scored * HEAD_BYTES_PER_VOCAB * config.vocab_size)
+    return int(tokens * body + head_bytes(config.vocab_size, scored, dtype_bytes=dtype_bytes))
+
+
+def head_bytes(vocab: int, scored: int, *, dtype_bytes: int, copies: int = HEAD_COPIES_PER_VOCAB) -> int:
+    """The head's share at `scored` tokens: `copies` (N, V) logits-sized tensors in the compute dtype, plus the
+    loss's fp32 work on one block of rows."""
+    return scored * copies * dtype_bytes * vocab + min(scored, rows_per_block(vocab)) * vocab * 4 * HEAD_BLOCK_COPIES
 
 
 @dataclass(frozen=True)
@@ -377,7 +389,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
 
 def teacher_bytes(cfg, mb: MicroBatch, learner_device: str) -> int | None:
     """The --teacher's weights in --dtype plus its no-grad forward of the largest micro-batch (one layer's
-    activations alive at a time; its fp32 logits, its log-distributions and the exact KL's at the scored tokens),
+    activations alive at a time; its logits at the scored tokens in --dtype, and the exact KL's fp32 blocks),
     from its config alone; None where that cannot be read."""
     config = model_config(cfg.teacher)
     if config is None:
@@ -385,7 +397,8 @@ def teacher_bytes(cfg, mb: MicroBatch, learner_device: str) -> int | None:
     dtype_bytes = compute_bytes(cfg.dtype, cfg.teacher_device or learner_device)
     total, _ = parameter_counts(config, None)
     layer = layer_bytes(config, dtype_bytes)
-    return int(total * dtype_bytes + mb.tokens * layer + 3 * 4 * mb.scored * config.vocab_size)
+    return int(total * dtype_bytes + mb.tokens * layer + head_bytes(config.vocab_size, mb.scored, dtype_bytes=dtype_bytes,
+                                                                   copies=1))
 
 
 def reward_model_bytes(cfg) -> int | None:

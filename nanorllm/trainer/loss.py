@@ -21,7 +21,7 @@ eps 3e-4 / 4e-4, TrainConfig.gspo_clip_*). In the GSPO-token form every token ca
 s_t = sg(s) x pi(y_t) / sg(pi(y_t)): its value is s, its gradient s x grad log pi(y_t), so with
 "seq-mean" the gradient is the paper's s x A x mean_t grad log pi. Entropy (`entropy_coef` > 0):
 the per-token entropy of the same logits is subtracted, coefficient times, before aggregation.
-A teacher (`teacher_logprobs`, trainer/teacher.py) adds -coef x (pi_prox - teacher) to each token's advantage.
+A teacher (`teacher_logits`, trainer/teacher.py) adds -coef x (pi_prox - teacher) to each token's advantage.
 
 Off-policy correction (`correction`), for samples the learner did not generate itself (pipeline lag,
 or sampler numerics that differ from the training forward). Three policies per token:
@@ -52,9 +52,9 @@ ratio to pi_rollout (`none`); with a correction the PPO ratio is 1 and only w, a
 from typing import get_args, get_type_hints
 
 import torch
-import torch.nn.functional as F
 
 from nanorllm.config.fields import Distillation, LossSettings
+from nanorllm.trainer.logprobs import reverse_kl, token_logprobs
 
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
@@ -62,28 +62,20 @@ CORRECTIONS = get_args(get_type_hints(LossSettings)["off_policy_correction"])
 AGGREGATIONS = get_args(get_type_hints(LossSettings)["loss_agg"])
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
-    """(N, V) logits -> (logprob of target (N,), entropy (N,)) under softmax(logits / T)."""
-    return of_targets(F.log_softmax(logits.float() / temperature, dim=-1), targets)
-
-
-def of_targets(logp: torch.Tensor, targets: torch.Tensor):
-    """(N, V) log-distributions -> (logprob of target (N,), entropy (N,))."""
-    entropy = -(logp.exp() * logp).sum(-1)
-    return logp.gather(-1, targets[:, None])[:, 0], entropy
+__all__ = ["compute_policy_loss", "token_logprobs"]
 
 
 def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSettings, *, temperature: float = 1.0,
                         ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
                         prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1,
-                        teacher_logprobs: torch.Tensor | None = None, distill: Distillation | None = None):
+                        teacher_logits: torch.Tensor | None = None, distill: Distillation | None = None):
     """Returns (loss, metrics). `logits` are (N, V) at batch["positions"], or (B, T, V) at every position (a
     forward without positions), read at batch["positions"]; `settings` the objective's group (a
     TrainConfig is one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch,
     so callers add them up across micro-batches without a host synchronisation. With
     batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
-    summed apart for lag-0 and lagged tokens. With `teacher_logprobs`, (N, V) the teacher's log-distributions at
-    the same positions, each token's advantage also gets -distill.distill_coef x (pi_prox - teacher) of the sampled
+    summed apart for lag-0 and lagged tokens. With `teacher_logits`, (N, V) the teacher's logits at the same
+    positions (log-distributions serve as well at T = 1), each token's advantage also gets -distill.distill_coef x (pi_prox - teacher) of the sampled
     token, the reverse KL's one-sample estimate (trainer/teacher.py)."""
     s = settings
     correction, loss_agg, ratio_level = s.off_policy_correction, s.loss_agg, s.ratio_level
@@ -92,8 +84,7 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
     if logits.dim() == 3:
         logits = logits[batch["positions"][:, 0], batch["positions"][:, 1]]
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, V): a teacher's KL reads it too
-    new_lp, entropy = of_targets(logp, batch["targets"])  # (N,), (N,)
+    new_lp, entropy = token_logprobs(logits, batch["targets"], temperature)  # (N,), (N,): no fp32 (N, V) kept
     old_lp, adv = batch["old_logprobs"], batch["advantages"]
     log_ratio = new_lp - old_lp  # vs the sampler
     ratio = torch.exp(log_ratio)
@@ -101,11 +92,12 @@ def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSetting
     is_w = torch.exp(prox_lp - old_lp)  # (N,) pi_prox / pi_rollout
     keep = torch.ones_like(is_w)
     distilled = {}
-    if teacher_logprobs is not None:
-        teacher_lp = teacher_logprobs.gather(-1, batch["targets"][:, None])[:, 0]
+    if teacher_logits is not None:
+        with torch.no_grad():
+            teacher_lp, _ = token_logprobs(teacher_logits, batch["targets"], temperature)
         sampled_kl = prox_lp - teacher_lp  # (N,), detached: log p_student - log p_teacher at each sampled token
         adv = (torch.zeros_like(adv) if distill.distill_only else adv) - distill.distill_coef * sampled_kl
-        distilled = distill_metrics(logp, teacher_logprobs, teacher_lp, sampled_kl)
+        distilled = distill_metrics(reverse_kl(logits, teacher_logits, temperature), teacher_lp, sampled_kl)
     if correction != "none":
         ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
     if ratio_level == "sequence":
@@ -194,13 +186,8 @@ def loss_metrics(batch: dict, *, ratio, adv, prox_lp, old_lp, entropy, kl, is_w,
 
 
 @torch.no_grad()
-def distill_metrics(logp: torch.Tensor, teacher_logprobs: torch.Tensor, teacher_lp: torch.Tensor,
-                    sampled_kl: torch.Tensor) -> dict[str, torch.Tensor]:
+def distill_metrics(exact: torch.Tensor, teacher_lp: torch.Tensor, sampled_kl: torch.Tensor) -> dict[str, torch.Tensor]:
     """Sums over a micro-batch's tokens: the exact reverse KL(student || teacher) over the vocabulary at each
-    position (`logp`: the student's log-distributions as this forward has them; the vocabularies' common ids, a
-    padded head's extra rows left out), its one-sample estimate the advantage used, and log p_teacher of the
-    sampled token."""
-    student = logp.detach()
-    v = min(student.shape[-1], teacher_logprobs.shape[-1])
-    exact = (student[:, :v].exp() * (student[:, :v] - teacher_logprobs[:, :v])).sum(-1)
+    position (`exact`, trainer/logprobs.py `reverse_kl`), its one-sample estimate the advantage used, and
+    log p_teacher of the sampled token."""
     return {"distill_kl": exact.sum(), "distill_kl_sampled": sampled_kl.sum(), "teacher_lp": teacher_lp.sum()}

@@ -12,7 +12,8 @@ its policy gradient is the reverse KL's: the student moves toward what the teach
 student itself goes (mode seeking, on its own distribution, so it learns to recover from its own
 mistakes). log p_student is the learner's logprob before the update (pi_prox, trainer/loss.py), not
 the sampler's, so a lagged sample is scored against the student being trained and the run's importance
-ratio and clip correct the sampling; both logprobs are at the run's temperature. The term enters after
+ratio and clip correct the sampling; both logprobs are at the run's temperature (the loss applies it to
+the teacher's logits as to the student's). The term enters after
 the group's advantage is computed (as slime, verl and SkyRL add it), so it is not normalised away, and
 every group trains, a group whose rewards are all equal included (trainer/step.py).
 
@@ -21,7 +22,6 @@ held in --dtype like a sampling replica, and is counted in the memory plan (memo
 """
 
 import torch
-import torch.nn.functional as F
 
 from nanorllm.config.errors import cannot_load, load_failure
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -30,21 +30,20 @@ from nanorllm.trainer.update import score
 
 
 class Teacher:
-    """A frozen policy on its own device whose `logprobs(batch)` are its logprobs of a collated batch's targets."""
+    """A frozen policy on its own device whose `logits(batch)` score a collated batch's targets."""
 
-    def __init__(self, name: str, *, device: str, dtype: str, temperature: float):
+    def __init__(self, name: str, *, device: str, dtype: str):
         self.policy = HFCausalPolicy.from_name(name, device=device, dtype=dtype, replica=True)
         self.policy.model.requires_grad_(False).eval()
-        self.temperature = temperature
 
     @torch.no_grad()
-    def logprobs(self, batch: dict) -> torch.Tensor:
-        """(N, V) the teacher's log-distribution at each of `batch`'s scored positions, on the batch's device."""
+    def logits(self, batch: dict) -> torch.Tensor:
+        """(N, V) the teacher's logits at each of `batch`'s scored positions, in its dtype, on the batch's device:
+        the loss reads its log-distributions a block of rows at a time (trainer/logprobs.py)."""
         device = self.policy.device
         here = batch["targets"].device
         moved = batch if here == device else {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        logits = score(self.policy, moved).logits
-        return F.log_softmax(logits.float() / self.temperature, dim=-1).to(here)
+        return score(self.policy, moved).logits.to(here)
 
 
 def load_teacher(cfg, learner_device: str) -> Teacher | None:
@@ -52,8 +51,7 @@ def load_teacher(cfg, learner_device: str) -> Teacher | None:
     if cfg.teacher is None:
         return None
     try:
-        return Teacher(cfg.teacher, device=cfg.teacher_device or learner_device, dtype=cfg.dtype,
-                       temperature=cfg.temperature)
+        return Teacher(cfg.teacher, device=cfg.teacher_device or learner_device, dtype=cfg.dtype)
     except (OSError, ValueError) as e:
         raise cannot_load("teacher", cfg.teacher, e, "--teacher") from None
 
