@@ -416,7 +416,7 @@ def test_an_env_error_does_not_make_an_all_correct_group_count_as_mixed_for_fill
     class Stream:
         position = 0
 
-        def take(self, n):
+        def take(self, n, avoid=frozenset()):
             self.position += n
             return [({"task_id": f"t{i}"}, f"t{i}@{i}") for i in range(self.position - n, self.position)]
 
