@@ -4,7 +4,8 @@ Out-of-memory is otherwise learnt from a crash minutes in (or from the kernel's 
 The plan counts, per process, from the model's config alone (the model built on the `meta` device:
 exact parameter counts, no weights):
 
-    learner   weights (fp32 masters; under LoRA the frozen base in --dtype + fp32 adapters),
+    learner   weights (fp32 masters, + under bf16 the update's bf16 copies of them; under LoRA the frozen base
+              in --dtype + fp32 adapters),
               grads and AdamW's two moments (of what trains), activations of the largest
               micro-batch, the slot KV cache of its own decoding (the held-out eval, every episode at
               once up to --max-batch-episodes; --serial's rollouts)
@@ -249,9 +250,11 @@ def budget_tokens(micro_batch_tokens: int | None) -> int:
 
 
 def trained_parts(total: int, trainable: int, *, lora: bool, dtype_bytes: int) -> list[Part]:
-    """A learner's weights (fp32 masters; under LoRA the frozen base in the compute dtype and fp32 adapters),
-    grads and AdamW's two moments (fp32, of what trains)."""
-    weights = total * 4 if not lora else (total - trainable) * dtype_bytes + trainable * 4
+    """A learner's weights (fp32 masters, plus under bf16 the update's held bf16 copies of its Linear weights,
+    trainer/held_weights.py, counted as every parameter: at most that; under LoRA the frozen base in the compute
+    dtype and fp32 adapters), grads and AdamW's two moments (fp32, of what trains)."""
+    held = total * dtype_bytes if dtype_bytes < 4 else 0
+    weights = total * 4 + held if not lora else (total - trainable) * dtype_bytes + trainable * 4
     return [Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8)]
 
 

@@ -11,7 +11,8 @@ reference it is tested against (bench/decode_batch.py).
 
 Mixed precision: `dtype="bfloat16"` keeps the parameters in fp32 (the optimizer's master weights
 and its state stay fp32, so a 6e-6 step is not rounded away below half a bf16 ulp) and runs every
-forward under bf16 autocast. A sampling-only `replica` (a pipeline worker) stores bf16 itself.
+forward under bf16 autocast; the learner's update reads bf16 copies of the Linear weights made once per update
+(trainer/held_weights.py). A sampling-only `replica` (a pipeline worker) stores bf16 itself.
 
 The stop set is the tokenizer's eos, the generation config's eos and the chat template's end-of-turn
 token (`<|eot_id|>`, `<end_of_turn>`...), which for many models is not the eos.
@@ -83,6 +84,9 @@ class HFCausalPolicy(Policy):
         # for and an unpadded batch keeps the kernel transformers picks for it.
         self.prebuilt_masks = self.device.type == "cuda"
         self.peft = None  # with LoRA: the PeftModel around `model` (policy/lora.py); `model` holds its layers
+        # the update reads compute-dtype copies of the Linear weights, cast once per update (trainer/held_weights.py)
+        self.hold_weights = True
+        self.held = None  # those copies, made at the first update that holds
 
     @classmethod
     def from_name(cls, name: str, *, device: str = "cpu", dtype: str = "float32", seed: int = 0,

@@ -32,6 +32,7 @@ from nanorllm.core.types import StepSample
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.collate import collate_train_batch
+from nanorllm.trainer.held_weights import held_weights
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
 from nanorllm.trainer.micro_batches import micro_batches, step_max_pad_frac, step_micro_batch_tokens
 from nanorllm.trainer.step_metrics import StepSums
@@ -74,13 +75,16 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
     if step["samples"]:
         policy.train_module.train(not cfg.disable_dropout)
         normalizer = loss.normalizer(step)
-        for chunk in ranks.passes(policy, chunks, proximal=loss.proximal):  # + idle ones: the same collectives
-            batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
-            sums.host["padded_tokens"] += batch["input_ids"].numel()
-            sums.host["real_tokens"] += batch["num_tokens"]
-            value, metrics = loss(policy, batch, chunk, normalizer)
-            ranks.backward(value)
-            sums.add(value, metrics)
+        with held_weights(policy) as held:  # bf16 copies of the Linear weights, cast once for the whole update
+            for chunk in ranks.passes(policy, chunks, proximal=loss.proximal):  # + idle ones: the same collectives
+                batch = collate_train_batch(chunk, pad_id=policy.pad_id, device=policy.device, pack=cfg.packing)
+                sums.host["padded_tokens"] += batch["input_ids"].numel()
+                sums.host["real_tokens"] += batch["num_tokens"]
+                value, metrics = loss(policy, batch, chunk, normalizer)
+                ranks.backward(value)
+                if held is not None:
+                    held.collect()  # into the fp32 masters' gradients
+                sums.add(value, metrics)
     norm = None
     if step["samples"]:
         norm = torch.nn.utils.clip_grad_norm_(policy.train_module.parameters(), cfg.max_grad_norm)
