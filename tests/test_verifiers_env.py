@@ -119,8 +119,9 @@ def test_a_verifiers_episode_past_agent_timeout_s_is_ended_and_counted_and_the_t
         every = b.load_tasks("vf:all")
         return [every[0], every[4]]
 
-    bundle, results = _run(tiny_policy, f"{EXAMPLE}:load_slow", tasks, agent_timeout_s=2.0, tool_parser="hermes")
-    assert (bundle.timeout_s, bundle.tool_parser) == (2.0, "hermes")  # --agent-timeout-s, --tool-parser
+    # 10 s: room for the other episodes on a loaded machine (2 s was not); the 30 s grading is past it on any
+    bundle, results = _run(tiny_policy, f"{EXAMPLE}:load_slow", tasks, agent_timeout_s=10.0, tool_parser="hermes")
+    assert (bundle.timeout_s, bundle.tool_parser) == (10.0, "hermes")  # --agent-timeout-s, --tool-parser
     assert [r.trajectory.termination_reason for r in results] == ["error", "error", "correct", "correct"]
     assert rollout_metrics(results)["rollout/agent_timeouts"] == 2
 
