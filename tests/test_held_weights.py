@@ -108,3 +108,14 @@ def test_an_fp32_update_is_the_same_bits_whether_or_not_the_policy_may_hold():
         train_step(policy, make_optimizer(policy, cfg), build_results(HFCausalPolicy.from_name("tiny-random")), cfg)
         after.append([p.detach().clone() for p in policy.model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*after))
+
+
+def test_a_held_update_casts_no_weight_in_its_forwards():
+    """The quick benchmark's toy: 2 layers x 7 Linears + the tied head, each cast once per micro-batch's forward
+    under autocast, never under the held update (which copies them once, before its first forward)."""
+    from nanorllm.bench.casts import update_ops
+
+    autocast, held = update_ops("bfloat16", False, 128), update_ops("bfloat16", True, 128)
+    assert autocast["micro_batches"] == held["micro_batches"] > 1
+    assert autocast["aten::_to_copy"] - held["aten::_to_copy"] == 15 * held["micro_batches"]
+    assert autocast["aten::mm"] == held["aten::mm"]
