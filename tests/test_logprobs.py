@@ -1,5 +1,6 @@
 """The blocked log-softmax (trainer/logprobs.py) against the textbook one on random logits: the same values and
-gradients (fp32 values to the bit, gradients and bf16 within rounding), across block edges, and no fp32 (N, V) tensor kept."""
+gradients (fp32 values to the bit, gradients and bf16 within rounding), across block edges, and no fp32 (N, V)
+tensor kept."""
 
 import pytest
 import torch

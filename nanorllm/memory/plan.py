@@ -51,9 +51,8 @@ CUDA_CONTEXT_BYTES = 500 * 2**20
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
 # The head at the scored tokens: its logits (the compute dtype) kept for the backward and their gradient; the
 # loss's fp32 log-softmax runs a block of rows at a time (trainer/logprobs.py), up to this many block-sized
-# fp32 tensors alive at once in its backward (the upcast, the scaled logits, the log-softmax, its exp, the
-# entropy's product, a gradient).
-HEAD_COPIES_PER_VOCAB, HEAD_BLOCK_COPIES = 2, 6
+# fp32 tensors alive at once (the upcast, the scaled logits and the log-softmax; then log p, p and a product).
+HEAD_COPIES_PER_VOCAB, HEAD_BLOCK_COPIES = 2, 3
 CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
 FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/tasks.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack

@@ -4,10 +4,12 @@ The textbook loss takes log_softmax(logits.float()) over all N scored tokens, th
 autograd keeps two or three fp32 (N, V) tensors alive until the backward, 12 bytes x vocabulary per token on top
 of the logits themselves (bf16 under bf16), the largest share of the learner's activations for a big vocabulary.
 Here the fp32 work runs on `rows_per_block(V)` rows at a time (a budget of BLOCK_ELEMENTS values) and is freed
-at once; the backward recomputes each block's log-softmax from the kept logits and takes its gradient there (the
-activation checkpointing of the head's softmax, as Liger's fused cross-entropy and prime-rl's chunked head do).
-Each row's values are the same operations as the textbook's on the same numbers, so the logprobs and entropies
-are the same bits and the gradients differ only in fp32 rounding (the order of a row's sums). A teacher's exact reverse KL is summed over the same blocks, under no grad.
+at once; the forward keeps the logits and the (N,) entropies, and the backward recomputes each block's
+log-softmax and writes its gradient over it from the closed form (onehot - p for the target logprob,
+-p (log p + H) for the entropy), two block-sized fp32 tensors at a time, as Liger's fused cross-entropy and
+prime-rl's chunked head do. Each row's values are the same operations as the textbook's on the same numbers, so
+the logprobs and entropies are the same bits; the gradients differ in fp32 rounding. A teacher's exact reverse
+KL is summed over the same blocks, under no grad.
 """
 
 import torch
@@ -43,30 +45,42 @@ class BlockedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-        ctx.save_for_backward(logits, targets)
-        ctx.temperature = temperature
-        ctx.set_materialize_grads(False)
         n = logits.shape[0]
         lp = logits.new_empty(n, dtype=torch.float32)
         entropy = logits.new_empty(n, dtype=torch.float32)
         for rows in blocks(n, logits.shape[-1]):
             lp[rows], entropy[rows] = target_and_entropy(log_distribution(logits[rows], temperature), targets[rows])
+        ctx.save_for_backward(logits, targets, entropy)
+        ctx.temperature = temperature
+        ctx.set_materialize_grads(False)
         return lp, entropy
 
     @staticmethod
     def backward(ctx, grad_lp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
-        logits, targets = ctx.saved_tensors
+        logits, targets, entropy = ctx.saved_tensors
         if grad_lp is None and grad_entropy is None:
             return None, None, None
         grad = torch.empty_like(logits)
         for rows in blocks(logits.shape[0], logits.shape[-1]):
-            block = logits[rows].detach().requires_grad_(True)
-            with torch.enable_grad():
-                lp, entropy = target_and_entropy(log_distribution(block, ctx.temperature), targets[rows])
-            outputs = [(lp, grad_lp), (entropy, grad_entropy)]
-            outputs = [(out, g[rows]) for out, g in outputs if g is not None]
-            grad[rows] = torch.autograd.grad([o for o, _ in outputs], block, [g for _, g in outputs])[0]
+            grad[rows] = block_gradient(log_distribution(logits[rows], ctx.temperature), targets[rows], entropy[rows],
+                                        None if grad_lp is None else grad_lp[rows],
+                                        None if grad_entropy is None else grad_entropy[rows]).div_(ctx.temperature)
         return grad, None, None
+
+
+def block_gradient(logp: torch.Tensor, targets: torch.Tensor, entropy: torch.Tensor, grad_lp: torch.Tensor | None,
+                   grad_entropy: torch.Tensor | None) -> torch.Tensor:
+    """d(loss)/d(logits / T) of one block, written over `logp` in place: with p = exp(logp) and H the entropy,
+    d lp_target / dz = onehot - p and dH / dz = -p (logp + H)."""
+    p = logp.exp()
+    if grad_entropy is not None:
+        grad = logp.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])  # (R, V)
+    else:
+        grad = logp.zero_()
+    if grad_lp is not None:
+        grad.sub_(p.mul_(grad_lp[:, None]))
+        grad.scatter_add_(1, targets[:, None], grad_lp[:, None].to(grad.dtype))
+    return grad
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
