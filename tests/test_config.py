@@ -58,7 +58,7 @@ def test_dtype_aliases_parse_and_help_lists_the_choices(capsys, monkeypatch):
         parse_config(["--help"])
     out = capsys.readouterr().out
     for listed in ["{token-mean,seq-mean,seq-mean-token-sum-norm}", "{episode,turn}", "{none,tis,mis,decoupled}",
-                   "{grpo,rloo,reinforce++}", "{token,sequence}", "{constant,linear,cosine}",
+                   "{grpo,rloo,reinforce++,rae}", "{token,sequence}", "{constant,linear,cosine}",
                    "{auto,float32,bfloat16,fp32,bf16}", "{ddp,fsdp}"]:
         assert listed in out
 

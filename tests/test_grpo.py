@@ -214,7 +214,7 @@ def test_a_registered_estimator_is_one_function_and_the_configs_choices_are_the_
     from nanorllm.config import TrainConfig
 
     assert get_args(get_type_hints(TrainConfig)["adv_estimator"]) == tuple(registry.ESTIMATORS) == (
-        "grpo", "rloo", "reinforce++")
+        "grpo", "rloo", "reinforce++", "rae")
     monkeypatch.setattr(registry, "ESTIMATORS", dict(registry.ESTIMATORS))
 
     @registry.register_estimator("best-of-group")

@@ -17,7 +17,8 @@ import nanorllm
 PACKAGE = Path(nanorllm.__file__).resolve().parent
 DOC = PACKAGE.parent / "docs" / "metrics.md"
 NAMESPACES = ("reward", "success_rate", "episode", "groups", "completions", "rollout", "eval", "loss", "clip_ratio",
-              "advantage", "train", "mismatch", "is_weight", "perf", "pipeline", "tool", "sft", "fit", "sampler")
+              "advantage", "train", "mismatch", "is_weight", "perf", "pipeline", "tool", "sft", "fit", "sampler",
+              "selfplay")
 METRIC = re.compile(rf"^({'|'.join(NAMESPACES)})(/[a-z0-9_]+)+$")
 PLACEHOLDERS = {"<i>": r"\d+", "<reason>": r"[a-z_]+"}
 

@@ -1,4 +1,5 @@
-"""`--env textarena:GAME-ID`: a single-player TextArena game as a multi-turn episode, its seeds as tasks, the
+"""`--env textarena:GAME-ID`: a single-player TextArena game as a multi-turn episode (two-player games:
+tests/test_selfplay.py), its seeds as tasks, the
 refusals at start, a game that raises, and 2 training steps on GuessTheNumber, serial and in the pipeline."""
 
 import re
@@ -133,10 +134,8 @@ def test_an_unknown_game_names_the_closest_registered_ids():
     assert "no TextArena game 'GuessTheNumbr-v0'" in msg and "closest: GuessTheNumber-v0" in msg and "\n" not in msg
 
 
-def test_a_game_for_two_players_is_refused_as_needing_an_opponent():
-    with pytest.raises(EnvSpecError) as err:
-        load_env("textarena:TicTacToe-v0")
-    assert "needs an opponent, which this adapter does not provide" in str(err.value) and "\n" not in str(err.value)
+def test_a_game_for_two_players_loads_as_a_game_of_two_seats_and_one_for_one_as_one():
+    assert (load_env("textarena:TicTacToe-v0").seats, load_env(GAME).seats) == (2, 1)  # tests/test_selfplay.py plays it
 
 
 def test_training_and_held_out_seeds_never_overlap():

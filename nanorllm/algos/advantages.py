@@ -11,6 +11,8 @@ rewarded like a first-try success. turn_credit="turn" scores each turn by its re
 the group's turns with the same index (all first turns together, all second turns together). It returns
 one advantage per item, exactly 0 for every item of a constant set, never NaN.
 `reward_of` overrides the reward an episode is scored by (DAPO's overlong shaping, `overlong_penalty`).
+"rae" is SPIRAL's role-conditioned advantage for games (rollout/games.py): r - b, b a running mean of the
+rewards of one game and seat, kept across steps (`role_baselines`, saved in checkpoints) instead of a group's mean.
 
 Whether a group carries a signal at all is one test, `carries_signal`, on the env's rewards: fill-batch
 counts the mixed groups with it, the update zeroes and drops the others, and `frac_reward_zero_std`
@@ -37,6 +39,9 @@ class AdvantageSpec:
     std: str = "population"  # a std's variance over n values: / n ("population") or / (n - 1) ("unbiased")
     turn_credit: str = "episode"
     batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None  # sums over learner ranks
+    roles: tuple[str, ...] = ()  # rae: the role (RolloutResult.role) of each comparison set, in order
+    role_baselines: dict[str, float] | None = None  # rae: each role's baseline, updated in place (None: fresh)
+    rae_decay: float = 0.95  # rae: b <- decay x b + (1 - decay) x the step's mean reward of the role
 
 
 Estimator = Callable[[list[ComparisonSet], AdvantageSpec], list[list[float]]]
@@ -76,7 +81,9 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
                       eps: float = 1e-6, turn_credit: str = "episode", turn_gamma: float = 1.0,
                       estimator: str = "grpo", reward_of: Callable[[RolloutResult], float] | None = None,
                       batch_stats: Callable[[dict[str, float]], dict[str, float]] | None = None,
-                      silent: set[str] | None = None, std: str = "population") -> dict[str, list[RolloutResult]]:
+                      silent: set[str] | None = None, std: str = "population",
+                      role_baselines: dict[str, float] | None = None,
+                      rae_decay: float = 0.95) -> dict[str, list[RolloutResult]]:
     """Write the estimator's advantage (grpo: (r - mean) [/ (std + eps)]) into every StepSample of every
     episode; returns `groups`.
 
@@ -85,6 +92,7 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
     With turn_credit="turn", r is a turn's return and the group is the group's turns of one index.
     `batch_stats` (reinforce++) sums {"n", "sum", "sq"} over the learner ranks (default: this rank's alone).
     `std`: "population" divides a variance by n, "unbiased" by n - 1 (verl's and TRL's).
+    `role_baselines` / `rae_decay`: the rae estimator's running baselines, one per role, updated in place.
     """
     if turn_credit not in ("episode", "turn"):
         raise ValueError(f"turn_credit must be 'episode' or 'turn', got {turn_credit!r}")
@@ -94,19 +102,23 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
         raise ValueError(f"estimator must be one of {tuple(ESTIMATORS)}, got {estimator!r}")
     if silent is None:
         silent = silent_groups(groups, turn_credit=turn_credit, turn_gamma=turn_gamma)
-    sets = []
+    sets, roles = [], []
     for g, results in groups.items():
+        role = results[0].role if results else ""  # a group is one task and one seat: one role
         if turn_credit == "episode":  # a silent group is scored by its (constant) env reward, shaping or not
             score = reward_of if reward_of and g not in silent else (lambda r: r.reward)
             sets.append([(score(r), r.step_samples) for r in results])
+            roles.append(role)
             continue
         by_turn: dict[int, list] = defaultdict(list)
         for r in results:
             for s, ret in zip(r.step_samples, turn_returns(r, turn_gamma)):
                 by_turn[s.turn].append((ret, [s]))
         sets += by_turn.values()
+        roles += [role] * len(by_turn)
     spec = AdvantageSpec(normalize_std=normalize_std, eps=eps, std=std, turn_credit=turn_credit,
-                         batch_stats=batch_stats)
+                         batch_stats=batch_stats, roles=tuple(roles), role_baselines=role_baselines,
+                         rae_decay=rae_decay)
     for items, advs in zip(sets, ESTIMATORS[estimator](sets, spec)):
         for (_, samples), a in zip(items, advs):
             for s in samples:
@@ -176,6 +188,23 @@ def reinforce_plus_plus(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[
     s = (max(stats["sq"] - n * m * m, 0.0) / _dof(n, spec.std)) ** 0.5
     return [[0.0] * len(items) if _constant(items) else [(a - m) / (s + spec.eps) for a in advs]
             for items, advs in zip(sets, centred)]
+
+
+@register_estimator("rae")
+def role_conditioned(sets: list[ComparisonSet], spec: AdvantageSpec) -> list[list[float]]:
+    """SPIRAL's role-conditioned advantage (Liu et al. 2025, "SPIRAL: Self-Play on Zero-Sum Games"): per role
+    (a game and a seat, RolloutResult.role), b <- decay x b + (1 - decay) x the mean of the step's rewards in that
+    role, then a = r - b. A role first seen starts at b = 0 (SPIRAL's). No group is silent under it: an all-win
+    group still beats a baseline below 1. The baselines are `spec.role_baselines`, updated in place, so they
+    outlive the step (the run keeps them in its checkpoints)."""
+    baselines = spec.role_baselines if spec.role_baselines is not None else {}
+    roles = spec.roles or ("",) * len(sets)
+    by_role: dict[str, list[float]] = defaultdict(list)
+    for role, items in zip(roles, sets):
+        by_role[role] += [x for x, _ in items]
+    for role, rewards in by_role.items():
+        baselines[role] = spec.rae_decay * baselines.get(role, 0.0) + (1 - spec.rae_decay) * sum(rewards) / len(rewards)
+    return [[x - baselines[role] for x, _ in items] for role, items in zip(roles, sets)]
 
 
 def overlong_penalty(result: RolloutResult, *, max_new_tokens: int, buffer: int, penalty: float) -> float:

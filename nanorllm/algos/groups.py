@@ -1,6 +1,8 @@
 """Groups: every episode sampled for one task in one round, the unit an advantage compares within.
 
-A group is keyed by RolloutResult.group_id (which defaults to the task_id). Here: grouping, taking out
+A group is keyed by RolloutResult.group_id (which defaults to the task_id) and, for a game's episodes, the seat
+played (`seat1/<group_id>`): a game's first and second player face different odds, so each is compared with its
+own seat's episodes (rollout/games.py). Here: grouping, taking out
 the failed episodes (RolloutResult.failed: the env raised in them, or a reward source could not score them),
 and the flat list of samples the update trains on. Whether a group carries a signal at all is the
 advantages' test (algos/advantages.py carries_signal).
@@ -13,11 +15,18 @@ from nanorllm.core.types import RolloutResult, StepSample
 
 
 def group_by_task_id(results: list[RolloutResult]) -> dict[str, list[RolloutResult]]:
-    """Group episodes by group_id (or task_id when no group_id was set), keeping arrival order."""
+    """Group episodes by group_id (or task_id when no group_id was set) and seat, keeping arrival order."""
     groups: dict[str, list[RolloutResult]] = defaultdict(list)
     for r in results:
-        groups[r.group_id or r.task_id].append(r)
+        groups[group_key(r)].append(r)
     return dict(groups)
+
+
+def group_key(r: RolloutResult) -> str:
+    """`<group_id>`, or `seat<k>/<group_id>` for a game's seat k: the task-stream position stays last (a
+    mini-batch is chosen by it, trainer/step.py mini_batch_of)."""
+    key = r.group_id or r.task_id
+    return key if r.seat is None else f"seat{r.seat}/{key}"
 
 
 def drop_failed(results: list[RolloutResult], min_group_size: int = 2) -> tuple[list[RolloutResult], int, int]:

@@ -190,6 +190,11 @@ def _algorithm_problems(cfg) -> list[str]:
         p.append("adv_estimator: reinforce++ normalises over the whole step's episodes, but turn_credit 'turn' "
                  "compares a group's turns of one index (returns of first and later turns differ in scale); "
                  "use grpo or rloo with it")
+    if not 0 <= cfg.rae_decay < 1:
+        p.append(f"rae_decay: must be in [0, 1), got {cfg.rae_decay}")
+    if cfg.adv_estimator == "rae" and (cfg.learner_devices or "1") != "1":
+        p.append(f"adv_estimator: rae keeps its game-and-seat baselines on one learner rank; learner_devices "
+                 f"{cfg.learner_devices!r} asks for several")
     if cfg.ratio_level == "sequence":
         if cfg.off_policy_correction != "none":
             p.append(f"ratio_level: sequence (GSPO) is itself the importance ratio to the sampler per response; "

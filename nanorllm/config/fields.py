@@ -288,6 +288,13 @@ class EpisodeShape(FirstPrompt):
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
     grader_timeout_s: float = GRADER_TIMEOUT_S
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
+    opponent: Literal["self", "random"] = "self"
+    """Two-player games (an env with seats, docs/self-play.md): who plays the seats the policy does not. self: the
+    policy plays every seat and every seat trains; random: a random legal move (the game must list them), the
+    policy plays one seat a game, turn about over a task's games."""
+    eval_opponent: Literal["random", "self"] = "random"
+    """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): random, a fixed
+    opponent the eval number does not move with (the game must list its legal moves); self: the policy itself."""
 
 
 @dataclass
@@ -425,8 +432,12 @@ class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
     adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
-    (REINFORCE++-baseline as verl and OpenRLHF compute it). algos/advantages.py: the choices are its registry's
+    (REINFORCE++-baseline as verl and OpenRLHF compute it); rae: reward - a running baseline per game and seat
+    (SPIRAL's role-conditioned advantage, for two-player games). algos/advantages.py: the choices are its registry's
     names. adv_normalize_std applies to grpo only."""
+    rae_decay: float = 0.95
+    """rae (games): each game-and-seat baseline moves as b <- rae_decay x b + (1 - rae_decay) x the step's mean reward
+    in that role (SPIRAL's 0.95); kept across steps and in checkpoints."""
     adv_normalize_std: bool = True
     """grpo: divide group-centred rewards by the group std (+ adv_eps); false with seq-mean-token-sum-norm is Dr. GRPO."""
     adv_std: Literal["population", "unbiased"] = "population"

@@ -44,7 +44,8 @@ def sampling_params(cfg: Sampling | EpisodeShape) -> SamplingParams:
 def episode_settings(cfg: EnvSource | EpisodeShape) -> EpisodeSettings:
     """The episode fields every bundle may read."""
     return replace(prompt_settings(cfg), max_turns=cfg.max_turns, grader_timeout_s=cfg.grader_timeout_s,
-                   env_timeout_s=cfg.env_timeout_s, max_row_tokens=agent_row_tokens(cfg))
+                   env_timeout_s=cfg.env_timeout_s, max_row_tokens=agent_row_tokens(cfg), opponent=cfg.opponent,
+                   eval_opponent=cfg.eval_opponent)
 
 
 def prompt_settings(cfg: EnvOptions | FirstPrompt) -> EpisodeSettings:

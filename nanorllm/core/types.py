@@ -93,6 +93,8 @@ class RolloutResult:
     policy_version: int = 0
     worker_id: int = -1  # -1 = the serial loop
     group_id: str = ""  # the (task, round) group this episode belongs to
+    seat: int | None = None  # a game's player this episode played (rollout/games.py); None: a one-player episode
+    opponent: str = ""  # what played the game's other seats: "self", "random" ("" for a one-player episode)
 
     @property
     def task_id(self) -> str:
@@ -101,6 +103,12 @@ class RolloutResult:
     @property
     def reward(self) -> float:
         return self.trajectory.final_reward
+
+    @property
+    def role(self) -> str:
+        """The game and seat an episode played (`<game>/seat<k>`), what a role baseline is kept for; "" for a
+        one-player episode. The game is the task's "game" field, else the env's one game."""
+        return "" if self.seat is None else f"{self.trajectory.task.get('game', '')}/seat{self.seat}"
 
     @property
     def failed(self) -> bool:

@@ -18,6 +18,19 @@ An `EnvBundle` is what `--env module.path:Name` names: how to make one episode's
 env's own options (`--env-arg key=value`, typed by their defaults), and where its tasks come from
 (rows with a unique string `task_id`; the rest of a row is the env's business).
 
+A game (two or more players on one env; rollout/games.py, docs/self-play.md): the bundle says `seats = N`, and
+the env adds `seat()`, whose move it is (read after `reset` and after each step that is not done):
+
+    observation = env.reset(task)                      # what the first mover sees
+    loop: k = env.seat()                               # the mover
+          move = seat k's player(its messages)         # the policy, or --opponent's move
+          observation, reward, done, info = env.step(move)   # what the NEXT mover sees; reward: the mover's
+    done: info["rewards"] = [one final reward per seat]      # +1 / -1 / 0 zero-sum (missing: all 0, a draw)
+
+`env.legal_moves() -> list[str]`, where the game lists them, lets `--opponent random` play it; info["invalid_move"]
+marks a move that broke the rules (the game says how that ends: in TextArena's games, that seat loses).
+Each seat the policy plays is its own trajectory with its own reward; `--opponent` says who plays the others.
+
 Optional, beside reset/step: a bundle's `demonstrations(task) -> list[dict]`, the messages a correct episode
 adds after the agent's first prompt (assistant replies, with `tool_calls` and the `tool` results where the
 episode calls a tool), written as the env grades them. `launch/sft.py --env X --demos N` trains on them
@@ -34,6 +47,7 @@ import numpy as np
 from nanorllm.agents.chat_agent import ChatAgent
 from nanorllm.core.limits import ENV_TIMEOUT_S, GRADER_TIMEOUT_S
 from nanorllm.core.types import RolloutResult, Trajectory
+from nanorllm.utils.modules import EnvSpecError
 
 Observation = str | dict  # text, or {"question": text}
 ENV_METHODS = ("reset", "step")
@@ -124,6 +138,8 @@ class EpisodeSettings:
     # request past it gets a 400, an env turn ends its episode); None: the model's context. What the memory plan
     # sizes an agent episode at.
     max_row_tokens: int | None = None
+    opponent: str = "self"  # --opponent: who plays a game's seats the policy does not (rollout/games.py)
+    eval_opponent: str = "random"  # --eval-opponent: who plays them in held-out evaluation
 
 
 class EnvBundle:
@@ -138,12 +154,22 @@ class EnvBundle:
     args: ClassVar[dict[str, object]] = {}  # the env's own options and their defaults (--env-arg key=value)
     default_tasks: ClassVar[str | None] = None  # used when --tasks / --eval-tasks are left at their defaults
     default_eval_tasks: ClassVar[str | None] = None
+    seats: ClassVar[int] = 1  # players of one episode: 2 or more is a game (see the module docstring)
 
     def __init__(self, settings: EpisodeSettings | None = None, **options):
         unknown = sorted(set(options) - set(self.args))
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}")
         self.settings = settings or EpisodeSettings()
+        if self.settings.opponent != "self" and self.seats == 1:
+            raise EnvSpecError(f"--opponent {self.settings.opponent}: {self.name} is a one-player env; an opponent "
+                               "plays the other seats of a game (an env with seats >= 2)")
+        env_class = getattr(self, "env_class", None)
+        if self.seats > 1 and env_class is not None and not hasattr(env_class, "legal_moves"):
+            for flag in ("opponent", "eval_opponent"):
+                if getattr(self.settings, flag) == "random":
+                    raise EnvSpecError(f"--{flag.replace('_', '-')} random: {self.name}'s env has no legal_moves() to "
+                                       f"draw a random move from; use --{flag.replace('_', '-')} self")
         self.options = {**self.args, **options}
         self.spec = self.name  # how --env named it (set by the registry)
 

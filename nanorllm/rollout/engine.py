@@ -22,6 +22,8 @@ rollout/context_overflows). `watch` hears "grading" around
 each env call (reset and step), "reward function <spec>" while a --reward function scores the call's
 episodes, and "generating" after either: a worker's heartbeat.
 
+A bundle with `seats` > 1 is a game: rollout/games.py plays it, a seat per player, each policy seat an episode.
+
 With `--agent` (an AgentBundle) the episodes are the user's functions talking to an OpenAI-compatible
 endpoint, and their requests join the running decode batch (rollout/agent_runner.py).
 """
@@ -41,6 +43,7 @@ from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.agent_runner import AgentRunner
+from nanorllm.rollout.games import GameRunner
 from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
 
 
@@ -103,11 +106,13 @@ def report_env_error(spec: str, task_id: str, where: str) -> str:
 
 class RolloutEngine:
     def __init__(self, policy: Policy, *, sampling: SamplingParams, env: EnvBundle | None = None,
-                 max_turns: int = 2, max_batch_episodes: int = 64):
-        """`env`: the episodes' bundle; without one, the default bundle with `max_turns`."""
+                 max_turns: int = 2, max_batch_episodes: int = 64, opponent: str | None = None):
+        """`env`: the episodes' bundle; without one, the default bundle with `max_turns`. `opponent`: who plays a
+        game's other seats (rollout/games.py); None: the env's settings' (--opponent)."""
         self.policy = policy
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
+        self.opponent = opponent or self.env.settings.opponent
         self.env.use_tokenizer(getattr(policy, "tokenizer", None))  # a bundle that reads the model's tool-call format
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
         self.row_tokens = row_tokens(policy, self.env.settings.max_row_tokens)  # rollout/row_bound.py
@@ -130,6 +135,8 @@ class RolloutEngine:
         group_ids = group_ids or [t["task_id"] for t in tasks]
         if isinstance(self.env, AgentBundle):  # --agent: the episodes are the user's functions (rollout/agent_runner.py)
             return self._run_agents(tasks, num_samples, group_ids, params, t0)
+        if getattr(self.env, "seats", 1) > 1:  # a game: a seat per player, turns alternating (rollout/games.py)
+            return self._run_games(tasks, num_samples, group_ids, params, seed, t0)
         episodes = []
         for i, (task, gid) in enumerate(zip(tasks, group_ids)):
             for k in range(num_samples):
@@ -165,6 +172,18 @@ class RolloutEngine:
             self.agents = AgentRunner(self, self.env, shared_prefix=shared_prefix, min_shared=MIN_SHARED_PREFIX)
         results, n_generated, gen_s, stats = self.agents.run(tasks, num_samples=num_samples, group_ids=group_ids,
                                                              params=params)
+        version = getattr(self.policy, "version", 0)
+        for r in results:
+            r.policy_version = version
+        return RolloutBatch(results, {"rollout_s": time.perf_counter() - t0, "generate_s": gen_s,
+                                      "gen_tokens": n_generated, **stats})
+
+    def _run_games(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
+                   seed: int | None, t0: float) -> RolloutBatch:
+        """num_samples games per task, each policy seat an episode of its own (rollout/games.py)."""
+        runner = GameRunner(self, shared_prefix=shared_prefix, min_shared=MIN_SHARED_PREFIX,
+                            report_error=report_env_error)
+        results, n_generated, gen_s, stats = runner.run(tasks, num_samples, group_ids, params, seed)
         version = getattr(self.policy, "version", 0)
         for r in results:
             r.policy_version = version

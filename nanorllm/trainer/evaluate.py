@@ -26,18 +26,19 @@ from nanorllm.core.types import RolloutResult
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
-from nanorllm.trainer.metrics import grader_timeouts
+from nanorllm.trainer.metrics import grader_timeouts, selfplay_metrics
 from nanorllm.trainer.watchdog import Watchdog
 
 
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle,
              max_batch_episodes: int = 64, hang_timeout_s: float = 600.0) -> dict:
     """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
-    "first_timeout_task"} plus the env's own metrics (`env.metrics`), on the program's own `env` (its turns and
-    grader limit with it): the rates over the `n` scored episodes, `failed` the episodes left out (module docstring;
+    "first_timeout_task"} plus the env's own metrics (`env.metrics`) and a game's selfplay/* (its policy seats
+    against `--eval-opponent`: a fixed opponent by default), on the program's own `env` (its turns and grader limit
+    with it): the rates over the `n` scored episodes, `failed` the episodes left out (module docstring;
     every rate is nan when none was scored)."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
-                           max_batch_episodes=max_batch_episodes)
+                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
         dog.follow(engine, tasks)
         try:
@@ -56,6 +57,7 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
         "grader_timeouts": timeouts,
         "first_timeout_task": first_timeout,
         **env_metrics(env, results, scored),
+        **selfplay_metrics(results),  # a game's: against --eval-opponent
     }
 
 
@@ -86,6 +88,17 @@ def default_ks(samples: int) -> tuple[int, ...]:
     return tuple(sorted({1, samples} | {2 ** i for i in range(1, samples.bit_length()) if 2 ** i < samples}))
 
 
+def per_task(results: list[RolloutResult], tasks: list[dict], samples: int) -> list[list[RolloutResult]]:
+    """A task's episodes: its `samples` in a row, or, in a game (rollout/games.py), one per policy seat of each of
+    its games, found by task id."""
+    if not any(r.seat is not None for r in results):
+        return [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
+    by_task: dict[str, list[RolloutResult]] = {t["task_id"]: [] for t in tasks}
+    for r in results:
+        by_task[r.task_id].append(r)
+    return list(by_task.values())
+
+
 def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle, samples: int,
                      ks: tuple[int, ...] = (), seed: int = 0, max_batch_episodes: int = 64,
                      hang_timeout_s: float = 600.0) -> dict:
@@ -97,7 +110,7 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
     generator = getattr(policy, "generator", None)
     saved = generator.get_state() if generator is not None else None
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=False), env=env,
-                           max_batch_episodes=max_batch_episodes)
+                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent)
     try:
         with Watchdog("held-out evaluation (sampled)", hang_timeout_s, env_name=env.spec) as dog:
             dog.follow(engine, tasks)
@@ -106,7 +119,7 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
         engine.close()  # an --agent's endpoint
         if saved is not None:
             generator.set_state(saved)
-    groups = [[r for r in results[i * samples:(i + 1) * samples] if not r.failed] for i in range(len(tasks))]
+    groups = [[r for r in rs if not r.failed] for rs in per_task(results, tasks, samples)]
     counts = [(len(g), sum(r.succeeded for r in g)) for g in groups]  # (scored samples, passed) a task
     out = {f"pass@{k}": mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in ks}
     scored = sum(n for n, _ in counts)

@@ -386,7 +386,8 @@ class TrainingRun:
         before_update(step + 1, trainable_parameters(self.policy.model))  # the fault suite's hook (inert)
         share = self.ranks.share(results, self.policy.version)  # all of it with one rank
         metrics = train_step(self.policy, self.optimizer, share, self.cfg, ref_policy=self.ref_policy,
-                             teacher=self.teacher, ranks=self.ranks)
+                             teacher=self.teacher, ranks=self.ranks,  # rae's baselines: in the checkpoints' totals
+                             role_baselines=self.totals.setdefault("role_baselines", {}))
         check_finite_weights(self.policy.model, step + 1)  # else the run stops dirty: no checkpoint of them
         return metrics
 

@@ -63,8 +63,27 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     m["groups/solve_partial"] = sum(0 < s < 1 for s in solved) / len(solved)
     if (distinct := distinct_answers(results)) is not None:  # 1.0 for long: a constant answer (trainer/collapse.py)
         m["rollout/distinct_answers"] = distinct
+    m.update(selfplay_metrics(results))
     if env is not None:
         m.update(env.metrics(results))
+    return m
+
+
+def selfplay_metrics(results: list[RolloutResult]) -> dict:
+    """A game's policy seats (rollout/games.py; {} for one-player episodes), against the run's opponent: each seat's
+    share of wins, the share of draws, and the share of episodes with a move that broke the game's rules. Over the
+    scored episodes (an env error says nothing of the play)."""
+    played = [r for r in results if r.seat is not None and not r.failed]
+    if not played:
+        return {}
+    outcomes = [r.trajectory.steps[-1].info.get("outcome") if r.trajectory.steps else None for r in played]
+    m = {}
+    for seat in sorted({r.seat for r in played}):
+        mine = [o for r, o in zip(played, outcomes) if r.seat == seat]
+        m[f"selfplay/win_rate/seat{seat}"] = sum(o == "win" for o in mine) / len(mine)
+    m["selfplay/draw_rate"] = sum(o == "draw" for o in outcomes) / len(played)
+    m["selfplay/invalid_move_rate"] = sum(any(s.info.get("invalid_move") for s in r.trajectory.steps)
+                                          for r in played) / len(played)
     return m
 
 

@@ -46,12 +46,13 @@ def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_t
 
 
 def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_policy=None, teacher=None,
-               ranks=None) -> dict:
+               ranks=None, role_baselines: dict[str, float] | None = None) -> dict:
     """group -> advantage -> flatten -> update -> the step's scalars.
 
     With learner `ranks` (ranks/group.py) `results` is this rank's share of the step (whole groups):
     the normaliser and every metric are the whole step's, over all ranks. With a distillation `teacher`
-    (trainer/teacher.py) every group trains: the teacher scores each token, whatever the group's rewards."""
+    (trainer/teacher.py) every group trains: the teacher scores each token, whatever the group's rewards.
+    `role_baselines`: the rae estimator's baselines (one per game and seat), updated in place; the run keeps them."""
     t0 = time.perf_counter()
     ranks = ranks or ONE_RANK
     results, short, dropped = drop_failed(results, cfg.min_group_size)
@@ -59,11 +60,14 @@ def train_step(policy, optimizer, results: list[RolloutResult], cfg, *, ref_poli
                                        penalty=cfg.overlong_penalty) for r in results} if cfg.overlong_buffer else None
     groups = group_by_task_id(results)
     # the groups without signal, once: zeroed and dropped here, counted below (fill-batch's test too)
-    silent = silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
+    # (under rae none: each episode is set against its role's running baseline, not its group)
+    silent = set() if cfg.adv_estimator == "rae" else \
+        silent_groups(groups, turn_credit=cfg.turn_credit, turn_gamma=cfg.turn_gamma)
     compute_advantage(groups, normalize_std=cfg.adv_normalize_std, eps=cfg.adv_eps, turn_credit=cfg.turn_credit,
                       turn_gamma=cfg.turn_gamma, estimator=cfg.adv_estimator,
                       reward_of=(lambda r: r.reward + penalty[id(r)]) if penalty else None,
-                      batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std)
+                      batch_stats=ranks.all_sum, silent=silent, std=cfg.adv_std, role_baselines=role_baselines,
+                      rae_decay=cfg.rae_decay)
     samples = flatten_step_samples(groups, drop_zero_std=cfg.drop_zero_std_groups and teacher is None, silent=silent)
     truncated = {s.episode_id for s in samples if s.truncated} if cfg.mask_truncated else set()
     samples = [s for s in samples if s.episode_id not in truncated]

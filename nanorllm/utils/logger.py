@@ -32,6 +32,8 @@ def episode_record(r: RolloutResult) -> dict:
         "worker_id": r.worker_id, "group_id": r.group_id,
         # what an --agent function returned beside its reward (envs/agent_fn.py; checked to be JSON there)
         **({"returned": t.steps[-1].info["returned"]} if t.steps and "returned" in t.steps[-1].info else {}),
+        # a game's seat and who played the other seats (rollout/games.py)
+        **({"seat": r.seat, "opponent": r.opponent} if r.seat is not None else {}),
         # the reward sources whose score failed (termination_reason "reward_failed")
         **({"reward_failed": t.steps[-1].info["reward_failed"]} if t.steps and "reward_failed" in t.steps[-1].info
            else {}),

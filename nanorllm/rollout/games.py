@@ -1,0 +1,309 @@
+"""Games: episodes whose env several players share, each seat played by the policy or by an opponent (self-play).
+
+Why apart from engine.py: a one-player episode is one agent, one row and one turn after another; a game is one env
+and a seat per player, whose turns alternate. Each seat the policy plays keeps its own agent (its own messages: what
+that player was shown and said), its own token row and its own StepSamples, and ends as its own RolloutResult
+(`seat` set) with its own reward: its steps' rewards plus its final reward from the game (info["rewards"], envs/base.py).
+Only the policy's seats train; the engine's opponent (`--opponent`; held-out evaluation's `--eval-opponent`) says
+who plays the rest:
+- "self": the policy plays every seat (SPIRAL's and TextArena's self-play); every seat trains;
+- "random": a uniformly random move of `env.legal_moves()`; the policy plays one seat of each game, turn about over
+  a task's games (`policy_seats`), so a task's games cover every seat.
+
+The decode batch holds the next turn of every live game at once: a seat's turn joins it when the game is its move
+(the opponents' moves in between are played at once), so many games keep the batch full though each game's turns
+alternate. A seat holds no KV slot while the others move: its next turn joins from the shared prompt prefix and
+prefills its own history again (games are short; a slot per seat would double the cache the memory plan sizes).
+Each seat draws its own sampling stream in game order (the episodes' rule, engine.py), and the random opponent its
+own `random.Random` of (seed, game): a fixed seed plays the same games serial or in the pipeline.
+
+A game ends when the env says done, when its mover has had `--max-turns` turns ("max_turns": each seat's rewards so
+far, a draw), when a seat's next turn would pass the row's bound ("truncated"), or when the env raises or breaks
+the protocol: every policy seat of it then ends as an env error (left out of its group, counted in
+rollout/env_errors). A seat the game ended before it ever moved has nothing to train on and returns no episode.
+"""
+
+import random
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from nanorllm.chaos.faults import env_response
+from nanorllm.core.types import RolloutResult, StepSample, Trajectory, ending
+from nanorllm.envs.base import Agent, EnvProtocolError, check_reset, check_step
+from nanorllm.policy.base import SamplingParams
+from nanorllm.policy.slot_batch import new_stats
+
+OPPONENTS = ("self", "random")
+NO_MESSAGE = "(No new message. Make your move.)"
+MOVE_KEYS = ("action", "extracted", "invalid_move", "turn")  # a step's info about its move, not about the game
+
+
+@dataclass
+class SeatPlay:
+    """One seat of one game, played by the policy."""
+
+    game: "Game"
+    seat: int
+    episode_id: str
+    agent: Agent
+    rng: object = None
+    prompt_ids: list[int] = field(default_factory=list)
+    samples: list[StepSample] = field(default_factory=list)
+    pending: tuple[float, dict] = (0.0, {})  # its last move's reward and info: told at its next turn, or at the end
+    response_ids: list[int] = field(default_factory=list)  # its last turn's
+    n_messages: int = 0  # its agent's messages up to its last response
+
+
+@dataclass
+class Game:
+    task: dict
+    group_id: str
+    index: int  # the task's k-th game
+    task_index: int
+    env: object
+    plays: dict[int, SeatPlay] = field(default_factory=dict)  # the policy's seats
+    rng: random.Random | None = None  # the random opponent's
+    results: list[RolloutResult] = field(default_factory=list)
+
+
+class GameError(Exception):
+    """The env raised, or broke the game protocol: the game ends as an env error."""
+
+
+def policy_seats(opponent: str, seats: int, task_id: str, index: int) -> list[int]:
+    """The seats the policy plays in a task's `index`-th game: all of them against itself, else one, turn about from
+    a seat the task id picks (so one game a task, as evaluation plays, still covers every seat over the tasks)."""
+    return list(range(seats)) if opponent == "self" else [(index + zlib.crc32(task_id.encode())) % seats]
+
+
+def final_rewards(info: dict, seats: int) -> list[float]:
+    """info["rewards"] of a finished game: one finite number per seat (missing: all 0, a draw)."""
+    rewards = info.get("rewards")
+    if rewards is None:
+        return [0.0] * seats
+    if not isinstance(rewards, (list, tuple)) or len(rewards) != seats:
+        raise EnvProtocolError("info['rewards']", f"a list of {seats} numbers, one per seat", rewards)
+    return [check_step((None, r, True, {}))[1] for r in rewards]
+
+
+def outcome(reward: float) -> str:
+    """A seat's result in a zero-sum game: its final reward's sign."""
+    return "win" if reward > 0 else "loss" if reward < 0 else "draw"
+
+
+class GameRunner:
+    """Plays one engine call's games (RolloutEngine.run hands a bundle with seats > 1 here)."""
+
+    def __init__(self, engine, *, shared_prefix, min_shared: int, report_error):
+        """The engine's own rules, handed down as AgentRunner's are: `shared_prefix(prompts)` (the prefix first prompts
+        share, computed once, used from `min_shared` tokens) and `report_error(spec, task_id, where)` (an env error,
+        printed once per kind)."""
+        self.engine, self.policy, self.bundle = engine, engine.policy, engine.env
+        self.shared_prefix, self.min_shared, self.report_error = shared_prefix, min_shared, report_error
+        self.seats, self.opponent = engine.env.seats, engine.opponent
+        self.params = engine.sampling
+
+    def run(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
+            seed: int | None) -> tuple[list[RolloutResult], int, float, dict]:
+        """(the policy seats' episodes in task, game, seat order; tokens generated; generate seconds; counters)."""
+        self.params = params
+        games = []
+        for i, (task, gid) in enumerate(zip(tasks, group_ids)):
+            for k in range(num_samples):
+                game = Game(task=task, group_id=gid, index=k, task_index=i, env=self.bundle.make_env(),
+                            rng=random.Random(f"{seed or 0}:{gid}#{k}"))
+                game.plays = {s: SeatPlay(game=game, seat=s, episode_id=f"{gid}#{k}/seat{s}",
+                                          agent=self.bundle.make_agent())
+                              for s in policy_seats(self.opponent, self.seats, task["task_id"], k)}
+                games.append(game)
+        plays = [p for g in games for p in g.plays.values()]
+        if hasattr(self.policy, "row_generators"):
+            for p, rng in zip(plays, self.policy.row_generators(len(plays))):
+                p.rng = rng
+        ready = deque(p for p in map(self.start, games) if p is not None)
+        if not ready:
+            n_generated, gen_s, stats = 0, 0.0, {}
+        elif hasattr(self.policy, "decode_batch"):
+            n_generated, gen_s, stats = self.in_flight(ready)
+        else:
+            n_generated, gen_s, stats = self.turn_by_turn(ready)
+        return [r for g in games for r in g.results], n_generated, gen_s, stats
+
+    # ---- the decode loops -------------------------------------------------------------------
+    def in_flight(self, ready: deque) -> tuple[int, float, dict]:
+        """Every live game's next policy turn in one running decode batch."""
+        engine, n_generated, stats = self.engine, 0, new_stats()
+        t0 = time.perf_counter()
+        rows = min(engine.max_batch_episodes, len(ready))  # a game has one turn in the batch at a time
+        width = engine.slot_width(max(len(p.prompt_ids) for p in ready), self.params)
+        with self.policy.decode_batch(self.params, stats=stats, slots=rows + 1, width=width) as batch:
+            shared = self.shared_prefix([p.prompt_ids for p in ready])
+            start = batch.cache_prefix(shared) if len(ready) > 1 and len(shared) >= self.min_shared else None
+            while ready or len(batch):
+                joining = [ready.popleft() for _ in range(min(engine.max_batch_episodes - len(batch), len(ready)))]
+                batch.join([(p, p.prompt_ids, p.rng, start) for p in joining])
+                engine.on_step()
+                for play, gen, state in batch.step():
+                    n_generated += len(gen.response_ids)
+                    batch.release(state)  # the seat holds no slot while the others move
+                    if (nxt := self.move(play, gen)) is not None:
+                        ready.append(nxt)
+        return n_generated, time.perf_counter() - t0, stats
+
+    def turn_by_turn(self, ready: deque) -> tuple[int, float, dict]:
+        """A policy with `generate` alone (an API model): the ready turns in chunks of max_batch_episodes."""
+        n_generated, gen_s = 0, 0.0
+        while ready:
+            chunk = [ready.popleft() for _ in range(min(self.engine.max_batch_episodes, len(ready)))]
+            t0 = time.perf_counter()
+            gens = self.policy.generate([p.agent.messages for p in chunk], [p.prompt_ids for p in chunk], self.params)
+            gen_s += time.perf_counter() - t0
+            for play, gen in zip(chunk, gens):
+                n_generated += len(gen.response_ids)
+                if (nxt := self.move(play, gen)) is not None:
+                    ready.append(nxt)
+        return n_generated, gen_s, {}
+
+    # ---- a game's moves ---------------------------------------------------------------------
+    def start(self, game: Game) -> SeatPlay | None:
+        """Reset the game and play up to the policy's first turn (None: the game already ended)."""
+        try:
+            observation = self.env_call(game, "reset", lambda: check_reset(game.env.reset(game.task)))
+            observation = observation if isinstance(observation, str) else observation["question"]
+            return self.next_turn(game, observation, False, {})
+        except GameError:
+            return None
+
+    def move(self, play: SeatPlay, gen) -> SeatPlay | None:
+        """A policy seat's response played; the next policy turn of its game (None: the game ended)."""
+        game, agent = play.game, play.agent
+        agent.update_from_model(gen.text)
+        play.samples.append(StepSample(
+            task_id=game.task["task_id"], episode_id=play.episode_id, turn=len(play.samples),
+            prompt_ids=play.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
+            policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
+        play.response_ids, play.n_messages = gen.response_ids, len(agent.messages)
+        try:
+            observation, reward, done, info = self.env_call(game, "step",
+                                                            lambda: check_step(game.env.step(env_response(gen.text))))
+            play.pending = (reward, info)
+            return self.next_turn(game, observation, done, info)
+        except GameError:
+            return None
+
+    def next_turn(self, game: Game, observation: str | None, done: bool, info: dict) -> SeatPlay | None:
+        """Play the opponents' moves until a policy seat is to move (returned, its prompt ready) or the game ends."""
+        while not done:
+            seat = self.env_call(game, "seat", lambda: self.mover(game))
+            play = game.plays.get(seat)
+            if play is None:
+                observation, _, done, info = self.env_call(game, "step", lambda: check_step(
+                    game.env.step(self.opponent_move(game))))
+                continue
+            if len(play.samples) >= self.engine.max_turns:
+                self.end(game, reason="max_turns", info={})
+                return None
+            if not self.open_turn(play, observation or NO_MESSAGE):
+                self.end(game, reason="truncated", info={"context_overflow": True})
+                return None
+            return play
+        self.end(game, reason=None, info=info)
+        return None
+
+    def mover(self, game: Game) -> int:
+        """env.seat(), checked: a seat of this game."""
+        seat = game.env.seat()
+        if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat < self.seats:
+            raise EnvProtocolError("env.seat()", f"a seat 0..{self.seats - 1}", seat)
+        return seat
+
+    def opponent_move(self, game: Game) -> str:
+        """--opponent random: one of the game's legal moves, drawn from the game's own stream."""
+        moves = game.env.legal_moves() if hasattr(game.env, "legal_moves") else None
+        if not moves:
+            raise EnvProtocolError("env.legal_moves()", "a non-empty list of moves (--opponent random plays one)",
+                                   moves)
+        return game.rng.choice(list(moves))
+
+    def open_turn(self, play: SeatPlay, observation: str) -> bool:
+        """Show the seat what it has not seen and make its turn's prompt; False if the row would pass its bound."""
+        agent = play.agent
+        if agent.trajectory is None:
+            agent.reset(play.game.task, observation)
+            play.prompt_ids = self.policy.first_prompt_ids(agent.messages, getattr(agent, "tools", None))
+            return True
+        reward, info = play.pending
+        n_steps = len(agent.trajectory.steps)
+        agent.update_from_env(observation, reward, False, info)
+        prompt_ids = self.policy.next_prompt_ids(play.prompt_ids, play.response_ids, agent.messages[play.n_messages:],
+                                                 getattr(agent, "tools", None))
+        bound = self.engine.row_tokens
+        if bound is not None and len(prompt_ids) + self.params.max_new_tokens > bound:
+            del agent.messages[play.n_messages:], agent.trajectory.steps[n_steps:]
+            play.pending = (reward, {**info, "context_overflow": True})
+            return False
+        play.prompt_ids = prompt_ids
+        return True
+
+    def end(self, game: Game, *, reason: str | None, info: dict) -> None:
+        """Every policy seat that moved ends with its steps' rewards and its final one (`reason` None: the game
+        itself ended it, with its info's reason)."""
+        finals = self.env_call(game, "step", lambda: final_rewards(info, self.seats)) if reason is None \
+            else [0.0] * self.seats
+        self.close(game)
+        for seat, play in game.plays.items():
+            if not play.samples:
+                continue
+            last_reward, last_info = play.pending
+            said = {"seat": seat, "outcome": outcome(finals[seat]), "success": finals[seat] > 0}  # a win
+            game_level = {k: v for k, v in info.items() if k not in MOVE_KEYS}  # the mover's own are in its pending
+            play.agent.update_from_env(None, last_reward + finals[seat], True, {**last_info, **game_level, **said})
+            total = sum(s.reward for s in play.agent.trajectory.steps)
+            why = ending(info.get("reason"), total, cut=play.samples[-1].truncated, otherwise="game_over") \
+                if reason is None else reason
+            traj = play.agent.finish(total, terminated=reason is None, reason=why)
+            self.keep(game, play, traj)
+
+    def fail(self, game: Game, where: str) -> None:
+        """Inside an `except`: the env raised, or broke the protocol. Every policy seat of the game ends as an env
+        error (the error printed once per kind); raises GameError."""
+        text = self.report_error(self.bundle.spec, game.task["task_id"], where)
+        self.close(game)
+        for seat, play in game.plays.items():
+            if play.agent.trajectory is None:
+                traj = Trajectory(task_id=game.task["task_id"], task=dict(game.task))
+            else:
+                traj = play.agent.trajectory
+                traj.steps[-1].info["error"] = text
+            traj.termination_reason = "error"
+            self.keep(game, play, traj)
+        raise GameError(where)
+
+    def keep(self, game: Game, play: SeatPlay, traj: Trajectory) -> None:
+        for s in play.samples:
+            s.reward = traj.final_reward
+        game.results.append(RolloutResult(trajectory=traj, step_samples=play.samples, group_id=game.group_id,
+                                          seat=play.seat, opponent=self.opponent))
+
+    def env_call(self, game: Game, where: str, call):
+        """`call()` heard as "grading" by the hang watch; an exception ends the game as an env error."""
+        self.engine.watch("grading", game.task_index)
+        try:
+            return call()
+        except GameError:
+            raise
+        except Exception:
+            self.fail(game, where)
+        finally:
+            self.engine.watch("generating", -1)
+
+    @staticmethod
+    def close(game: Game) -> None:
+        close = getattr(game.env, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # a game that cannot close has still ended
+                pass

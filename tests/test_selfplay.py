@@ -1,0 +1,297 @@
+"""Two-player games (rollout/games.py): every seat an episode of its own, groups by task and seat, the role-conditioned
+advantage, the opponents, invalid moves, the scalars and the refusals; on a game that is not TextArena
+(tests/duel_env.py) and on TextArena's. Training runs (serial, pipeline, resume) are `slow`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import ScriptedPolicy
+from nanorllm.algos.advantages import compute_advantage
+from nanorllm.algos.groups import group_by_task_id
+from nanorllm.envs.base import EpisodeSettings
+from nanorllm.envs.registry import EnvSpecError, load_env
+from nanorllm.policy.base import SamplingParams
+from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.run.lifecycle import main
+from nanorllm.trainer.evaluate import evaluate
+from nanorllm.trainer.metrics import rollout_metrics, selfplay_metrics
+from tests.procs import read_rollouts, read_scalars, run_train
+from tests.runs import TINY_ARGS
+
+DUEL = f"{Path(__file__).parent / 'duel_env.py'}:Duel"
+
+
+def duel(max_turns: int = 5, **settings):
+    return load_env(DUEL, EpisodeSettings(max_turns=max_turns, **settings))
+
+
+def play(policy, tasks, *, num_samples=1, max_turns=5, opponent=None, seed=0, env=None):
+    engine = RolloutEngine(policy, sampling=SamplingParams(), env=env or duel(max_turns), opponent=opponent)
+    return engine.run(tasks, num_samples=num_samples, seed=seed).results
+
+
+def by_seat(seat_moves: dict[int, str]):
+    """A policy that answers by the seat its conversation plays (the env's first message names it)."""
+    return ScriptedPolicy(lambda call, row, messages: seat_moves[int(messages[1]["content"].split()[3].rstrip("."))])
+
+
+HEAP5 = {"task_id": "heap5", "heap": 5, "game": "nim"}
+
+
+def test_each_seat_is_an_episode_of_its_own_with_its_own_turns_messages_and_reward():
+    seat0, seat1 = play(by_seat({0: "2", 1: "1"}), [HEAP5])  # 5 -2-> 3 -1-> 2 -2-> 0: seat 0 takes the last
+    assert (seat0.seat, seat1.seat) == (0, 1) and seat0.group_id == seat1.group_id == "heap5"
+    assert (seat0.reward, seat1.reward) == (1.0, -1.0)
+    assert [s.observation for s in seat0.trajectory.steps] == ["You are seat 0. 5 stones left. Take 1 or 2.",
+                                                               "You are seat 0. 2 stones left. Take 1 or 2."]
+    assert [s.observation for s in seat1.trajectory.steps] == ["You are seat 1. 3 stones left. Take 1 or 2."]
+    assert [s.turn for s in seat0.step_samples] == [0, 1] and [s.turn for s in seat1.step_samples] == [0]
+    assert {s.episode_id for s in seat0.step_samples} == {"heap5#0/seat0"}
+    last0, last1 = seat0.trajectory.steps[-1].info, seat1.trajectory.steps[-1].info
+    assert (last0["outcome"], last0["success"], last1["outcome"], last1["success"]) == ("win", True, "loss", False)
+    assert last1["action"] == "1"  # a seat's last step keeps its own move, not the winner's
+    assert seat0.succeeded and not seat1.succeeded
+    assert seat0.trajectory.termination_reason == "game_over" and seat0.trajectory.terminated
+    assert all(s.reward == r.reward for r in (seat0, seat1) for s in r.step_samples)
+
+
+def test_a_seats_turns_form_one_token_row_that_extends_its_own_last_turn():
+    seat0, _ = play(by_seat({0: "1", 1: "1"}), [HEAP5])
+    first, second = seat0.step_samples[:2]
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.response_ids)] == \
+        first.prompt_ids + first.response_ids
+
+
+def _two_games_that_differ():
+    """heap 5, two games: the first game's first move takes 2 (seat 1 then wins), every other move takes 1 (seat 0
+    wins): a group per seat, each with a win and a loss."""
+    return play(ScriptedPolicy(lambda call, row, messages: "2" if (call, row) == (0, 0) else "1"), [HEAP5],
+                num_samples=2)
+
+
+def test_groups_are_keyed_by_task_and_seat_and_each_seat_is_compared_with_its_own():
+    results = _two_games_that_differ()
+    assert [(r.seat, r.reward) for r in results] == [(0, -1.0), (1, 1.0), (0, 1.0), (1, -1.0)]
+    groups = compute_advantage(group_by_task_id(results), normalize_std=False)
+    assert list(groups) == ["seat0/heap5", "seat1/heap5"]
+    assert [[r.step_samples[0].advantage for r in g] for g in groups.values()] == [[-1.0, 1.0], [1.0, -1.0]]
+    assert all(s.advantage == r.step_samples[0].advantage for g in groups.values() for r in g for s in r.step_samples)
+
+
+def test_the_role_conditioned_advantage_keeps_a_running_baseline_per_game_and_seat_across_steps():
+    baselines: dict[str, float] = {}
+    results = _two_games_that_differ()
+    compute_advantage(group_by_task_id(results), estimator="rae", role_baselines=baselines, rae_decay=0.5)
+    assert baselines == {"nim/seat0": 0.0, "nim/seat1": 0.0}  # a win and a loss a seat: mean 0
+    assert [r.step_samples[0].advantage for r in results] == [-1.0, 1.0, 1.0, -1.0]
+    won = play(by_seat({0: "2", 1: "1"}), [HEAP5], num_samples=2)  # seat 0 wins both: a constant group
+    compute_advantage(group_by_task_id(won), estimator="rae", role_baselines=baselines, rae_decay=0.5)
+    assert baselines == {"nim/seat0": 0.5, "nim/seat1": -0.5}
+    assert [r.step_samples[0].advantage for r in won] == [0.5, -0.5, 0.5, -0.5]  # still a signal: beat the baseline
+    grpo = compute_advantage(group_by_task_id(won))
+    assert all(s.advantage == 0 for g in grpo.values() for r in g for s in r.step_samples)  # grpo's: none
+
+
+def test_an_invalid_move_loses_the_game_and_counts_in_the_invalid_move_rate():
+    seat0, seat1 = play(by_seat({0: "1", 1: "take three"}), [HEAP5])
+    assert (seat0.reward, seat1.reward) == (1.0, -1.0)
+    assert seat1.trajectory.termination_reason == "invalid_move" and seat1.trajectory.steps[-1].info["invalid_move"]
+    assert not seat0.trajectory.steps[-1].info.get("invalid_move")
+    m = rollout_metrics([seat0, seat1])
+    assert (m["selfplay/invalid_move_rate"], m["selfplay/win_rate/seat0"], m["selfplay/win_rate/seat1"],
+            m["selfplay/draw_rate"]) == (0.5, 1.0, 0.0, 0.0)
+    assert m["success_rate"] == 0.5  # success is a win
+
+
+def test_a_seat_the_game_ended_before_it_moved_gives_no_episode():
+    (seat0,) = play(by_seat({0: "nonsense"}), [HEAP5])
+    assert seat0.seat == 0 and seat0.reward == -1.0
+
+
+def test_the_turn_limit_ends_a_game_as_a_draw_for_every_seat():
+    seat0, seat1 = play(by_seat({0: "1", 1: "1"}), [{"task_id": "h9", "heap": 9}], max_turns=2)
+    assert [r.trajectory.termination_reason for r in (seat0, seat1)] == ["max_turns", "max_turns"]
+    assert (seat0.reward, seat1.reward, seat0.trajectory.num_turns) == (0.0, 0.0, 2)
+    assert selfplay_metrics([seat0, seat1])["selfplay/draw_rate"] == 1.0
+
+
+def test_the_random_opponent_plays_legal_moves_and_the_policy_takes_each_seat_in_turn():
+    tasks = [{"task_id": f"h{h}", "heap": h} for h in (6, 7)]
+    results = play(by_seat({0: "1", 1: "1"}), tasks, num_samples=4, opponent="random", seed=3)
+    assert len(results) == 8 and all(r.opponent == "random" for r in results)
+    for task in ("h6", "h7"):
+        seats = [r.seat for r in results if r.task_id == task]
+        assert sorted(seats) == [0, 0, 1, 1] and seats[0] != seats[1]
+    assert not any(s.info.get("invalid_move") for r in results for s in r.trajectory.steps)
+    again = play(by_seat({0: "1", 1: "1"}), tasks, num_samples=4, opponent="random", seed=3)
+    assert [[s.observation for s in r.trajectory.steps] for r in again] == \
+        [[s.observation for s in r.trajectory.steps] for r in results]  # the opponent's moves follow the seed
+
+
+def test_a_game_the_env_breaks_ends_every_policy_seat_as_an_env_error(monkeypatch):
+    env = duel()
+    monkeypatch.setattr(env.env_class, "seat", lambda self: 7 if self.left < 5 else self.mover)  # after a move
+    results = play(by_seat({0: "1", 1: "1"}), [HEAP5], env=env)
+    assert [r.trajectory.termination_reason for r in results] == ["error", "error"]
+    assert "env.seat(): expected a seat 0..1, got 7" in results[0].trajectory.steps[-1].info["error"]
+    assert all(r.failed for r in results) and rollout_metrics(results)["rollout/env_errors"] == 2
+    assert selfplay_metrics(results) == {}
+
+
+def test_held_out_evaluation_plays_the_fixed_eval_opponent():
+    env = duel(5, opponent="self", eval_opponent="random")
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4, 5, 6)]
+    res = evaluate(by_seat({0: "1", 1: "1"}), tasks, sampling=SamplingParams(), env=env)
+    assert res["n"] == 4  # one policy seat a game, not two
+    assert "selfplay/win_rate/seat0" in res or "selfplay/win_rate/seat1" in res
+
+
+def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():
+    from nanorllm.trainer.evaluate import evaluate_sampled
+
+    env = duel(5, eval_opponent="self")
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4)]
+    res = evaluate_sampled(by_seat({0: "1", 1: "1"}), tasks, sampling=SamplingParams(), env=env, samples=2)
+    assert res["sampled_failed"] == 0 and res["mean@2"] == 0.5  # self-play: a seat of each game wins
+
+
+def test_an_opponent_for_a_one_player_env_is_refused_at_start_naming_the_flag(tmp_path, capsys):
+    assert main([*TINY_ARGS, "--serial", "--opponent", "random", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--opponent random" in err and "one-player env" in err
+
+
+def test_an_opponent_that_is_not_built_is_refused_naming_the_choices(tmp_path, capsys):
+    assert main([*TINY_ARGS, "--serial", "--opponent", "./frozen-model", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "opponent" in err and "random" in err and "self" in err
+
+
+def test_the_random_opponent_is_refused_for_a_game_without_legal_moves():
+    bundle = type("BareDuel", (type(duel()),), {"env_class": type("Bare", (), {}), "name": "bare"})
+    with pytest.raises(EnvSpecError, match="--eval-opponent random: bare's env has no legal_moves"):
+        bundle(EpisodeSettings())
+    with pytest.raises(EnvSpecError, match="--opponent random: bare's env"):
+        bundle(EpisodeSettings(opponent="random", eval_opponent="self"))
+    bundle(EpisodeSettings(eval_opponent="self"))
+
+
+def test_several_learner_ranks_are_refused_with_the_role_conditioned_advantage():
+    from nanorllm.config import TrainConfig
+    from nanorllm.config.checks import config_problems
+
+    problems = config_problems(TrainConfig(adv_estimator="rae", learner_devices="2", rae_decay=1.0))
+    assert any(p.startswith("adv_estimator: rae keeps") for p in problems)
+    assert any(p.startswith("rae_decay: must be in [0, 1)") for p in problems)
+
+
+# ---- TextArena's two-player games ----------------------------------------------------------------------------
+
+textarena = pytest.importorskip("textarena")
+
+
+def test_tictactoe_plays_both_seats_and_the_game_decides_the_rewards():
+    env = load_env("textarena:TicTacToe-v0", EpisodeSettings(max_turns=5))
+    assert env.seats == 2
+    moves = iter(["[4]", "[0]", "[3]", "[1]", "[5]"])  # O takes the middle row
+    results = RolloutEngine(ScriptedPolicy(lambda call, row, messages: next(moves)), sampling=SamplingParams(),
+                            env=env).run(env.load_tasks("ta:count=1,seed=3")).results
+    rewards = {r.seat: r.reward for r in results}
+    assert rewards == {0: 1.0, 1: -1.0}
+    first = {r.seat: r.trajectory.steps[0].observation for r in results}
+    assert first[0].startswith("You are Player 0") and first[1].startswith("You are Player 1")
+    assert "[4]" not in results[1].trajectory.steps[0].observation.split("Available Moves:")[-1]
+    assert env.metrics(results)["textarena/won"] == 0.5
+
+
+def test_a_textarena_invalid_move_after_its_second_chance_loses_the_game():
+    env = load_env("textarena:TicTacToe-v0", EpisodeSettings(max_turns=5))
+    results = RolloutEngine(ScriptedPolicy(lambda call, row, messages: "no idea"), sampling=SamplingParams(),
+                            env=env).run(env.load_tasks("ta:count=1,seed=3")).results
+    (seat0,) = results  # seat 0 broke the rules twice: seat 1 never moved
+    assert seat0.reward == -1.0 and seat0.trajectory.num_turns == 2
+    assert seat0.trajectory.termination_reason == "invalid_move"
+    assert selfplay_metrics(results)["selfplay/invalid_move_rate"] == 1.0
+
+
+def test_kuhn_poker_against_the_random_opponent_lists_its_legal_moves():
+    env = load_env("textarena:KuhnPoker-v0", EpisodeSettings(max_turns=8))
+    game = env.make_env()
+    game.reset({"task_id": "t", "seed": 1})
+    assert sorted(game.legal_moves()) == ["[bet]", "[check]"]
+    game.close()
+    results = RolloutEngine(ScriptedPolicy(lambda call, row, messages: "[check]"), sampling=SamplingParams(), env=env,
+                            opponent="random").run(env.load_tasks("ta:count=2,seed=1"), num_samples=2, seed=0).results
+    assert {r.seat for r in results} == {0, 1} and all(not r.failed for r in results)
+
+
+def test_a_game_for_more_than_two_players_is_refused_in_one_line():
+    with pytest.raises(EnvSpecError) as err:
+        load_env("textarena:SecretMafia-v0")
+    assert "for more than two players" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_random_opponent_is_refused_for_a_game_whose_moves_are_not_listed():
+    with pytest.raises(EnvSpecError) as err:
+        load_env("textarena:SimpleNegotiation-v0", EpisodeSettings(opponent="random"))
+    assert "--opponent random" in str(err.value) and "lists no legal moves" in str(err.value)
+    with pytest.raises(EnvSpecError, match="--eval-opponent random"):
+        load_env("textarena:SimpleNegotiation-v0", EpisodeSettings())  # held-out evaluation's default
+    load_env("textarena:SimpleNegotiation-v0", EpisodeSettings(eval_opponent="self"))
+
+
+# ---- training ------------------------------------------------------------------------------------------------
+
+DUEL_RUN = ["--env", DUEL, "--env-arg", "lenient=true", "--max-turns", "4", "--max-new-tokens", "6",
+            "--no-save-model"]
+
+
+@pytest.mark.slow
+def test_serial_and_synchronous_pipeline_play_the_same_games(tmp_path):
+    common = [*DUEL_RUN, "--max-steps", "2", "--seed", "3", "--no-drop-zero-std-groups"]
+    rc1, out1, _ = run_train([*common, "--serial", "--run-name", "s"], tmp_path)
+    rc2, out2, _ = run_train([*common, "--num-workers", "1", "--max-policy-lag", "0", "--run-name", "p"], tmp_path)
+    assert rc1 == 0 and rc2 == 0, out1 + out2
+    key = lambda r: (r["group_id"], r["seat"], str(r["turns"]))  # noqa: E731
+    serial, pipe = sorted(read_rollouts(tmp_path / "s"), key=key), sorted(read_rollouts(tmp_path / "p"), key=key)
+    assert {r["seat"] for r in serial} == {0, 1}
+    assert [(r["group_id"], r["seat"], r["final_reward"], r["advantage"], [t["response"] for t in r["turns"]])
+            for r in serial] == \
+           [(r["group_id"], r["seat"], r["final_reward"], r["advantage"], [t["response"] for t in r["turns"]])
+            for r in pipe]
+    s, p = read_scalars(tmp_path / "s"), read_scalars(tmp_path / "p")
+    for tag in ["loss/policy", "selfplay/win_rate/seat0", "selfplay/win_rate/seat1", "selfplay/draw_rate",
+                "selfplay/invalid_move_rate", "eval/selfplay/win_rate/seat0"]:
+        assert [v for _, v in s[tag]] == pytest.approx([v for _, v in p[tag]], rel=1e-4, abs=1e-6), tag
+
+
+@pytest.mark.slow
+def test_the_role_baselines_are_saved_with_a_checkpoint_and_resume_from_it(tmp_path):
+    common = [*DUEL_RUN, "--adv-estimator", "rae", "--save-every", "1", "--serial", "--run-name", "r"]
+    rc, out, _ = run_train([*common, "--max-steps", "2"], tmp_path)
+    assert rc == 0, out
+    ckpts = sorted((tmp_path / "r" / "checkpoints").iterdir())
+    saved = json.loads((ckpts[-1] / "trainer_state.json").read_text())["totals"]["role_baselines"]
+    assert set(saved) == {"nim/seat0", "nim/seat1"} and all(-1 <= b <= 1 for b in saved.values())
+    rc, out, _ = run_train(["--resume", str(tmp_path / "r"), "--max-steps", "3"], tmp_path)
+    assert rc == 0 and "[resume]" in out, out
+    last = json.loads((sorted((tmp_path / "r" / "checkpoints").iterdir())[-1] / "trainer_state.json").read_text())
+    resumed = last["totals"]["role_baselines"]
+    assert last["step"] == 3 and set(resumed) == set(saved) and resumed != saved  # moved on from the saved ones
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("game, extra", [("TicTacToe-v0", []), ("KuhnPoker-v0", ["--opponent", "random"]),
+                                         ("SimpleNegotiation-v0", ["--eval-opponent", "self"])])
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_textarena_two_player_games_train_two_steps(tmp_path, game, extra, mode):
+    rc, out, _ = run_train([*mode, "--env", f"textarena:{game}", "--max-turns", "3", "--max-steps", "2",
+                            "--run-name", "g", "--no-save-model", *extra], tmp_path)
+    assert rc == 0, out
+    assert "step 2/2" in out
+    episodes = read_rollouts(tmp_path / "g")
+    assert episodes and all("seat" in e for e in episodes)
+    scalars = read_scalars(tmp_path / "g")
+    assert "selfplay/invalid_move_rate" in scalars and "eval/success_rate" in scalars
