@@ -64,6 +64,25 @@ def test_a_seats_turns_form_one_token_row_that_extends_its_own_last_turn():
         first.prompt_ids + first.response_ids
 
 
+def test_a_local_model_decodes_every_live_games_next_turn_in_one_batch(tiny_policy):
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (5, 6, 7, 8)]
+    env = load_env(DUEL, EpisodeSettings(max_turns=8), ["lenient=true"])
+    out = RolloutEngine(tiny_policy, sampling=SamplingParams(max_new_tokens=4), env=env).run(tasks, num_samples=2,
+                                                                                            seed=1)
+    results, timings = out.results, out.timings
+    assert len(results) == 16 and {r.seat for r in results} == {0, 1} and not any(r.failed for r in results)
+    assert all(r.reward in (1.0, -1.0) and r.reward == -partner.reward
+               for r, partner in zip(results[::2], results[1::2]))  # zero-sum: one seat of each game won
+    assert timings["decode_rows"] / timings["decode_steps"] > 4  # the 8 games' turns decode together
+    for r in results:  # a seat's turns extend its own row, whatever the other seat did between them
+        for prev, s in zip(r.step_samples, r.step_samples[1:]):
+            assert s.prompt_ids[:len(prev.prompt_ids) + len(prev.response_ids)] == prev.prompt_ids + prev.response_ids
+    again = RolloutEngine(tiny_policy, sampling=SamplingParams(max_new_tokens=4), env=env).run(tasks, num_samples=2,
+                                                                                              seed=1).results
+    assert [[s.response_ids for s in r.step_samples] for r in again] == \
+        [[s.response_ids for s in r.step_samples] for r in results]  # a fixed seed plays the same games
+
+
 def _two_games_that_differ():
     """heap 5, two games: the first game's first move takes 2 (seat 1 then wins), every other move takes 1 (seat 0
     wins): a group per seat, each with a win and a loss."""
