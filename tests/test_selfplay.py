@@ -149,6 +149,55 @@ def test_the_random_opponent_plays_legal_moves_and_the_policy_takes_each_seat_in
         [[s.observation for s in r.trajectory.steps] for r in results]  # the opponent's moves follow the seed
 
 
+def test_a_model_opponent_plays_the_other_seat_and_only_the_policys_seat_trains():
+    opponent = ScriptedPolicy(lambda call, row, messages: "2")
+    engine = RolloutEngine(by_seat({0: "1", 1: "1"}), sampling=SamplingParams(), env=duel(), opponent="frozen-model",
+                           opponent_policy=opponent)
+    results = engine.run([HEAP5, {"task_id": "heap6", "heap": 6, "game": "nim"}], num_samples=2, seed=0).results
+    assert len(results) == 4 and all(r.opponent == "frozen-model" for r in results)
+    for task in ("heap5", "heap6"):
+        assert sorted(r.seat for r in results if r.task_id == task) == [0, 1]  # one seat a game, turn about
+    for r in results:  # the opponent took 2 between the policy's turns of 1
+        counts = [int(s.observation.split()[4]) for s in r.trajectory.steps]
+        assert all(b == a - 3 for a, b in zip(counts, counts[1:]))
+    assert opponent.batch_sizes and all(n <= 4 for n in opponent.batch_sizes)
+    with pytest.raises(ValueError, match="opponent_policy"):
+        RolloutEngine(opponent, sampling=SamplingParams(), env=duel(), opponent="frozen-model")
+
+
+def test_a_local_model_opponent_decodes_in_a_batch_of_its_own(tiny_policy, tiny_policy_factory):
+    env = load_env(DUEL, EpisodeSettings(max_turns=8), ["lenient=true"])
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (5, 6, 7, 8)]
+    out = RolloutEngine(tiny_policy, sampling=SamplingParams(max_new_tokens=4), env=env, opponent="tiny-random",
+                        opponent_policy=tiny_policy_factory()).run(tasks, num_samples=2, seed=1)
+    assert len(out.results) == 8 and not any(r.failed for r in out.results)
+    assert {r.seat for r in out.results} == {0, 1} and all(r.reward in (1.0, -1.0) for r in out.results)
+    assert out.timings["gen_tokens"] == sum(len(s.response_ids) for r in out.results for s in r.step_samples)
+
+
+def test_the_memory_plan_counts_a_model_opponent_where_rollouts_run():
+    from nanorllm.config import TrainConfig
+    from nanorllm.memory.plan import plan_run
+    from nanorllm.run.assembly import assemble
+    from nanorllm.utils.devices import DeviceMap
+
+    def plan(**kw):
+        parts = assemble(TrainConfig(model="tiny-random", env=DUEL, **kw))
+        parts.devices = DeviceMap(learners=["cpu"], workers=["cpu", "cpu"])
+        return {p.name: [part.name for part in p.parts] for p in plan_run(parts, free={"cpu": 10**12}).processes}
+
+    frozen = plan(opponent="tiny-random")
+    assert "opponent" not in frozen["learner"] and all("opponent" in frozen[f"worker {i}"] for i in (0, 1))
+    assert not any("opponent" in names for names in plan().values())
+
+
+def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path, capsys):
+    assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--opponent", str(tmp_path / "no-model"),
+                 "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "opponent: " in err and "is neither self nor random nor a model this machine can read" in err
+
+
 def test_a_game_the_env_breaks_ends_every_policy_seat_as_an_env_error(monkeypatch):
     env = duel()
     monkeypatch.setattr(env.env_class, "seat", lambda self: 7 if self.left < 5 else self.mover)  # after a move
@@ -284,6 +333,17 @@ def test_serial_and_synchronous_pipeline_play_the_same_games(tmp_path):
     for tag in ["loss/policy", "selfplay/win_rate/seat0", "selfplay/win_rate/seat1", "selfplay/draw_rate",
                 "selfplay/invalid_move_rate", "eval/selfplay/win_rate/seat0"]:
         assert [v for _, v in s[tag]] == pytest.approx([v for _, v in p[tag]], rel=1e-4, abs=1e-6), tag
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_a_frozen_model_opponent_trains_two_steps(tmp_path, mode):
+    rc, out, _ = run_train([*DUEL_RUN, *mode, "--opponent", "tiny-random", "--max-steps", "2", "--run-name", "o"],
+                           tmp_path)
+    assert rc == 0, out
+    assert "opponent" in out  # the memory plan's line
+    episodes = read_rollouts(tmp_path / "o")
+    assert episodes and {e["opponent"] for e in episodes} == {"tiny-random"} and {e["seat"] for e in episodes} == {0, 1}
 
 
 @pytest.mark.slow

@@ -288,13 +288,15 @@ class EpisodeShape(FirstPrompt):
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
     grader_timeout_s: float = GRADER_TIMEOUT_S
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
-    opponent: Literal["self", "random"] = "self"
+    opponent: str = "self"
     """Two-player games (an env with seats, docs/self-play.md): who plays the seats the policy does not. self: the
-    policy plays every seat and every seat trains; random: a random legal move (the game must list them), the
-    policy plays one seat a game, turn about over a task's games."""
+    policy plays every seat and every seat trains; random: a random legal move (the game must list them); any other
+    value is a model (a folder, a hub id, a built-in name) played frozen at its weights, sampling at --temperature.
+    Against an opponent the policy plays one seat a game, turn about over a task's games."""
     eval_opponent: Literal["random", "self"] = "random"
     """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): random, a fixed
-    opponent the eval number does not move with (the game must list its legal moves); self: the policy itself."""
+    opponent the eval number does not move with (the game must list its legal moves); self: the policy itself. (The
+    frozen base model as evaluation's opponent is not built.)"""
 
 
 @dataclass

@@ -382,6 +382,12 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         for proc in scorers:
             proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
                                    f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
+    if getattr(cfg, "opponent", "self") not in ("self", "random") and (opp := model_config(cfg.opponent)) is not None:
+        # a game's model --opponent (trainer/engine.py): frozen weights and its own KV slots where rollouts run
+        frozen = parameter_counts(opp, None)[0] * compute + kv_bytes(opp, slots=rollout_rows, width=width,
+                                                                       dtype_bytes=compute)
+        for proc in processes[1:] or [learner]:
+            proc.parts.append(Part("opponent", frozen, f"{cfg.opponent}, frozen"))
     host_source = "given"
     if free is None:
         free, host_source = read_free({"cpu"} | {p.device for p in processes})

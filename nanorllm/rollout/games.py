@@ -3,12 +3,15 @@
 Why apart from engine.py: a one-player episode is one agent, one row and one turn after another; a game is one env
 and a seat per player, whose turns alternate. Each seat the policy plays keeps its own agent (its own messages: what
 that player was shown and said), its own token row and its own StepSamples, and ends as its own RolloutResult
-(`seat` set) with its own reward: its steps' rewards plus its final reward from the game (info["rewards"], envs/base.py).
+(`seat` set) with its own reward: its steps' rewards plus its final reward from the game (info["rewards"],
+envs/base.py).
 Only the policy's seats train; the engine's opponent (`--opponent`; held-out evaluation's `--eval-opponent`) says
 who plays the rest:
 - "self": the policy plays every seat (SPIRAL's and TextArena's self-play); every seat trains;
 - "random": a uniformly random move of `env.legal_moves()`; the policy plays one seat of each game, turn about over
-  a task's games (`policy_seats`), so a task's games cover every seat.
+  a task's games (`policy_seats`), so a task's games cover every seat;
+- a model (the engine's `opponent_policy`, loaded frozen by trainer/engine.py): it plays the other seats as the
+  policy plays its own, in a decode batch of its own beside the policy's; its turns never train.
 
 The decode batch holds the next turn of every live game at once: a seat's turn joins it when the game is its move
 (the opponents' moves in between are played at once), so many games keep the batch full though each game's turns
@@ -23,6 +26,7 @@ the protocol: every policy seat of it then ends as an env error (left out of its
 rollout/env_errors). A seat the game ended before it ever moved has nothing to train on and returns no episode.
 """
 
+import contextlib
 import random
 import time
 import zlib
@@ -42,12 +46,14 @@ MOVE_KEYS = ("action", "extracted", "invalid_move", "turn")  # a step's info abo
 
 @dataclass
 class SeatPlay:
-    """One seat of one game, played by the policy."""
+    """One seat of one game, played by a model: the policy (its turns train) or a model opponent (they do not)."""
 
     game: "Game"
     seat: int
     episode_id: str
     agent: Agent
+    model: object  # the policy, or the opponent model
+    trains: bool = True
     rng: object = None
     prompt_ids: list[int] = field(default_factory=list)
     samples: list[StepSample] = field(default_factory=list)
@@ -63,9 +69,27 @@ class Game:
     index: int  # the task's k-th game
     task_index: int
     env: object
-    plays: dict[int, SeatPlay] = field(default_factory=dict)  # the policy's seats
+    plays: dict[int, SeatPlay] = field(default_factory=dict)  # the seats a model plays
     rng: random.Random | None = None  # the random opponent's
     results: list[RolloutResult] = field(default_factory=list)
+
+
+@dataclass
+class Lane:
+    """One model's decode batch and the seats waiting to join it."""
+
+    model: object
+    batch: object
+    waiting: deque = field(default_factory=deque)
+    start: object = None  # the shared prompt prefix its first joiners computed once
+
+    def join(self, most: int, shared_prefix, min_shared: int) -> None:
+        """Waiting seats join up to `most` rows; the first joiners' shared prefix is computed once, for all."""
+        joining = [self.waiting.popleft() for _ in range(min(most - len(self.batch), len(self.waiting)))]
+        if self.start is None and len(joining) > 1:
+            shared = shared_prefix([p.prompt_ids for p in joining])
+            self.start = self.batch.cache_prefix(shared) if len(shared) >= min_shared else False
+        self.batch.join([(p, p.prompt_ids, p.rng, self.start or None) for p in joining])
 
 
 class GameError(Exception):
@@ -103,6 +127,7 @@ class GameRunner:
         self.engine, self.policy, self.bundle = engine, engine.policy, engine.env
         self.shared_prefix, self.min_shared, self.report_error = shared_prefix, min_shared, report_error
         self.seats, self.opponent = engine.env.seats, engine.opponent
+        self.opponent_policy = engine.opponent_policy if self.opponent not in OPPONENTS else None
         self.params = engine.sampling
 
     def run(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
@@ -114,14 +139,15 @@ class GameRunner:
             for k in range(num_samples):
                 game = Game(task=task, group_id=gid, index=k, task_index=i, env=self.bundle.make_env(),
                             rng=random.Random(f"{seed or 0}:{gid}#{k}"))
-                game.plays = {s: SeatPlay(game=game, seat=s, episode_id=f"{gid}#{k}/seat{s}",
-                                          agent=self.bundle.make_agent())
-                              for s in policy_seats(self.opponent, self.seats, task["task_id"], k)}
+                mine = policy_seats(self.opponent, self.seats, task["task_id"], k)
+                game.plays = {s: self.seat_play(game, s, gid, k, trains=s in mine) for s in range(self.seats)
+                              if s in mine or self.opponent_policy is not None}
                 games.append(game)
-        plays = [p for g in games for p in g.plays.values()]
-        if hasattr(self.policy, "row_generators"):
-            for p, rng in zip(plays, self.policy.row_generators(len(plays))):
-                p.rng = rng
+        for model in {id(p.model): p.model for g in games for p in g.plays.values()}.values():
+            plays = [p for g in games for p in g.plays.values() if p.model is model]
+            if hasattr(model, "row_generators"):  # each model's own streams, drawn in game order
+                for p, rng in zip(plays, model.row_generators(len(plays))):
+                    p.rng = rng
         ready = deque(p for p in map(self.start, games) if p is not None)
         if not ready:
             n_generated, gen_s, stats = 0, 0.0, {}
@@ -131,37 +157,49 @@ class GameRunner:
             n_generated, gen_s, stats = self.turn_by_turn(ready)
         return [r for g in games for r in g.results], n_generated, gen_s, stats
 
+    def seat_play(self, game: Game, seat: int, group_id: str, k: int, *, trains: bool) -> SeatPlay:
+        return SeatPlay(game=game, seat=seat, episode_id=f"{group_id}#{k}/seat{seat}", agent=self.bundle.make_agent(),
+                        model=self.policy if trains else self.opponent_policy, trains=trains)
+
     # ---- the decode loops -------------------------------------------------------------------
     def in_flight(self, ready: deque) -> tuple[int, float, dict]:
-        """Every live game's next policy turn in one running decode batch."""
+        """Every live game's next turn in one running decode batch per model (the policy's; a model opponent's);
+        the counters and tokens are the policy's."""
         engine, n_generated, stats = self.engine, 0, new_stats()
         t0 = time.perf_counter()
-        rows = min(engine.max_batch_episodes, len(ready))  # a game has one turn in the batch at a time
+        rows = min(engine.max_batch_episodes, len(ready))  # a game has one turn in a batch at a time
         width = engine.slot_width(max(len(p.prompt_ids) for p in ready), self.params)
-        with self.policy.decode_batch(self.params, stats=stats, slots=rows + 1, width=width) as batch:
-            shared = self.shared_prefix([p.prompt_ids for p in ready])
-            start = batch.cache_prefix(shared) if len(ready) > 1 and len(shared) >= self.min_shared else None
-            while ready or len(batch):
-                joining = [ready.popleft() for _ in range(min(engine.max_batch_episodes - len(batch), len(ready)))]
-                batch.join([(p, p.prompt_ids, p.rng, start) for p in joining])
+        models = [self.policy] + ([self.opponent_policy] if self.opponent_policy is not None else [])
+        with contextlib.ExitStack() as stack:
+            lanes = [Lane(m, stack.enter_context(m.decode_batch(self.params, stats=stats if m is self.policy else None,
+                                                                slots=rows + 1, width=width))) for m in models]
+            for play in ready:
+                lanes[models.index(play.model)].waiting.append(play)
+            while any(lane.waiting or len(lane.batch) for lane in lanes):
+                for lane in lanes:
+                    lane.join(engine.max_batch_episodes, self.shared_prefix, self.min_shared)
                 engine.on_step()
-                for play, gen, state in batch.step():
-                    n_generated += len(gen.response_ids)
-                    batch.release(state)  # the seat holds no slot while the others move
-                    if (nxt := self.move(play, gen)) is not None:
-                        ready.append(nxt)
+                for lane in lanes:
+                    for play, gen, state in lane.batch.step() if len(lane.batch) else ():
+                        n_generated += len(gen.response_ids) if lane.model is self.policy else 0
+                        lane.batch.release(state)  # the seat holds no slot while the others move
+                        if (nxt := self.move(play, gen)) is not None:
+                            lanes[models.index(nxt.model)].waiting.append(nxt)
         return n_generated, time.perf_counter() - t0, stats
 
     def turn_by_turn(self, ready: deque) -> tuple[int, float, dict]:
         """A policy with `generate` alone (an API model): the ready turns in chunks of max_batch_episodes."""
         n_generated, gen_s = 0, 0.0
         while ready:
-            chunk = [ready.popleft() for _ in range(min(self.engine.max_batch_episodes, len(ready)))]
+            model = ready[0].model  # a chunk is one model's turns, in the order they came
+            chunk = [p for p in ready if p.model is model][:self.engine.max_batch_episodes]
+            for play in chunk:
+                ready.remove(play)
             t0 = time.perf_counter()
-            gens = self.policy.generate([p.agent.messages for p in chunk], [p.prompt_ids for p in chunk], self.params)
-            gen_s += time.perf_counter() - t0
+            gens = model.generate([p.agent.messages for p in chunk], [p.prompt_ids for p in chunk], self.params)
+            gen_s += time.perf_counter() - t0 if model is self.policy else 0.0
             for play, gen in zip(chunk, gens):
-                n_generated += len(gen.response_ids)
+                n_generated += len(gen.response_ids) if model is self.policy else 0
                 if (nxt := self.move(play, gen)) is not None:
                     ready.append(nxt)
         return n_generated, gen_s, {}
@@ -177,13 +215,13 @@ class GameRunner:
             return None
 
     def move(self, play: SeatPlay, gen) -> SeatPlay | None:
-        """A policy seat's response played; the next policy turn of its game (None: the game ended)."""
+        """A seat's response played; the next model turn of its game (None: the game ended)."""
         game, agent = play.game, play.agent
         agent.update_from_model(gen.text)
         play.samples.append(StepSample(
             task_id=game.task["task_id"], episode_id=play.episode_id, turn=len(play.samples),
             prompt_ids=play.prompt_ids, response_ids=gen.response_ids, rollout_logprobs=gen.logprobs,
-            policy_version=getattr(self.policy, "version", 0), truncated=gen.truncated))
+            policy_version=getattr(play.model, "version", 0), truncated=gen.truncated))
         play.response_ids, play.n_messages = gen.response_ids, len(agent.messages)
         try:
             observation, reward, done, info = self.env_call(game, "step",
@@ -194,7 +232,8 @@ class GameRunner:
             return None
 
     def next_turn(self, game: Game, observation: str | None, done: bool, info: dict) -> SeatPlay | None:
-        """Play the opponents' moves until a policy seat is to move (returned, its prompt ready) or the game ends."""
+        """Play the random opponent's moves until a model's seat is to move (returned, its prompt ready) or the game
+        ends."""
         while not done:
             seat = self.env_call(game, "seat", lambda: self.mover(game))
             play = game.plays.get(seat)
@@ -232,13 +271,13 @@ class GameRunner:
         agent = play.agent
         if agent.trajectory is None:
             agent.reset(play.game.task, observation)
-            play.prompt_ids = self.policy.first_prompt_ids(agent.messages, getattr(agent, "tools", None))
+            play.prompt_ids = play.model.first_prompt_ids(agent.messages, getattr(agent, "tools", None))
             return True
         reward, info = play.pending
         n_steps = len(agent.trajectory.steps)
         agent.update_from_env(observation, reward, False, info)
-        prompt_ids = self.policy.next_prompt_ids(play.prompt_ids, play.response_ids, agent.messages[play.n_messages:],
-                                                 getattr(agent, "tools", None))
+        prompt_ids = play.model.next_prompt_ids(play.prompt_ids, play.response_ids, agent.messages[play.n_messages:],
+                                                getattr(agent, "tools", None))
         bound = self.engine.row_tokens
         if bound is not None and len(prompt_ids) + self.params.max_new_tokens > bound:
             del agent.messages[play.n_messages:], agent.trajectory.steps[n_steps:]
@@ -282,6 +321,9 @@ class GameRunner:
         raise GameError(where)
 
     def keep(self, game: Game, play: SeatPlay, traj: Trajectory) -> None:
+        """A policy seat's episode, kept as the game's result (a model opponent's seat trains nothing: left out)."""
+        if not play.trains:
+            return
         for s in play.samples:
             s.reward = traj.final_reward
         game.results.append(RolloutResult(trajectory=traj, step_samples=play.samples, group_id=game.group_id,

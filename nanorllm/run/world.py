@@ -45,7 +45,7 @@ class World:
         """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field;
         `self.env` is the run's bundle when none stands in its way."""
         sources = source_problems(cfg)
-        p = folder_problems(cfg) + sources + teacher_problems(cfg)
+        p = folder_problems(cfg) + sources + teacher_problems(cfg) + opponent_problems(cfg)
         whole = not sources  # the tools and reward files load: build the bundle with them, else check the env alone
         spec = env_spec(cfg) if whole else replace(env_spec(cfg), tools=None)
         self.env = None
@@ -125,6 +125,17 @@ def teacher_problems(cfg: TrainConfig) -> list[str]:
 
     problem = vocabulary_problem(cfg.model, cfg.teacher) if cfg.teacher is not None else None
     return [problem] if problem else []
+
+
+def opponent_problems(cfg: TrainConfig) -> list[str]:
+    """A model --opponent is one whose config this machine reads (before any weights load)."""
+    from nanorllm.memory.plan import model_config
+    from nanorllm.rollout.games import OPPONENTS
+
+    if cfg.opponent in OPPONENTS or model_config(cfg.opponent) is not None:
+        return []
+    return [f"opponent: {cfg.opponent!r} is neither {' nor '.join(OPPONENTS)} nor a model this machine can read "
+            "(a folder with a config.json, a cached hub id, a built-in name such as tiny-random)"]
 
 
 def judge_world_problems(cfg) -> list[str]:

@@ -10,6 +10,22 @@ from nanorllm.rollout.engine import RolloutEngine
 
 def training_engine(policy, cfg, env: EnvBundle | None = None) -> RolloutEngine:
     """The sampling engine every training rollout uses, serial or in a worker, on `env` (the run's bundle,
-    built once by the assembly) or, without one, the bundle the config names."""
-    return RolloutEngine(policy, sampling=sampling_params(cfg), env=env if env is not None else load_bundle(env_spec(cfg)),
-                         max_batch_episodes=cfg.max_batch_episodes)
+    built once by the assembly) or, without one, the bundle the config names. A game's model --opponent is loaded
+    here, frozen, on the policy's device: each process that rolls out holds one."""
+    env = env if env is not None else load_bundle(env_spec(cfg))
+    return RolloutEngine(policy, sampling=sampling_params(cfg), env=env, max_batch_episodes=cfg.max_batch_episodes,
+                         opponent_policy=opponent_model(policy, cfg, env))
+
+
+def opponent_model(policy, cfg, env: EnvBundle):
+    """The frozen model `--opponent` names, for a game (None: self, random, or a one-player env)."""
+    from nanorllm.rollout.games import OPPONENTS
+
+    if getattr(env, "seats", 1) == 1 or cfg.opponent in OPPONENTS:
+        return None
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+
+    model = HFCausalPolicy.from_name(cfg.opponent, device=str(policy.device), dtype=cfg.dtype, replica=True,
+                                     seed=cfg.seed)
+    model.model.requires_grad_(False)
+    return model
