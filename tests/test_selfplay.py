@@ -175,6 +175,47 @@ def test_a_local_model_opponent_decodes_in_a_batch_of_its_own(tiny_policy, tiny_
     assert out.timings["gen_tokens"] == sum(len(s.response_ids) for r in out.results for s in r.step_samples)
 
 
+@pytest.fixture
+def served_opponent():
+    """tiny-random behind an OpenAI-compatible endpoint on this machine (rollout/serve.py)."""
+    pytest.importorskip("aiohttp")
+    from nanorllm.policy.hf_causal import HFCausalPolicy
+    from nanorllm.rollout.serve import FrozenServer
+
+    server = FrozenServer(HFCausalPolicy.from_name("tiny-random", replica=True), model_name="frozen",
+                          max_new_tokens=4)
+    yield server
+    server.close()
+
+
+def test_an_endpoint_opponent_answers_between_the_policys_decode_steps(tiny_policy, served_opponent):
+    from nanorllm.policy.chat_endpoint import ChatEndpointPolicy
+
+    env = load_env(DUEL, EpisodeSettings(max_turns=8), ["lenient=true"])
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (5, 6)]
+    opponent = ChatEndpointPolicy(served_opponent.url)  # the model name: the first the server lists
+    assert opponent.model == "frozen"
+    results = RolloutEngine(tiny_policy, sampling=SamplingParams(max_new_tokens=4), env=env, opponent=served_opponent.url,
+                            opponent_policy=opponent).run(tasks, num_samples=2, seed=1).results
+    assert len(results) == 4 and not any(r.failed for r in results) and served_opponent.served > 0
+    assert {r.seat for r in results} == {0, 1}
+
+
+def test_an_endpoint_opponent_that_does_not_answer_ends_its_games_as_env_errors():
+    import socket
+
+    from nanorllm.policy.chat_endpoint import ChatEndpointPolicy
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1#m"
+    engine = RolloutEngine(by_seat({0: "1", 1: "1"}), sampling=SamplingParams(), env=duel(), opponent=url,
+                           opponent_policy=ChatEndpointPolicy(url, timeout_s=2))
+    results = engine.run([HEAP5], num_samples=2, seed=0).results
+    assert [r.trajectory.termination_reason for r in results] == ["error", "error"]
+    assert all(r.failed for r in results) and rollout_metrics(results)["rollout/env_errors"] == 2
+
+
 def test_the_memory_plan_counts_a_model_opponent_where_rollouts_run():
     from nanorllm.config import TrainConfig
     from nanorllm.memory.plan import plan_run
@@ -195,7 +236,7 @@ def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path,
     assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--opponent", str(tmp_path / "no-model"),
                  "--output-dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "opponent: " in err and "is neither self nor random nor a model this machine can read" in err
+    assert "opponent: " in err and "is neither self nor random, an endpoint" in err
 
 
 def test_a_game_the_env_breaks_ends_every_policy_seat_as_an_env_error(monkeypatch):
@@ -344,6 +385,16 @@ def test_a_frozen_model_opponent_trains_two_steps(tmp_path, mode):
     assert "opponent" in out  # the memory plan's line
     episodes = read_rollouts(tmp_path / "o")
     assert episodes and {e["opponent"] for e in episodes} == {"tiny-random"} and {e["seat"] for e in episodes} == {0, 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]])
+def test_an_endpoint_opponent_trains_two_steps(tmp_path, mode, served_opponent):
+    rc, out, _ = run_train([*DUEL_RUN, *mode, "--opponent", f"{served_opponent.url}#frozen", "--max-steps", "2",
+                            "--run-name", "e"], tmp_path)
+    assert rc == 0, out
+    episodes = read_rollouts(tmp_path / "e")
+    assert episodes and {e["seat"] for e in episodes} == {0, 1} and served_opponent.served > 0
 
 
 @pytest.mark.slow

@@ -290,8 +290,9 @@ class EpisodeShape(FirstPrompt):
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
     opponent: str = "self"
     """Two-player games (an env with seats, docs/self-play.md): who plays the seats the policy does not. self: the
-    policy plays every seat and every seat trains; random: a random legal move (the game must list them); any other
-    value is a model (a folder, a hub id, a built-in name) played frozen at its weights, sampling at --temperature.
+    policy plays every seat and every seat trains; random: a random legal move (the game must list them); http(s)://
+    host:port/v1[#MODEL]: a model behind an OpenAI-compatible endpoint; any other value is a model (a folder, a hub
+    id, a built-in name) played frozen at its weights, sampling at --temperature.
     Against an opponent the policy plays one seat a game, turn about over a task's games."""
     eval_opponent: Literal["random", "self"] = "random"
     """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): random, a fixed

@@ -11,7 +11,9 @@ who plays the rest:
 - "random": a uniformly random move of `env.legal_moves()`; the policy plays one seat of each game, turn about over
   a task's games (`policy_seats`), so a task's games cover every seat;
 - a model (the engine's `opponent_policy`, loaded frozen by trainer/engine.py): it plays the other seats as the
-  policy plays its own, in a decode batch of its own beside the policy's; its turns never train.
+  policy plays its own, in a decode batch of its own beside the policy's; its turns never train. An API model (an
+  OpenAI-compatible endpoint, policy/chat_endpoint.py) answers a step's waiting turns in one `generate` call between
+  the policy's decode steps; a call that fails ends its games as env errors.
 
 The decode batch holds the next turn of every live game at once: a seat's turn joins it when the game is its move
 (the opponents' moves in between are played at once), so many games keep the batch full though each game's turns
@@ -76,12 +78,15 @@ class Game:
 
 @dataclass
 class Lane:
-    """One model's decode batch and the seats waiting to join it."""
+    """One model's decode batch (None: an API model, answered by `generate`) and the seats waiting for it."""
 
     model: object
     batch: object
     waiting: deque = field(default_factory=deque)
     start: object = None  # the shared prompt prefix its first joiners computed once
+
+    def live(self) -> bool:
+        return self.batch is not None and len(self.batch) > 0
 
     def join(self, most: int, shared_prefix, min_shared: int) -> None:
         """Waiting seats join up to `most` rows; the first joiners' shared prefix is computed once, for all."""
@@ -172,19 +177,28 @@ class GameRunner:
         models = [self.policy] + ([self.opponent_policy] if self.opponent_policy is not None else [])
         with contextlib.ExitStack() as stack:
             lanes = [Lane(m, stack.enter_context(m.decode_batch(self.params, stats=stats if m is self.policy else None,
-                                                                slots=rows + 1, width=width))) for m in models]
+                                                                slots=rows + 1, width=width))
+                          if hasattr(m, "decode_batch") else None) for m in models]  # None: an API model
             for play in ready:
                 lanes[models.index(play.model)].waiting.append(play)
-            while any(lane.waiting or len(lane.batch) for lane in lanes):
+            while any(lane.waiting or lane.live() for lane in lanes):
                 for lane in lanes:
-                    lane.join(engine.max_batch_episodes, self.shared_prefix, self.min_shared)
+                    if lane.batch is not None:
+                        lane.join(engine.max_batch_episodes, self.shared_prefix, self.min_shared)
                 engine.on_step()
+                done = []
                 for lane in lanes:
+                    if lane.batch is None:  # an API model: its waiting turns in one call
+                        done += self.generate(lane.model, list(lane.waiting))
+                        lane.waiting.clear()
+                        continue
                     for play, gen, state in lane.batch.step() if len(lane.batch) else ():
-                        n_generated += len(gen.response_ids) if lane.model is self.policy else 0
                         lane.batch.release(state)  # the seat holds no slot while the others move
-                        if (nxt := self.move(play, gen)) is not None:
-                            lanes[models.index(nxt.model)].waiting.append(nxt)
+                        done.append((play, gen))
+                for play, gen in done:
+                    n_generated += len(gen.response_ids) if play.model is self.policy else 0
+                    if (nxt := self.move(play, gen)) is not None:
+                        lanes[models.index(nxt.model)].waiting.append(nxt)
         return n_generated, time.perf_counter() - t0, stats
 
     def turn_by_turn(self, ready: deque) -> tuple[int, float, dict]:
@@ -196,13 +210,31 @@ class GameRunner:
             for play in chunk:
                 ready.remove(play)
             t0 = time.perf_counter()
-            gens = model.generate([p.agent.messages for p in chunk], [p.prompt_ids for p in chunk], self.params)
+            answered = self.generate(model, chunk)
             gen_s += time.perf_counter() - t0 if model is self.policy else 0.0
-            for play, gen in zip(chunk, gens):
+            for play, gen in answered:
                 n_generated += len(gen.response_ids) if model is self.policy else 0
                 if (nxt := self.move(play, gen)) is not None:
                     ready.append(nxt)
         return n_generated, gen_s, {}
+
+    def generate(self, model, plays: list[SeatPlay]) -> list[tuple[SeatPlay, object]]:
+        """One `generate` call for `plays` (one model's turns): (play, its Generation). A model opponent's call that
+        raises (an endpoint that does not answer) ends those games as env errors; the policy's raises on."""
+        if not plays:
+            return []
+        try:
+            gens = model.generate([p.agent.messages for p in plays], [p.prompt_ids for p in plays], self.params)
+        except Exception:
+            if model is self.policy:
+                raise
+            for play in plays:
+                try:
+                    self.fail(play.game, "opponent")
+                except GameError:
+                    pass
+            return []
+        return list(zip(plays, gens))
 
     # ---- a game's moves ---------------------------------------------------------------------
     def start(self, game: Game) -> SeatPlay | None:

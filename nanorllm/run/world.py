@@ -128,14 +128,20 @@ def teacher_problems(cfg: TrainConfig) -> list[str]:
 
 
 def opponent_problems(cfg: TrainConfig) -> list[str]:
-    """A model --opponent is one whose config this machine reads (before any weights load)."""
+    """A model --opponent is one whose config this machine reads (before any weights load); an endpoint's URL has a
+    host."""
+    from urllib.parse import urlparse
+
     from nanorllm.memory.plan import model_config
+    from nanorllm.policy.chat_endpoint import is_endpoint
     from nanorllm.rollout.games import OPPONENTS
 
+    if is_endpoint(cfg.opponent):
+        return [] if urlparse(cfg.opponent).hostname else [f"opponent: {cfg.opponent!r} names no host"]
     if cfg.opponent in OPPONENTS or model_config(cfg.opponent) is not None:
         return []
-    return [f"opponent: {cfg.opponent!r} is neither {' nor '.join(OPPONENTS)} nor a model this machine can read "
-            "(a folder with a config.json, a cached hub id, a built-in name such as tiny-random)"]
+    return [f"opponent: {cfg.opponent!r} is neither {' nor '.join(OPPONENTS)}, an endpoint (http://host:port/v1) nor "
+            "a model this machine can read (a folder with a config.json, a cached hub id, a built-in name)"]
 
 
 def judge_world_problems(cfg) -> list[str]:

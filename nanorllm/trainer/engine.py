@@ -23,7 +23,11 @@ def opponent_model(policy, cfg, env: EnvBundle):
 
     if getattr(env, "seats", 1) == 1 or cfg.opponent in OPPONENTS:
         return None
+    from nanorllm.policy.chat_endpoint import ChatEndpointPolicy, is_endpoint
     from nanorllm.policy.hf_causal import HFCausalPolicy
+
+    if is_endpoint(cfg.opponent):
+        return ChatEndpointPolicy(cfg.opponent)
 
     model = HFCausalPolicy.from_name(cfg.opponent, device=str(policy.device), dtype=cfg.dtype, replica=True,
                                      seed=cfg.seed)
