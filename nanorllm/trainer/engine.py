@@ -32,4 +32,5 @@ def opponent_model(policy, cfg, env: EnvBundle):
     model = HFCausalPolicy.from_name(cfg.opponent, device=str(policy.device), dtype=cfg.dtype, replica=True,
                                      seed=cfg.seed)
     model.model.requires_grad_(False)
+    model.graphs_enabled = cfg.cuda_graphs  # as the policy's (its graphs are captured on first use)
     return model
