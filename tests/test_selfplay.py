@@ -272,7 +272,7 @@ def test_an_opponent_for_a_one_player_env_is_refused_at_start_naming_the_flag(tm
     assert "--opponent random" in err and "one-player env" in err
 
 
-def test_an_opponent_that_is_not_built_is_refused_naming_the_choices(tmp_path, capsys):
+def test_an_opponent_that_is_no_choice_and_no_model_is_refused_naming_the_choices(tmp_path, capsys):
     assert main([*TINY_ARGS, "--serial", "--opponent", "./frozen-model", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "opponent" in err and "random" in err and "self" in err
