@@ -209,7 +209,7 @@ def test_resume_is_refused_when_the_task_order_or_the_model_would_change(tmp_pat
     assert main(["--resume", str(run), "--max-steps", "2", "--model", str(run / "checkpoints" / "step_1" / "model"),
                  "--dtype", "bf16"]) == 2
     err = capsys.readouterr().err
-    assert "model: " in err and "dtype: 'bf16' given" in err and "cannot change on resume" in err
+    assert "model: " in err and "dtype: 'bfloat16' given" in err and "cannot change on resume" in err
     assert (run / "config.json").read_text() == config_before  # nothing half-applied
     assert json.loads((run / "checkpoints" / "step_1" / "trainer_state.json").read_text())["step"] == 1
 

@@ -265,7 +265,7 @@ def test_contradictory_combinations_are_refused_together_with_their_reasons():
     assert fields == sorted(["adv_estimator", "ratio_level", "ratio_level", "updates_per_batch", "overlong_buffer",
                              "overlong_buffer", "epochs", "gspo_clip_high"]), problems
     text = "\n".join(problems)
-    assert "adv_estimator: must be one of grpo, rloo, reinforce++, got 'ppo'" in text
+    assert "adv_estimator: must be one of grpo, rloo, reinforce++, rae, got 'ppo'" in text
     assert "updates_per_batch: 9 mini-batches need at least as many groups, but tasks_per_step is 8" in text
     assert "off_policy_correction 'tis' weighs tokens by theirs on top" in text
     assert "needs loss_agg seq-mean" in text and "overlong_buffer: 40 is more than max_new_tokens (32)" in text
