@@ -51,6 +51,8 @@ from nanorllm.utils.devices import DeviceError
 from nanorllm.utils.modules import EnvSpecError
 from nanorllm.utils.startup import StartupClock
 
+SOURCE_PHASES = ("engine", "workers start", "workers load")  # RunOutcome.startup_s: the source's own start-up
+
 BAD_INPUT = (TaskFileError, ConfigError, CheckpointError, FileExistsError, DeviceError, LoraError, MemoryPlanError,
              EnvSpecError)
 
@@ -65,7 +67,7 @@ class RunOutcome:
     history: list[dict] = field(default_factory=list)
     """The metrics of the last steps (TrainingRun.HISTORY of them)."""
     startup_s: float = 0.0
-    """Building the rollout source and waiting for it, less the held-out eval in between."""
+    """Building the rollout source and waiting for it, less the held-out eval in between (its start-up phases)."""
     train_s: float = 0.0
     """The loop's wall time."""
     startup: dict = field(default_factory=dict)
@@ -134,20 +136,17 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     source, status, out = None, "failed", RunOutcome(exit_code=1)
     try:
         run.setup(parts, start_learner(parts.cfg, parts.devices))  # the learner ranks this process is rank 0 of
-        t0 = time.perf_counter()
         source = make_source(run)  # workers load while the eval runs
-        t_eval = time.perf_counter()
         clock.lap("workers start" if not parts.cfg.serial else "engine")
         if evaluate_first:
             run.evaluate_before()
             clock.lap("eval")
         run.use_cores(alone=False)
-        t_wait = time.perf_counter()
         source.wait_ready(lambda: run.stop_requested)
         t_ready = time.perf_counter()
-        out.startup_s = (t_eval - t0) + (t_ready - t_wait)
         if not parts.cfg.serial:
             clock.lap("workers load")
+        out.startup_s = sum(clock.phases.get(p, 0.0) for p in SOURCE_PHASES)
         out.startup = dict(clock.phases, capture=source.capture_s)
         run.say(clock.line() + (f" (decode graphs captured in {source.capture_s:.1f})" if source.capture_s else ""))
         if on_step is not None:
