@@ -2,6 +2,7 @@
 the same logprobs (to the bit), gradients and optimizer step within bf16's tolerance, fp32, LoRA and wrapped
 runs untouched, the masters back in place after the update."""
 
+import pytest
 import torch
 
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -110,6 +111,7 @@ def test_an_fp32_update_is_the_same_bits_whether_or_not_the_policy_may_hold():
     assert all(torch.equal(a, b) for a, b in zip(*after))
 
 
+@pytest.mark.slow
 def test_a_held_update_casts_no_weight_in_its_forwards():
     """The quick benchmark's toy: 2 layers x 7 Linears + the tied head, each cast once per micro-batch's forward
     under autocast, never under the held update (which copies them once, before its first forward)."""

@@ -91,6 +91,7 @@ def launch(script: str, *args: str, cwd: Path) -> "forked.subprocess.CompletedPr
                        *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_sft_refuses_a_folder_of_the_users_files_and_a_file_before_anything_loads(tmp_path):
     data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
     mine = folder(tmp_path, "notes.txt")
@@ -118,6 +119,7 @@ def test_sft_replaces_its_own_folder_and_with_overwrite_the_users_and_records_th
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "rows.jsonl", "runs"]
 
 
+@pytest.mark.slow
 def test_sample_refuses_an_existing_file_unless_overwrite(tmp_path):
     (tmp_path / "kept.jsonl").write_text("mine\n")
     done = launch("sample.py", "--out", str(tmp_path / "kept.jsonl"), cwd=tmp_path)
@@ -125,6 +127,7 @@ def test_sample_refuses_an_existing_file_unless_overwrite(tmp_path):
     assert (tmp_path / "kept.jsonl").read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_the_reward_model_program_refuses_an_existing_pairs_file_unless_overwrite(tmp_path):
     data = write_jsonl(tmp_path / "labelled.jsonl", [{"prompt": "p", "response": "a", "label": 1},
                                                      {"prompt": "p", "response": "b", "label": 0}])

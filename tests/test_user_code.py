@@ -256,6 +256,7 @@ def test_a_file_that_exits_at_import_is_refused_in_one_line_naming_it(tmp_path, 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("raises, said", [("import sys\nsys.exit(5)", "called sys.exit(5)"),
                                           ("raise KeyboardInterrupt", "raised KeyboardInterrupt")])
 @pytest.mark.parametrize("spec", ["ends_at_import.py:f", "ends_at_import.py"])
