@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from nanorllm.chaos import faults, forked
+from nanorllm.chaos import forked
 from nanorllm.chaos.proxy_trap import ProxyTrap
 from nanorllm.chaos.suite import agent_engine_error, agent_exits, agent_hangs
 from nanorllm.envs.agent_fn import check_agent_result
@@ -24,6 +24,7 @@ from nanorllm.rollout.agent_runner import cut_response, episode_limits
 from nanorllm.rollout.endpoint import Limits, RequestError, parse_request, ChatRequest
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.metrics import rollout_metrics
+from nanorllm.utils import faults
 from nanorllm.utils.logger import RunLogger
 from tests.procs import child_env, read_rollouts, read_scalars, train_command
 

@@ -39,7 +39,7 @@ from nanorllm.policy.lora import trainable_parameters
 from nanorllm.trainer.engine import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
-from nanorllm.chaos.faults import fault
+from nanorllm.utils.faults import fault
 
 
 class _Sender:

@@ -47,7 +47,6 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from nanorllm.chaos.faults import agent_engine_step
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory, ending
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_result
 from nanorllm.envs.base import EnvProtocolError
@@ -57,6 +56,7 @@ from nanorllm.rollout.endpoint import ChatEndpoint, ChatRequest, Limits, error_b
 from nanorllm.rollout.row_bound import row_tokens
 from nanorllm.policy.chat_render import tool_format
 from nanorllm.policy.tool_calls import DEFAULT_PARSER, check_call, parse, to_openai
+from nanorllm.utils.faults import agent_engine_step
 
 IDLE_WAIT_S = 0.05  # how long the loop waits for a request when no row is decoding
 MESSAGES_BASE, MESSAGES_PER_TURN = 16, 4  # a request's messages: a system prompt and examples, then each turn's

@@ -35,7 +35,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanorllm.chaos.faults import env_response
 from nanorllm.core.types import RolloutBatch, RolloutResult, StepSample, Trajectory, ending
 from nanorllm.envs.agent_fn import AgentBundle
 from nanorllm.envs.base import Agent, Env, EnvBundle, EnvProtocolError, EpisodeSettings, check_reset, check_step
@@ -45,6 +44,7 @@ from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.agent_runner import AgentRunner
 from nanorllm.rollout.games import OPPONENTS, GameRunner
 from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
+from nanorllm.utils.faults import env_response
 
 
 @dataclass

@@ -35,11 +35,11 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from nanorllm.chaos.faults import env_response
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory, ending
 from nanorllm.envs.base import Agent, EnvProtocolError, check_reset, check_step
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.slot_batch import new_stats
+from nanorllm.utils.faults import env_response
 
 OPPONENTS = ("self", "random")
 NO_MESSAGE = "(No new message. Make your move.)"

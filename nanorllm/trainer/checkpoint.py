@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from nanorllm.chaos.faults import fault
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
+from nanorllm.utils.faults import fault
 from nanorllm.utils.files import fsync_dir
 
 PREFIX = "step_"

@@ -28,7 +28,6 @@ import torch
 from tqdm import tqdm
 
 from nanorllm.algos.groups import group_by_task_id
-from nanorllm.chaos.faults import before_update, fault
 from nanorllm.config import ConfigError, TrainConfig, format_config
 from nanorllm.config.errors import cannot_load
 from nanorllm.config.fields import DTYPE_CHOICE
@@ -58,6 +57,7 @@ from nanorllm.trainer.step import train_step
 from nanorllm.trainer.step_metrics import derived_metrics
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
+from nanorllm.utils.faults import before_update, fault
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 from nanorllm.utils.startup import StartupClock
 from nanorllm.utils.logger import RunLogger
