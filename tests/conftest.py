@@ -4,8 +4,8 @@ import sys
 import pytest
 import torch
 
-from nanorllm.chaos import forked
 from nanorllm.chaos.process import TrainProcess
+from tests import forked
 
 torch.set_flush_denormal(True)
 torch.set_num_threads(1)

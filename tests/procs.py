@@ -1,17 +1,17 @@
 """Run launch/train.py as a process of its own and inspect what it leaves behind.
 
-A test's run is a fork of a warm interpreter (nanorllm/chaos/forked.py: the same script, argv, environment
+A test's run is a fork of a warm interpreter (tests/forked.py: the same script, argv, environment
 and streams, without ~4 CPU-seconds of imports each); `fresh=True` starts a new interpreter, as a user does."""
 
 import subprocess
 import uuid
 from pathlib import Path
 
-from nanorllm.chaos import forked
 from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
 from nanorllm.chaos.process import ROOT, child_env  # noqa: F401 (for the tests)
 from nanorllm.chaos.process import train_command as _train_command
 from nanorllm.chaos.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
+from tests import forked
 from tests.runs import TINY_ARGS
 
 HANG_S = 900  # the limit on a subprocess a test waits for: a net under a hang, not a guess at how long it takes

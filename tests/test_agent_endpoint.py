@@ -18,7 +18,6 @@ import pytest
 
 from helpers import doc_example
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
-from nanorllm.chaos import forked
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.run.world import world_problems
 from nanorllm.envs.base import EpisodeSettings
@@ -31,6 +30,7 @@ from nanorllm.run.lifecycle import main
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.metrics import rollout_metrics
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
+from tests import forked
 from tests.procs import HANG_S, ROOT, child_env, read_rollouts, read_scalars, run_train
 from tests.runs import TINY_ARGS
 

@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 
-from nanorllm.chaos import forked
 from nanorllm.chaos.proxy_trap import ProxyTrap
 from nanorllm.chaos.suite import agent_engine_error, agent_exits, agent_hangs
 from nanorllm.envs.agent_fn import check_agent_result
@@ -26,6 +25,7 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.metrics import rollout_metrics
 from nanorllm.utils import faults
 from nanorllm.utils.logger import RunLogger
+from tests import forked
 from tests.procs import child_env, read_rollouts, read_scalars, train_command
 
 TASKS = [{"task_id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from nanorllm.chaos import forked
+from tests import forked
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def test_a_child_runs_in_its_callers_environment_streams_and_name(capfd, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preload", ["nanorllm.utils.children", "nanorllm.chaos.forked"])
+@pytest.mark.parametrize("preload", ["nanorllm.utils.children", "tests.forked"])
 def test_the_fork_servers_imports_call_no_cuda_function(preload):
     """Every torch.cuda function that would start the driver is watched while a fork server's PRELOAD (a run's,
     or the tests' warm launcher's) is imported in a fresh interpreter: none is called (a CUDA child forked from

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanorllm.chaos import forked
 from nanorllm.config import TrainConfig
 from nanorllm.config.cli import parse_config
 from nanorllm.config.errors import ConfigError
@@ -22,6 +21,7 @@ from nanorllm.trainer.loss import compute_policy_loss
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.teacher import Teacher
 from nanorllm.trainer.update import make_optimizer
+from tests import forked
 from tests.procs import HANG_S, ROOT, child_env
 from tests.runs import SERIAL, length_rule_grading
 from tests.test_memory import on

@@ -1,4 +1,4 @@
-"""chaos/forked.py: a script run as a fork of a warm interpreter behaves, to its caller, as `python script.py` does."""
+"""tests/forked.py: a script run as a fork of a warm interpreter behaves, to its caller, as `python script.py` does."""
 
 import os
 import signal
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nanorllm.chaos import forked
+from tests import forked
 
 SCRIPT = textwrap.dedent("""
     import atexit, os, subprocess, sys, tempfile, threading, time

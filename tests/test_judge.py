@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanorllm.chaos import forked
 from nanorllm.chaos.stub_judge import StubJudge, length_score, nonce_of, reply_body
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.config.specs import env_spec
@@ -29,6 +28,7 @@ from nanorllm.rewards.rubric import (RubricError, ScoreError, parse_group_scores
 from nanorllm.run.lifecycle import main
 from nanorllm.run.world import world_problems
 from nanorllm.utils.net import is_local
+from tests import forked
 from tests.helpers import wait_until
 from tests.procs import read_rollouts, read_scalars
 from tests.runs import TINY_ARGS

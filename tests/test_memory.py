@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 
-from nanorllm.chaos import forked
 from nanorllm.config import TrainConfig
 from nanorllm.memory.plan import GB, kv_bytes, largest_micro_batch, model_config, parameter_counts, plan_run
 from nanorllm.memory.tasks import TaskShape, task_shape
@@ -19,6 +18,7 @@ from nanorllm.policy.models import tiny_model
 from nanorllm.policy.slot_cache import cache_bytes
 from nanorllm.run.assembly import assemble
 from nanorllm.utils.devices import DeviceMap
+from tests import forked
 from tests.procs import HANG_S, ROOT, child_env
 
 TRAIN = [sys.executable, str(ROOT / "launch" / "train.py")]

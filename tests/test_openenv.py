@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("openenv")
 
 from helpers import ScriptedPolicy  # noqa: E402
-from nanorllm.chaos import forked  # noqa: E402
 from nanorllm.chaos.proxy_trap import ProxyTrap  # noqa: E402
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
@@ -26,6 +25,7 @@ from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
 from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
 from openenv.core.env_server import CallToolAction, CallToolObservation, MCPEnvironment  # noqa: E402
+from tests import forked  # noqa: E402
 from tests.openenv_example import GuessEnv  # noqa: E402
 from tests.procs import ROOT, child_env, read_rollouts, read_scalars, run_train  # noqa: E402
 

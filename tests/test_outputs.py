@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.chaos import forked
 from nanorllm.config import TrainConfig
 from nanorllm.run.warm_start import prompt_shape_warning
 from nanorllm.utils.files import exchange, write_folder_atomic
 from nanorllm.utils.outputs import OutputPath, output_problems
 from test_sft import write_jsonl
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [{"prompt": f"What is {i} + {i}?", "completion": f"\\boxed{{{2 * i}}}"} for i in range(4)]

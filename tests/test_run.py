@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import nanorllm.envs.math_env as math_env
-from nanorllm.chaos import forked
 from nanorllm.run.lifecycle import main
+from tests import forked
 from tests.procs import HANG_S, ROOT, child_env, read_scalars
 from tests.runs import SERIAL as BASE
 from tests.runs import copy_run, length_rule

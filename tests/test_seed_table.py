@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.chaos import forked
 from nanorllm.bench.seed_table import (SeedTableConfig, SeedTableError, rows_of, run_seed_table, summary,
                                      with_default_field)
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 

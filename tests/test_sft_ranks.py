@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nanorllm.chaos import forked
 from nanorllm.run.sft import main
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [{"prompt": f"What is {i} + {i}?", "completion": f"\\boxed{{{2 * i}}}"} for i in range(12)]

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nanorllm.chaos import forked
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.envs.registry import EnvSpec, load_bundle
 from nanorllm.policy.base import SamplingParams
@@ -19,6 +18,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.supervised.sft import sft_rows, start_run, train_sft
 from test_sft import TOOL_ROW, write_jsonl
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [TOOL_ROW] + [{"prompt": f"What is {i} + {i}?", "completion": f"\\boxed{{{2 * i}}}"} for i in range(7)]

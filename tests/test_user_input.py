@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-from nanorllm.chaos import forked
 from nanorllm.config import load_config_file, parse_config
 from nanorllm.envs.base import EnvBundle, EpisodeSettings
 from nanorllm.envs.registry import EnvSpecError, load_env
@@ -18,6 +17,7 @@ from nanorllm.policy.base import SamplingParams
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.evaluate import evaluate
 from nanorllm.run.lifecycle import main
+from tests import forked
 from tests.helpers import ScriptedPolicy
 from tests.procs import HANG_S, ROOT, child_env, read_scalars, run_train
 from tests.runs import TINY_ARGS

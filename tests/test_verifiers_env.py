@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("verifiers")
 
-from nanorllm.chaos import forked  # noqa: E402
 from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env  # noqa: E402
@@ -24,6 +23,7 @@ from nanorllm.config import parse_config  # noqa: E402
 from nanorllm.datasets.tasks import TaskFileError  # noqa: E402
 from nanorllm.trainer.collate import collate_train_batch  # noqa: E402
 from nanorllm.trainer.metrics import rollout_metrics  # noqa: E402
+from tests import forked  # noqa: E402
 from tests.procs import HANG_S, ROOT, child_env, read_rollouts, read_scalars, run_train  # noqa: E402
 from tests.runs import TINY_ARGS  # noqa: E402
 

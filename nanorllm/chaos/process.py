@@ -42,7 +42,7 @@ def train_command(args: list[str], out_dir: Path, *, base: list[str] = SUITE_ARG
 class TrainProcess:
     """launch/train.py in a subprocess; every line it prints is kept with the time it appeared."""
 
-    popen = subprocess.Popen  # a fresh interpreter, as a user starts it; the test suite forks (chaos/forked.py)
+    popen = subprocess.Popen  # a fresh interpreter, as a user starts it; the test suite forks (tests/forked.py)
 
     def __init__(self, args: list[str], out_dir: Path, *, fault: str | None = None, token: str | None = None,
                  env: dict[str, str] | None = None):

@@ -41,7 +41,7 @@ PRELOAD = ["torch", "transformers", "nanorllm.run.lifecycle", "nanorllm.run.sft"
            "nanorllm.pipeline.worker", "transformers.models.llama.modeling_llama", "tensorboard", "tqdm"]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 MAX_REQUEST = 1 << 22
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The server's environment: this process's when it first imported this module, not a test's that happens to
 # start the server later (what the preloaded modules read at import must not depend on which test came first).
 SERVER_ENV = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
@@ -54,7 +54,7 @@ class _Server:
 
     def __init__(self):
         self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # a request is one message
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanorllm.chaos.forked", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.forked", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=DEVNULL, stdout=DEVNULL,
                                      stderr=subprocess.PIPE, env=SERVER_ENV, cwd=PACKAGE_ROOT)
         theirs.close()
