@@ -4,8 +4,8 @@
     python launch/chaos.py --only worker_hang,learner_kill
     python launch/chaos.py --soak-minutes 30      # one long run, a random worker SIGKILL/SIGSTOP every ~minute
 
-What each fault does and what is counted: nanorllm/chaos/suite.py (the same functions are the pytest
-fault tests, tests/test_faults.py); the soak: nanorllm/chaos/soak.py.
+What each fault does and what is counted: nanorllm/faultsuite/suite.py (the same functions are the pytest
+fault tests, tests/test_faults.py); the soak: nanorllm/faultsuite/soak.py.
 """
 
 import argparse
@@ -13,8 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanorllm.chaos.soak import run_soak
-from nanorllm.chaos.suite import FAULTS, run_suite
+from nanorllm.faultsuite.soak import run_soak
+from nanorllm.faultsuite.suite import FAULTS, run_suite
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from nanorllm.chaos.process import TrainProcess
+from nanorllm.faultsuite.process import TrainProcess
 from tests import forked
 
 torch.set_flush_denormal(True)

@@ -7,10 +7,10 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from nanorllm.chaos.ledger import read_rollouts  # noqa: F401 (for the tests)
-from nanorllm.chaos.process import ROOT, child_env  # noqa: F401 (for the tests)
-from nanorllm.chaos.process import train_command as _train_command
-from nanorllm.chaos.procs import processes_with_token, shm_entries  # noqa: F401 (for the tests)
+from nanorllm.faultsuite.ledger import read_rollouts  # noqa: F401 (for the tests)
+from nanorllm.faultsuite.process import ROOT, child_env  # noqa: F401 (for the tests)
+from nanorllm.faultsuite.process import train_command as _train_command
+from nanorllm.faultsuite.proc_scan import processes_with_token, shm_entries  # noqa: F401 (for the tests)
 from tests import forked
 from tests.runs import TINY_ARGS
 

@@ -20,7 +20,7 @@ import pytest
 from filelock import FileLock
 
 import nanorllm.envs.math_env as math_env
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # the fault ledger counts groups by these
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP  # the fault ledger counts groups by these
 from nanorllm.envs.grader import Verdict
 
 TINY_ARGS = ["--model", "tiny-random", "--max-new-tokens", "8", "--tasks-per-step", str(TASKS_PER_STEP),
@@ -95,7 +95,7 @@ def pipeline_run(out: Path) -> dict:
     it left once its last process was gone (processes carrying its token, new /dev/shm entries no live
     process holds, files in its own temporary folder but torch's compile cache, which importing torch._dynamo
     creates there for every later run to share)."""
-    from nanorllm.chaos.ledger import new_shm
+    from nanorllm.faultsuite.ledger import new_shm
     from tests.procs import processes_with_token, run_train, shm_entries
 
     shm_before = shm_entries()

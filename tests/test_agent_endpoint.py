@@ -29,7 +29,7 @@ from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.metrics import rollout_metrics
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP
 from tests import forked
 from tests.procs import HANG_S, ROOT, child_env, read_rollouts, read_scalars, run_train
 from tests.runs import TINY_ARGS

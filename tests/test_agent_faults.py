@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from nanorllm.chaos.proxy_trap import ProxyTrap
-from nanorllm.chaos.suite import agent_engine_error, agent_exits, agent_hangs
+from nanorllm.faultsuite.proxy_trap import ProxyTrap
+from nanorllm.faultsuite.suite import agent_engine_error, agent_exits, agent_hangs
 from nanorllm.envs.agent_fn import check_agent_result
 from nanorllm.envs.base import EnvProtocolError, EpisodeSettings
 from nanorllm.envs.registry import load_agent

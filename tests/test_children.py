@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nanorllm.chaos.procs import name
+from nanorllm.faultsuite.proc_scan import name
 from nanorllm.utils.children import process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from helpers import ScriptedPolicy, doc_example
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.run.lifecycle import main
 from nanorllm.algos.advantages import turn_returns
 from nanorllm.algos.groups import drop_failed

@@ -1,4 +1,4 @@
-"""Faults, injected into real 2-worker tiny runs (nanorllm/chaos/suite.py), and the pieces that make them safe."""
+"""Faults, injected into real 2-worker tiny runs (nanorllm/faultsuite/suite.py), and the pieces that make them safe."""
 
 import os
 import pickle
@@ -13,10 +13,10 @@ from collections import deque
 import pytest
 import torch.multiprocessing as mp
 
-from nanorllm.chaos import suite as chaos
-from nanorllm.chaos.ledger import checkpoint_steps, groups_of, read_rollouts
-from nanorllm.chaos.process import TrainProcess
-from nanorllm.chaos.procs import processes_with_token, shm_entries, shm_held
+from nanorllm.faultsuite import suite
+from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, read_rollouts
+from nanorllm.faultsuite.process import TrainProcess
+from nanorllm.faultsuite.proc_scan import processes_with_token, shm_entries, shm_held
 from nanorllm.pipeline.channel import Inbox, Outbox, frame
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.utils.logger import RunLogger
@@ -24,14 +24,14 @@ from tests.helpers import WAIT_S, wait_until
 from tests.procs import ROOT, read_scalars
 
 
-def _assert_ok(outcome: chaos.Outcome) -> None:
+def _assert_ok(outcome: suite.Outcome) -> None:
     assert outcome.ok, f"{outcome.row()} {outcome.notes}\n{outcome.output[-4000:]}"
 
 
 # ---- whole runs ----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_path):
-    o, = chaos.worker_hang(tmp_path)  # SIGSTOP at step 3, --worker-timeout-s 3
+    o, = suite.worker_hang(tmp_path)  # SIGSTOP at step 3, --worker-timeout-s 3
     _assert_ok(o)
     assert o.detected_s is not None and o.detected_s >= 3  # the missed heartbeats, never before the limit
     report = next(line for line in o.output.splitlines() if "hung (no progress" in line)
@@ -42,14 +42,14 @@ def test_hung_worker_is_reported_killed_and_replaced_without_losing_a_group(tmp_
 
 @pytest.mark.slow
 def test_an_agent_worker_killed_mid_request_is_restarted_and_its_episodes_re_run_once(tmp_path):
-    o, = chaos.agent_worker_kill(tmp_path)  # the agent SIGKILLs its worker while other requests decode there
+    o, = suite.agent_worker_kill(tmp_path)  # the agent SIGKILLs its worker while other requests decode there
     _assert_ok(o)
     assert read_scalars(tmp_path / "agent_kill")["pipeline/worker_restarts"][-1][1] == 1
 
 
 @pytest.mark.slow
 def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(tmp_path):
-    o, = chaos.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
+    o, = suite.torn_result(tmp_path)  # 8 MB message, SIGKILL halfway through the write
     _assert_ok(o)
     assert o.detected_s is not None  # the death was seen ("died (killed by SIGKILL)") ...
     assert "hung (no progress" not in o.output  # ... as a death, not by waiting out the hang limit
@@ -57,7 +57,7 @@ def test_worker_killed_while_writing_a_large_result_does_not_block_the_learner(t
 
 @pytest.mark.slow
 def test_worker_failing_at_every_start_stops_the_run_with_its_traceback(tmp_path):
-    o, = chaos.worker_start_fails(tmp_path)  # back-off 0.2 s, at most 2 restarts in a row
+    o, = suite.worker_start_fails(tmp_path)  # back-off 0.2 s, at most 2 restarts in a row
     _assert_ok(o)
     assert "restarting it in 0.2 s" in o.output and "restarting it in 0.4 s" in o.output  # backs off
     assert o.output.count("restarting it in") <= 4  # two per worker, then the cap
@@ -67,7 +67,7 @@ def test_worker_failing_at_every_start_stops_the_run_with_its_traceback(tmp_path
 
 @pytest.mark.slow
 def test_learner_sigkill_leaves_no_process_and_resume_trains_every_group_once(tmp_path):
-    killed, resumed = chaos.learner_kill(tmp_path)  # kill -9 at step 9 (checkpoint at 8), resume to 30
+    killed, resumed = suite.learner_kill(tmp_path)  # kill -9 at step 9 (checkpoint at 8), resume to 30
     _assert_ok(killed)
     assert killed.detected_s < 10
     _assert_ok(resumed)
@@ -76,21 +76,21 @@ def test_learner_sigkill_leaves_no_process_and_resume_trains_every_group_once(tm
 
 @pytest.mark.slow
 def test_sigint_twice_still_saves_the_last_step_and_exits_130(tmp_path):
-    o, = chaos.sigint_twice(tmp_path)
+    o, = suite.sigint_twice(tmp_path)
     _assert_ok(o)
     assert "already stopping" in o.output
 
 
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_143_within_a_container_grace(tmp_path):
-    o, = chaos.sigterm_then_kill(tmp_path)
+    o, = suite.sigterm_then_kill(tmp_path)
     _assert_ok(o)
     assert o.detected_s < 10
 
 
 @pytest.mark.slow
 def test_sighup_is_a_stop_that_saves_first_and_exits_129(tmp_path):
-    o, = chaos.sighup(tmp_path)
+    o, = suite.sighup(tmp_path)
     _assert_ok(o)
     assert "[signal] SIGHUP: " in o.output  # "stopping", or "noted" when it lands inside a committing step
     assert not (tmp_path / "sighup" / "rollouts.jsonl.tmp").exists()
@@ -98,14 +98,14 @@ def test_sighup_is_a_stop_that_saves_first_and_exits_129(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_process_on_a_live_run_folder_is_refused_naming_the_owner(tmp_path):
-    o, = chaos.second_owner(tmp_path)
+    o, = suite.second_owner(tmp_path)
     _assert_ok(o)
     assert o.detected_s < 60  # before it loads anything but the launcher's imports
 
 
 @pytest.mark.slow
 def test_learner_exception_is_not_a_finished_run(tmp_path):
-    o, = chaos.learner_exception(tmp_path)  # raises before step 6: checkpoint step_5, no final eval
+    o, = suite.learner_exception(tmp_path)  # raises before step 6: checkpoint step_5, no final eval
     _assert_ok(o)
     assert "[done]" not in o.output and "[eval] step 5" not in o.output
 
@@ -114,7 +114,7 @@ def test_learner_exception_is_not_a_finished_run(tmp_path):
 def test_golds_no_parser_finishes_train_in_a_pipeline_run_with_counted_timeouts(tmp_path):
     """A worker grading a nested power (and a 5,001-digit gold) goes on: each check is cut at the CPU
     budget and counted, the first step with one names its task; nothing is reported hung."""
-    o, = chaos.unbounded_golds(tmp_path)
+    o, = suite.unbounded_golds(tmp_path)
     _assert_ok(o)
     scalars = read_scalars(tmp_path / "unbounded")
     assert sum(v for _, v in scalars["reward/grader_timeouts"]) >= 2
@@ -123,7 +123,7 @@ def test_golds_no_parser_finishes_train_in_a_pipeline_run_with_counted_timeouts(
 
 @pytest.mark.slow
 def test_a_worker_hung_in_the_grader_is_reported_as_grading_with_its_task(tmp_path):
-    o, = chaos.worker_grader_hang(tmp_path)
+    o, = suite.worker_grader_hang(tmp_path)
     _assert_ok(o)
     report = next(line for line in o.output.splitlines() if "hung (no progress" in line)
     assert re.search(r"while grading \(job 0\.\d+, task arith-\S+\)", report), report
@@ -131,20 +131,20 @@ def test_a_worker_hung_in_the_grader_is_reported_as_grading_with_its_task(tmp_pa
 
 @pytest.mark.slow
 def test_a_grader_hung_in_held_out_eval_stops_the_run_naming_the_task(tmp_path):
-    o, = chaos.eval_grader_hang(tmp_path)
+    o, = suite.eval_grader_hang(tmp_path)
     _assert_ok(o)
     assert re.search(r"held-out evaluation hung: .* while grading \(task \S+\)", o.output), o.output[-3000:]
 
 
 @pytest.mark.slow
 def test_a_full_disk_at_a_periodic_save_in_a_pipeline_run(tmp_path):
-    o, = chaos.disk_full(tmp_path)
+    o, = suite.disk_full(tmp_path)
     _assert_ok(o)
 
 
 @pytest.mark.slow
 def test_a_judge_gone_mid_pipeline_run_fails_its_scores_never_trains_them_as_zeros_and_stops_the_run(tmp_path):
-    o, = chaos.judge_dies(tmp_path)  # the stub judge answers 2 steps' 16 requests, then refuses connections
+    o, = suite.judge_dies(tmp_path)  # the stub judge answers 2 steps' 16 requests, then refuses connections
     _assert_ok(o)
     assert o.detected_s is not None  # its first failed score was reported, after the retry
     episodes = read_rollouts(tmp_path / "judge_dies")
@@ -156,7 +156,7 @@ def test_a_judge_gone_mid_pipeline_run_fails_its_scores_never_trains_them_as_zer
 
 @pytest.mark.slow
 def test_a_judge_that_drips_its_replies_is_cut_at_its_deadline_and_the_run_stops_as_failed_with_nothing_left(tmp_path):
-    o, = chaos.judge_drips(tmp_path)  # one byte a second, --judge-timeout-s 2, --worker-timeout-s 5
+    o, = suite.judge_drips(tmp_path)  # one byte a second, --judge-timeout-s 2, --worker-timeout-s 5
     _assert_ok(o)
     assert o.procs_left == 0 and "hung" not in o.output  # bounded waits are progress, and nothing outlives the run
     assert o.detected_s is not None and o.detected_s < 10  # at the deadline, not at the reply's ~300th byte
@@ -166,7 +166,7 @@ def test_a_judge_that_drips_its_replies_is_cut_at_its_deadline_and_the_run_stops
 
 @pytest.mark.slow
 def test_a_judge_that_lies_fails_those_scores_and_its_verdicts_train(tmp_path):
-    o, = chaos.judge_lies(tmp_path)  # 'SCORE: 1e5' / 'SCORE: 7.5.3' for half the prompts, 'SCORE: 2' + a quote
+    o, = suite.judge_lies(tmp_path)  # 'SCORE: 1e5' / 'SCORE: 7.5.3' for half the prompts, 'SCORE: 2' + a quote
     _assert_ok(o)
     assert "does not hold a plain number" in o.output
     assert [v for _, v in read_scalars(tmp_path / "judge_lies")["reward/judge"]] == [pytest.approx(0.2)] * 3
@@ -174,21 +174,21 @@ def test_a_judge_that_lies_fails_those_scores_and_its_verdicts_train(tmp_path):
 
 @pytest.mark.slow
 def test_a_loopback_judge_behind_a_proxy_scores_every_episode_and_the_proxy_sees_nothing(tmp_path):
-    o, = chaos.judge_behind_proxy(tmp_path)  # every proxy variable set to a listener that counts connections
+    o, = suite.judge_behind_proxy(tmp_path)  # every proxy variable set to a listener that counts connections
     _assert_ok(o)
     assert "proxy connections" in o.notes[0] and ", 0 proxy connections" in o.notes[0]
 
 
 @pytest.mark.slow
 def test_a_reward_model_folder_without_its_head_is_refused_at_start_in_one_line(tmp_path):
-    o, = chaos.reward_model_without_head(tmp_path)  # tiny-random's causal-LM weights under a classifier config
+    o, = suite.reward_model_without_head(tmp_path)  # tiny-random's causal-LM weights under a classifier config
     _assert_ok(o)
     assert "exit 2" in o.notes[0]
 
 
 @pytest.mark.slow
 def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(tmp_path):
-    o, = chaos.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3
+    o, = suite.serial_env_hang(tmp_path)  # --serial, an env.step that never returns, --worker-timeout-s 3
     _assert_ok(o)
     report = next(line for line in o.output.splitlines() if "[watchdog] serial rollout hung" in line)
     assert re.search(r"\(limit 3 s\) while grading \(task arith-s1-\d+\) in the env \S+stuck.py:Stuck$", report), report
@@ -197,7 +197,7 @@ def test_a_serial_rollout_hung_in_the_env_stops_the_run_naming_the_env_and_task(
 
 @pytest.mark.slow
 def test_processes_an_env_starts_in_a_worker_end_with_the_worker(tmp_path):
-    o, = chaos.env_forks(tmp_path)  # each step starts a `sleep 600`; processes left is counted by the token
+    o, = suite.env_forks(tmp_path)  # each step starts a `sleep 600`; processes left is counted by the token
     _assert_ok(o)
     assert o.procs_left == 0
 

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nanorllm.bench.learner_ranks import steps_on_ranks
-from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers
-from nanorllm.chaos.process import PIPELINE, TrainProcess
-from nanorllm.chaos.procs import shm_entries
+from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers
+from nanorllm.faultsuite.process import PIPELINE, TrainProcess
+from nanorllm.faultsuite.proc_scan import shm_entries
 from nanorllm.config import TrainConfig
 from nanorllm.run.ranks import start_ranks
 from nanorllm.utils.devices import DeviceError, resolve_devices

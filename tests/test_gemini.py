@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nanorllm.chaos.in_flight import InFlight
+from nanorllm.faultsuite.in_flight import InFlight
 from nanorllm.policy.gemini import (GeminiClient, GeminiError, GeminiPolicy, is_gemini_spec,
                                  policy_from_spec)
 from nanorllm.policy.base import SamplingParams

@@ -109,6 +109,9 @@ def test_no_import_cycle_between_the_package_folders():
     # benchmarks that time them; the reward sources sit below the envs
     assert {folder for folder, imports in folders.items() if "supervised" in imports} == {"bench", "run"}
     assert "envs" not in folders["rewards"] and "rewards" in folders["envs"]
+    # the fault suite is a tool on top that launch/chaos.py runs: nothing in the package imports it (production
+    # code reaches fault injection through utils/faults.py)
+    assert {folder for folder, imports in folders.items() if "faultsuite" in imports} == set()
 
 
 def imports_launch(path: Path) -> bool:

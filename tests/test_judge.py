@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanorllm.chaos.stub_judge import StubJudge, length_score, nonce_of, reply_body
+from nanorllm.faultsuite.stub_judge import StubJudge, length_score, nonce_of, reply_body
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.config.specs import env_spec
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
@@ -197,7 +197,7 @@ def test_a_reply_past_the_size_cap_is_a_failed_score_without_a_retry(stub, monke
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])  # 0.0.0.0: a client reaches this machine's 127.0.0.1
 def test_a_judge_on_this_machine_ignores_the_proxy_variables_and_its_key_reaches_only_the_judge(stub, monkeypatch,
                                                                                                 host):
-    from nanorllm.chaos.proxy_trap import ProxyTrap
+    from nanorllm.faultsuite.proxy_trap import ProxyTrap
 
     trap, server = ProxyTrap(), stub()
     try:

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("openenv")
 
 from helpers import ScriptedPolicy  # noqa: E402
-from nanorllm.chaos.proxy_trap import ProxyTrap  # noqa: E402
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
+from nanorllm.faultsuite.proxy_trap import ProxyTrap  # noqa: E402
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.openenv_serve import Served, serve_environment, stop_servers  # noqa: E402
 from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402

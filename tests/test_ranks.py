@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from nanorllm.bench.learner_ranks import steps_on_ranks
-from nanorllm.chaos import suite as chaos
-from nanorllm.chaos.ledger import groups_of, leftovers, read_rollouts
-from nanorllm.chaos.process import TRAIN_SCRIPT, child_env
+from nanorllm.faultsuite import suite
+from nanorllm.faultsuite.ledger import groups_of, leftovers, read_rollouts
+from nanorllm.faultsuite.process import TRAIN_SCRIPT, child_env
 from tests.runs import TINY_ARGS
 from nanorllm.ranks.split import episode_tokens, split_groups
 from nanorllm.ranks.group import free_port
@@ -65,7 +65,7 @@ def test_two_ranks_step_equals_one_rank_step(tiny_policy):
 
 # ---- whole runs ----------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [chaos.rank_kill, chaos.rank_hang])
+@pytest.mark.parametrize("fault", [suite.rank_kill, suite.rank_hang])
 def test_a_killed_or_hung_rank_stops_the_run_with_a_checkpoint_and_resume_takes_another_rank_count(tmp_path, fault):
     """SIGKILL (or SIGSTOP, with --learner-timeout-s 10) learner rank 1 mid-run: one error naming it, exit 1,
     the last completed step saved, nothing left running; the run resumes on one rank and finishes with every
@@ -73,7 +73,7 @@ def test_a_killed_or_hung_rank_stops_the_run_with_a_checkpoint_and_resume_takes_
     stopped, resumed = fault(tmp_path)
     assert stopped.ok, stopped.notes + [stopped.output[-3000:]]
     assert "RankError: learner rank 1 on cpu (pid " in stopped.output
-    if fault is chaos.rank_hang:
+    if fault is suite.rank_hang:
         assert 9 <= stopped.detected_s <= 60  # the collective's timeout, not a hang
     assert resumed.ok, resumed.notes + [resumed.output[-3000:]]
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from helpers import ScriptedPolicy
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP
 from nanorllm.config import parse_config
 from nanorllm.datasets.tasks import TaskFileError
 from nanorllm.envs.base import EpisodeSettings

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nanorllm.chaos.process import PIPELINE
+from nanorllm.faultsuite.process import PIPELINE
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.base import EpisodeSettings

@@ -10,7 +10,7 @@ from nanorllm.rewards.model import RewardModel, encode, render
 from nanorllm.rewards.norm import RunningNorm, group_norm
 from nanorllm.run.lifecycle import main
 from tests.procs import read_scalars
-from nanorllm.chaos.suite import headless_reward_model
+from nanorllm.faultsuite.suite import headless_reward_model
 from tests.reward_models import relabelled, tiny_reward_model
 from tests.runs import TINY_ARGS
 

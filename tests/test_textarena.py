@@ -9,7 +9,7 @@ import pytest
 textarena = pytest.importorskip("textarena")
 
 from helpers import ScriptedPolicy  # noqa: E402
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402
 from nanorllm.envs.textarena import innermost, start_game  # noqa: E402

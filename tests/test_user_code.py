@@ -3,7 +3,7 @@
 Tools run in a helper process (envs/tool_host.py): one that exits, dies, spins or holds the GIL answers an error
 text and the next call gets a fresh process; arguments of another type than the schema's are refused; a tools
 file or a reward function that exits at import is refused in one line naming the file; a reward function that
-exits fails its scores. The real runs (slow) are the fault suite's user-code rows (nanorllm/chaos/suite.py).
+exits fails its scores. The real runs (slow) are the fault suite's user-code rows (nanorllm/faultsuite/suite.py).
 """
 
 import os
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from nanorllm.chaos.suite import (MISBEHAVING_CODE, reward_exits, tool_exits, tool_floods, tool_holds_the_gil,
+from nanorllm.faultsuite.suite import (MISBEHAVING_CODE, reward_exits, tool_exits, tool_floods, tool_holds_the_gil,
                                   tool_spins)
 from nanorllm.config import ConfigError, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory

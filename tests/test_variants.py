@@ -440,7 +440,7 @@ def _fill_run(tmp_path, name, *args):
 @pytest.mark.slow
 def test_fill_batch_draws_extra_tasks_until_the_step_has_mixed_groups_and_resumes_exactly(
         tmp_path, length_rule_grader):
-    from nanorllm.chaos.ledger import position, read_rollouts
+    from nanorllm.faultsuite.ledger import position, read_rollouts
 
     full = _fill_run(tmp_path, "full", "--max-steps", "3", "--rollout-dump-size", "1000")
     s = read_scalars(full)
@@ -479,7 +479,7 @@ def test_fill_batch_stops_at_its_cap_and_trains_on_what_it_has(tmp_path, monkeyp
 def test_the_pipeline_trains_with_several_updates_a_correction_and_a_schedule(tmp_path, length_rule_grader):
     """Workers sample while the learner makes 2 x 2 optimizer steps a batch against the batch's first policy;
     the weights they get are published once a step (version = step), and the run finishes like any other."""
-    from nanorllm.chaos.ledger import position, read_rollouts
+    from nanorllm.faultsuite.ledger import position, read_rollouts
 
     args = [a for a in BASE if a != "--serial"]
     assert main([*args, "--output-dir", str(tmp_path), "--run-name", "p", "--num-workers", "1", "--max-steps", "3",
@@ -520,7 +520,7 @@ def test_fill_batch_in_the_synchronous_pipeline_draws_what_serial_draws(tmp_path
     """The tiny model never answers right: every group is constant, so each step draws its cap (3 x 4 tasks) in
     three rounds. Serial and the lag-0 pipeline (its extra rounds as extra jobs) sample the same episodes for the
     same 24 stream positions, each once, and count the same extra groups."""
-    from nanorllm.chaos.ledger import position, read_rollouts
+    from nanorllm.faultsuite.ledger import position, read_rollouts
     from tests.procs import run_train
 
     common = ["--max-steps", "2", "--seed", "3", "--fill-batch", "--max-new-tokens", "6", "--rollout-dump-size", "1000"]
@@ -546,10 +546,10 @@ def test_a_worker_killed_during_fill_batch_loses_and_doubles_no_group(tmp_path):
     extra ones too, was trained exactly once (its 2 episodes, no more)."""
     from collections import Counter
 
-    from nanorllm.chaos import suite as chaos
-    from nanorllm.chaos.ledger import position, read_rollouts
+    from nanorllm.faultsuite import suite
+    from nanorllm.faultsuite.ledger import position, read_rollouts
 
-    o, = chaos._signal_a_worker(tmp_path, "kill_fill", "worker SIGKILL, fill-batch", signal.SIGKILL,
+    o, = suite._signal_a_worker(tmp_path, "kill_fill", "worker SIGKILL, fill-batch", signal.SIGKILL,
                                 "died (killed by SIGKILL)", ["--fill-batch", "--max-policy-lag", "0"])
     assert o.ok, f"{o.row()} {o.notes}\n{o.output[-4000:]}"
     state = json.loads((tmp_path / "kill_fill" / "checkpoints" / "step_40" / "trainer_state.json").read_text())

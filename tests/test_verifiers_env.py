@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("verifiers")
 
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP  # noqa: E402
 from nanorllm.envs.base import EpisodeSettings  # noqa: E402
 from nanorllm.envs.registry import EnvSpec, EnvSpecError, load_bundle, load_env  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402

@@ -236,7 +236,7 @@ def test_a_learner_killed_while_publishing_takes_its_worker_and_the_memory_with_
     """Killed mid-publish, the learner leaves nothing: its worker exits (lifeline), no shared-memory
     file stays, and on a GPU the device's free memory is back where it was before either started
     (the learner's block, shared through CUDA IPC, goes with the processes that held it)."""
-    from nanorllm.chaos.procs import shm_entries, shm_held
+    from nanorllm.faultsuite.proc_scan import shm_entries, shm_held
 
     ctx = mp.get_context("spawn")
     free_before = torch.cuda.mem_get_info()[0] if device == "cuda" else 0

@@ -1,4 +1,4 @@
-"""Fault injection for the fault suite (chaos/suite.py) and the tests; inert unless NANORLLM_FAULT is set.
+"""Fault injection for the fault suite (faultsuite/suite.py) and the tests; inert unless NANORLLM_FAULT is set.
 
 Faults that come from outside (SIGKILL, SIGSTOP, Ctrl-C) need no hook. These are the ones that
 must happen at a precise point inside a process. NANORLLM_FAULT is a comma-separated list of:

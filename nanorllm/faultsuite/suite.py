@@ -1,9 +1,9 @@
 """Fault suite: every fault the pipeline promises to survive, against a real tiny-random run.
 
 Each fault starts launch/train.py with `--num-workers 2` in a subprocess whose environment carries
-a unique token (chaos/process.py), injects the fault from outside (signals) or through the
-NANORLLM_FAULT hook (chaos/faults.py), and then counts, from what the run wrote and what is left
-running (chaos/ledger.py):
+a unique token (faultsuite/process.py), injects the fault from outside (signals) or through the
+NANORLLM_FAULT hook (utils/faults.py), and then counts, from what the run wrote and what is left
+running (faultsuite/ledger.py):
 
     detected in s   fault -> the learner's report of it (or the run's exit, or the last process gone)
     recovered       the run ended the way it must for this fault (finished / stopped cleanly / saved)
@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanorllm.chaos.ledger import checkpoint_steps, groups_of, leftovers, read_rollouts
-from nanorllm.chaos.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
-from nanorllm.chaos.procs import shm_entries
-from nanorllm.chaos.proxy_trap import ProxyTrap
-from nanorllm.chaos.stub_judge import StubJudge, lying_score
+from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers, read_rollouts
+from nanorllm.faultsuite.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
+from nanorllm.faultsuite.proc_scan import shm_entries
+from nanorllm.faultsuite.proxy_trap import ProxyTrap
+from nanorllm.faultsuite.stub_judge import StubJudge, lying_score
 
 
 @dataclass
@@ -515,7 +515,7 @@ def judge_drips(out: Path) -> list[Outcome]:
 
 def judge_lies(out: Path) -> list[Outcome]:
     """A judge that answers `SCORE: 1e5` or `SCORE: 7.5.3` for half the prompts and `SCORE: 2` followed by the
-    response quoted for the others (chaos/stub_judge.py lying_score): the garbage is a failed score (never read as
+    response quoted for the others (faultsuite/stub_judge.py lying_score): the garbage is a failed score (never read as
     1 or 7.5), the verdict is 0.2, the failed groups are dropped, the others train; the run finishes."""
     shm = shm_entries()
     judge = StubJudge(lying_score)

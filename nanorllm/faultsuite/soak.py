@@ -8,9 +8,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from nanorllm.chaos.ledger import account, leftovers, read_rollouts
-from nanorllm.chaos.process import TrainProcess
-from nanorllm.chaos.procs import age_s, rss_mb, shm_entries
+from nanorllm.faultsuite.ledger import account, leftovers, read_rollouts
+from nanorllm.faultsuite.process import TrainProcess
+from nanorllm.faultsuite.proc_scan import age_s, rss_mb, shm_entries
 
 
 def soak(out: Path, minutes: float, *, seed: int = 0) -> dict:

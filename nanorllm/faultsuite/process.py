@@ -1,7 +1,7 @@
 """A training run in a subprocess, as a user starts it (`python launch/train.py ...`), watched line by line.
 
 Every process of the run inherits a unique token in its environment (NANORLLM_TEST_TOKEN), so what it
-leaves running can be found afterwards (chaos/procs.py), and PYTHONPATH names the folder this package
+leaves running can be found afterwards (faultsuite/proc_scan.py), and PYTHONPATH names the folder this package
 was imported from, so the run executes the same code as the harness that started it.
 """
 
@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import nanorllm
-from nanorllm.chaos.procs import worker_pids
+from nanorllm.faultsuite.proc_scan import worker_pids
 
 ROOT = Path(nanorllm.__file__).resolve().parent.parent  # the checkout: launch/ lies beside the package
 TRAIN_SCRIPT = ROOT / "launch" / "train.py"

@@ -1,5 +1,5 @@
 """A stub LLM judge: an OpenAI-compatible /v1/chat/completions on 127.0.0.1, for the judge's tests and the fault
-suite's `judge_dies` (nanorllm/chaos/suite.py)."""
+suite's `judge_dies` (nanorllm/faultsuite/suite.py)."""
 
 import json
 import re
@@ -7,7 +7,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from nanorllm.chaos.in_flight import InFlight
+from nanorllm.faultsuite.in_flight import InFlight
 
 
 def reply_body(text: str) -> dict:
@@ -47,7 +47,7 @@ def lying_score(body: dict) -> tuple[int, object]:
 
 class StubJudge:
     """Answers each request by `answer(body) -> (status, body)` (a str body is sent as is), after `delay_s` (cut
-    short by `close`). It counts requests and the most in flight at once (chaos/in_flight.py: exact; with
+    short by `close`). It counts requests and the most in flight at once (faultsuite/in_flight.py: exact; with
     `hold_until` n every request waits until n were open together). With `die_after` it goes away once it answered
     that many: a request past them is cut unanswered and the socket closes (connections refused) at `closed_at`
     (time.monotonic()). With `drip_s` it sends the body one byte every `drip_s` seconds (a judge that never times

@@ -5,8 +5,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from nanorllm.chaos.process import SAMPLES, TASKS_PER_STEP
-from nanorllm.chaos.procs import processes_with_token, shm_entries, shm_held
+from nanorllm.faultsuite.process import SAMPLES, TASKS_PER_STEP
+from nanorllm.faultsuite.proc_scan import processes_with_token, shm_entries, shm_held
 
 
 def read_rollouts(run_dir: Path) -> list[dict]:

@@ -1,5 +1,5 @@
 """The requests a stub server holds open, counted exactly, for the tests that bound a client's concurrency
-(chaos/stub_judge.py, the Gemini stub of tests/test_gemini.py).
+(faultsuite/stub_judge.py, the Gemini stub of tests/test_gemini.py).
 
 A request leaves the count before the first byte of its reply is sent. A client opens its next request only once
 it has a reply, so the count never exceeds what the client holds open; counted after the reply, a busy machine lets
