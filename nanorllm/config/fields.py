@@ -2,10 +2,10 @@
 
 A program's config is the groups it reads, composed by inheritance: every field stays one flat flag
 (`max_steps` is `--max-steps`), one flat key of a config file and of config.json, and one flat attribute
-(`cfg.max_steps`), while a function that reads one concern takes that group's type (the loss takes a
-`LossSettings`; a TrainConfig, which is one, can be handed to it as it is). Training's `TrainConfig` is all
-of them; `launch/eval.py`'s `EvalConfig` (trainer/eval_model.py) takes the model, env, reward, tool,
-episode-shape, decode, eval and judge groups, so a flag means the same in both by the same name.
+(`cfg.max_steps`), while a function that reads one concern takes that group's type (the loss takes an
+`Objective`, the groups it reads; a TrainConfig, which is one, can be handed to it as it is). Training's
+`TrainConfig` is all of them; `launch/eval.py`'s `EvalConfig` (trainer/eval_model.py) takes the model, env,
+reward, tool, episode-shape, decode, eval and judge groups, so a flag means the same in both by the same name.
 Where a program reads only part of a group, that part is a group of its own and the wider group composes it
 (`Lora(LoraAdapters)`: SFT's config takes the adapters' shape, not the forms RL's final model keeps them in), so
 no program carries a flag it does not read.
@@ -279,13 +279,19 @@ class FirstPrompt:
 
 
 @dataclass
-class EpisodeShape(FirstPrompt):
-    """One episode's turns, its responses' length, its prompt and its grading: the same in training and evaluation."""
+class Turns:
+    """How many turns an episode has and how long each response may be."""
 
     max_turns: int = 2
     """Self-refine turns per episode: a wrong answer gets retry feedback until this many turns."""
     max_new_tokens: int = 32
     """Longest response per turn; a response cut here ends its episode as 'truncated'."""
+
+
+@dataclass
+class EpisodeShape(Turns, FirstPrompt):
+    """One episode's turns, its responses' length, its prompt and its grading: the same in training and evaluation."""
+
     grader_timeout_s: float = GRADER_TIMEOUT_S
     """CPU-time limit (seconds, not wall-clock) for one symbolic answer check; numeric answers need none."""
     opponent: str = "self"
@@ -327,7 +333,7 @@ class Decode:
 
 @dataclass
 class LossSettings:
-    """The clipped objective and its variants: what `compute_policy_loss` reads (trainer/loss.py)."""
+    """The clipped objective and its variants (trainer/loss.py; the loss reads them in an `Objective`)."""
 
     clip_low: float = 0.2
     """PPO clip: ratio floor is 1 - clip_low."""
@@ -477,6 +483,13 @@ class Distillation:
     advantage is 0."""
     teacher_device: str | None = None
     """Where the --teacher runs (cpu, cuda, cuda:N). None: the learner's device (each learner rank's)."""
+
+
+@dataclass
+class Objective(Distillation, LossSettings, Sampling, Turns):
+    """What the loss reads (trainer/loss.py `compute_policy_loss`): the clipped objective and its variants, the
+    teacher's signal, the temperature the rollouts sampled at (the learner's logprobs are taken at it) and
+    max_new_tokens (Dr. GRPO's per-sample constant). A group of groups, no field of its own: a TrainConfig is one."""
 
 
 @dataclass
@@ -667,7 +680,7 @@ class Program:
 
 
 @dataclass
-class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, TaskSampling, Lora, Distillation, GRPO, Episodes,
+class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, TaskSampling, Lora, Objective, GRPO, Episodes,
                   EvalSettings, JudgeSettings, Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
