@@ -30,6 +30,7 @@ _HOMES = {
     "collate_train_batch": "nanorllm.trainer.collate",
     "compute_policy_loss": "nanorllm.trainer.loss",
     "LossSettings": "nanorllm.config.fields",
+    "Objective": "nanorllm.config.fields",
     "TrainConfig": "nanorllm.config",
     "run_training": "nanorllm.run.lifecycle",
 }

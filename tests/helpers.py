@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nanorllm.config.fields import Objective
 from nanorllm.core.types import RolloutResult, Step, Trajectory
 from nanorllm.policy.base import Generation, Policy, SamplingParams
 
@@ -109,3 +110,9 @@ def episode(task_id: str, answer: str | None, reward: float = 0.5, *, response: 
     step = Step(observation="q", model_response=response, action=answer, reward=reward, done=True, info=info or {})
     return RolloutResult(Trajectory(task_id=task_id, steps=[step], final_reward=reward, terminated=True,
                                     termination_reason=reason), step_samples=[])
+
+
+def loss_settings(**fields) -> Objective:
+    """The loss's settings with `fields` over the groups' defaults, at temperature 1 (logprobs as log_softmax gives
+    them) and a Dr. GRPO constant of one token."""
+    return Objective(**{"temperature": 1.0, "max_new_tokens": 1, **fields})

@@ -11,7 +11,7 @@ import tyro
 
 from nanorllm.config import TrainConfig, parse_config
 from nanorllm.config import fields as groups
-from nanorllm.config.fields import LossSettings
+from nanorllm.config.fields import Objective
 from nanorllm.config.specs import env_spec, judge_spec, lora_spec, reward_model_spec
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec, RewardModelSpec
@@ -106,11 +106,11 @@ def test_the_loss_reads_its_group_off_a_whole_config_as_off_the_group_alone():
     batch = {"targets": torch.tensor([1, 2, 3]), "old_logprobs": torch.tensor([-1.6, -1.2, -2.0]),
              "advantages": torch.tensor([1.0, -1.0, 0.5]), "sample_index": torch.tensor([0, 0, 1])}
     cfg = TrainConfig(clip_high=0.1, loss_agg="seq-mean", dual_clip=3.0)
-    group = LossSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossSettings)})
+    group = Objective(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Objective)})
     whole, _ = compute_policy_loss(logits, batch, cfg)
     alone, _ = compute_policy_loss(logits, batch, group)
-    default, _ = compute_policy_loss(logits, batch, LossSettings())
-    assert whole.item() == alone.item() != default.item()
+    default, _ = compute_policy_loss(logits, batch, Objective())
+    assert isinstance(cfg, Objective) and whole.item() == alone.item() != default.item()
 
 
 def test_reward_sources_without_env_mean_one_turn_episodes_in_training_and_evaluation_alike():

@@ -44,8 +44,8 @@ def three_tokens(env_adv: float = 0.5):
 @pytest.mark.parametrize("only", [False, True])
 def test_the_reverse_kl_advantage_of_three_tokens_is_the_direct_computation(only):
     logits, teacher, batch, student = three_tokens()
-    cfg = TrainConfig(distill_coef=0.7, distill_only=only)
-    loss, m = compute_policy_loss(logits, batch, cfg, teacher_logits=teacher, distill=cfg)
+    cfg = TrainConfig(distill_coef=0.7, distill_only=only, temperature=1.0)
+    loss, m = compute_policy_loss(logits, batch | {"teacher_logits": teacher}, cfg)
     t = batch["targets"]
     s_lp, t_lp = student[range(3), t], teacher[range(3), t]
     adv = (0.0 if only else 0.5) - 0.7 * (s_lp - t_lp)  # per token: A_env - coef x (log p_s - log p_t)
@@ -63,8 +63,8 @@ def test_the_reverse_kl_advantage_of_three_tokens_is_the_direct_computation(only
 
 def test_a_student_that_is_its_teacher_gets_no_distillation_signal():
     logits, _, batch, _ = three_tokens()
-    cfg = TrainConfig(distill_only=True)
-    loss, m = compute_policy_loss(logits, batch, cfg, teacher_logits=logits.detach(), distill=cfg)
+    cfg = TrainConfig(distill_only=True, temperature=1.0)
+    loss, m = compute_policy_loss(logits, batch | {"teacher_logits": logits.detach()}, cfg)
     assert loss.item() == 0 and m["distill_kl"].item() == pytest.approx(0, abs=1e-7)
 
 

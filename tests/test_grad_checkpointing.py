@@ -8,8 +8,8 @@ import torch
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import LoraSpec, trainable_parameters
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.config.fields import LossSettings
 from nanorllm.trainer.loss import compute_policy_loss
+from helpers import loss_settings
 from test_train_step import build_results
 
 
@@ -23,7 +23,7 @@ def loss_and_grads(policy: HFCausalPolicy, batch: dict) -> tuple[torch.Tensor, d
     try:
         logits = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"],
                                 batch["shared_columns"]).logits
-        loss, _ = compute_policy_loss(logits, batch, LossSettings())
+        loss, _ = compute_policy_loss(logits, batch, loss_settings())
         loss.backward()
     finally:
         hook.remove()

@@ -5,8 +5,8 @@ import torch
 
 from nanorllm.core.types import StepSample
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.config.fields import LossSettings
 from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
+from tests.helpers import loss_settings
 
 PAD = 99
 
@@ -106,7 +106,7 @@ def test_make_case_logits_have_the_requested_logprobs():
 
 def test_ratio_one_gives_minus_mean_advantage():
     logits, batch = make_case([-0.5, -1.5, -2.0], [1.0, 1.0, 1.0], [1.0, -2.0, 0.5])
-    loss, m = compute_policy_loss(logits, batch, LossSettings())
+    loss, m = compute_policy_loss(logits, batch, loss_settings())
     assert loss.item() == pytest.approx(0.5 / 3, abs=1e-6)
     assert (m["tokens"], m["clip_low"], m["clip_high"]) == (3.0, 0.0, 0.0)
     assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
@@ -117,7 +117,7 @@ def test_clipping_values_gradients_and_counts():
     # 2: A>0, ratio 0.5 -> not clipped       3: A<0, ratio 1.5 -> not clipped
     ratios, adv = [1.5, 0.5, 0.5, 1.5], [2.0, -1.0, 1.0, -3.0]
     logits, batch = make_case([-1.0, -1.2, -0.7, -1.6], ratios, adv)
-    loss, m = compute_policy_loss(logits, batch, LossSettings(clip_low=0.2, clip_high=0.2))
+    loss, m = compute_policy_loss(logits, batch, loss_settings(clip_low=0.2, clip_high=0.2))
     per_token = [-2.0 * 1.2, 1.0 * 0.8, -1.0 * 0.5, 3.0 * 1.5]
     assert loss.item() == pytest.approx(sum(per_token) / 4, rel=1e-5)
     loss.backward()
@@ -134,15 +134,15 @@ def test_clipping_values_gradients_and_counts():
 
 def test_asymmetric_clip_bounds():
     logits, batch = make_case([-1.0, -1.0], [1.5, 0.5], [1.0, -1.0])
-    loss, m = compute_policy_loss(logits, batch, LossSettings(clip_low=0.1, clip_high=0.3))
+    loss, m = compute_policy_loss(logits, batch, loss_settings(clip_low=0.1, clip_high=0.3))
     assert loss.item() == pytest.approx((-1.3 + 0.9) / 2, rel=1e-5)
     assert (m["clip_high"], m["clip_low"]) == (1.0, 1.0)
 
 
 def test_token_mean_vs_seq_mean():
     logits, batch = make_case([-1.0] * 4, [1.0] * 4, [1.0, 1.0, 1.0, 3.0], sample_index=[0, 0, 0, 1])
-    token_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="token-mean"))
-    seq_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean"))
+    token_mean, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="token-mean"))
+    seq_mean, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="seq-mean"))
     assert token_mean.item() == pytest.approx((-1 - 1 - 1 - 3) / 4, rel=1e-6)
     assert seq_mean.item() == pytest.approx((-1 + -3) / 2, rel=1e-6)
 
@@ -150,7 +150,7 @@ def test_token_mean_vs_seq_mean():
 def test_unknown_loss_agg_raises():
     logits, batch = make_case([-1.0], [1.0], [1.0])
     with pytest.raises(ValueError, match="loss_agg"):
-        compute_policy_loss(logits, batch, LossSettings(loss_agg="sum"))
+        compute_policy_loss(logits, batch, loss_settings(loss_agg="sum"))
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "seq-mean-token-sum-norm"])
@@ -160,39 +160,39 @@ def test_normalizer_makes_micro_batches_add_up(loss_agg):
     adv = [0.5, 0.5, 0.5, -1.0, -1.0, 2.0, 2.0]
     index = [0, 0, 0, 1, 1, 2, 2]
     logits, batch = make_case(new_lp, ratios, adv, sample_index=index)
-    full, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg=loss_agg))
+    full, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg=loss_agg))
     full.backward()
-    normalizer = {"token-mean": 7, "seq-mean": 3, "seq-mean-token-sum-norm": 3 * 1}[loss_agg]  # norm_tokens 1
+    normalizer = {"token-mean": 7, "seq-mean": 3, "seq-mean-token-sum-norm": 3 * 1}[loss_agg]  # max_new_tokens 1
     total, grads = 0.0, []
     for lo, hi, first_sample in [(0, 5, 0), (5, 7, 2)]:
         part_logits = logits.detach()[lo:hi].clone().requires_grad_()
         part = {k: v[lo:hi] for k, v in batch.items()}
         part["sample_index"] = part["sample_index"] - first_sample
-        loss, _ = compute_policy_loss(part_logits, part, LossSettings(loss_agg=loss_agg), normalizer=normalizer)
+        loss, _ = compute_policy_loss(part_logits, part | {"normalizer": normalizer}, loss_settings(loss_agg=loss_agg))
         loss.backward()
         total += loss.item()
         grads.append(part_logits.grad)
     assert total == pytest.approx(full.item(), rel=1e-5)
     torch.testing.assert_close(torch.cat(grads), logits.grad, rtol=1e-5, atol=1e-7)
     part_alone, _ = compute_policy_loss(logits[5:7], {k: v[5:7] - (2 if k == "sample_index" else 0)
-                                                     for k, v in batch.items()}, LossSettings(loss_agg=loss_agg))
+                                                     for k, v in batch.items()}, loss_settings(loss_agg=loss_agg))
     assert part_alone.item() != pytest.approx(full.item(), rel=1e-3)
 
 
 def test_kl_zero_when_ref_equals_new():
     logits, batch = make_case([-0.5, -1.5], [1.2, 0.9], [1.0, -1.0])
-    base, _ = compute_policy_loss(logits, batch, LossSettings())
+    base, _ = compute_policy_loss(logits, batch, loss_settings())
     new_lp, _ = token_logprobs(logits.detach(), batch["targets"])
-    with_kl, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=0.5), ref_logprobs=new_lp)
+    with_kl, m = compute_policy_loss(logits, batch | {"ref_logprobs": new_lp}, loss_settings(kl_coef=0.5))
     assert with_kl.item() == pytest.approx(base.item(), abs=1e-7)
     assert m["kl"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_kl_positive_when_ref_differs():
     logits, batch = make_case([-0.5, -1.5], [1.0, 1.0], [1.0, -1.0])
-    base, _ = compute_policy_loss(logits, batch, LossSettings())
+    base, _ = compute_policy_loss(logits, batch, loss_settings())
     ref = torch.tensor([-0.7, -1.0])
-    with_kl, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=0.5), ref_logprobs=ref)
+    with_kl, m = compute_policy_loss(logits, batch | {"ref_logprobs": ref}, loss_settings(kl_coef=0.5))
     d = ref - torch.tensor([-0.5, -1.5])
     k3 = torch.exp(d) - d - 1
     assert m["kl"] == pytest.approx(float(k3.sum()), rel=1e-5)
@@ -203,7 +203,7 @@ def test_kl_positive_when_ref_differs():
 def test_kl_coef_without_ref_raises():
     logits, batch = make_case([-0.5], [1.0], [1.0])
     with pytest.raises(ValueError, match="ref_logprobs"):
-        compute_policy_loss(logits, batch, LossSettings(kl_coef=0.1))
+        compute_policy_loss(logits, batch, loss_settings(kl_coef=0.1))
 
 
 def test_entropy_metric_and_temperature():
@@ -219,13 +219,13 @@ def test_entropy_metric_and_temperature():
 def test_kl_term_is_clamped_like_the_standard_implementations():
     logits, batch = make_case([-1.0, -1.0], [1.0, 1.0], [0.0, 0.0])
     ref = torch.tensor([-1.0 + 50.0, -1.0 - 50.0])  # log-ratios far beyond +-20
-    loss, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=1.0), ref_logprobs=ref)
+    loss, m = compute_policy_loss(logits, batch | {"ref_logprobs": ref}, loss_settings(kl_coef=1.0))
     assert m["kl"] == pytest.approx(20.0)  # each token's k3 capped at 10 (unclamped: e^50 and 49)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
     # inside the clamps the k3 value is exact
     ref = torch.tensor([-1.0 + 0.5, -1.0 - 0.5])
-    _, m = compute_policy_loss(logits, batch, LossSettings(kl_coef=1.0), ref_logprobs=ref)
+    _, m = compute_policy_loss(logits, batch | {"ref_logprobs": ref}, loss_settings(kl_coef=1.0))
     assert m["kl"] == pytest.approx((math.exp(0.5) - 0.5 - 1) + (math.exp(-0.5) + 0.5 - 1), rel=1e-4)
 
 
@@ -234,7 +234,7 @@ def test_kl_term_is_clamped_like_the_standard_implementations():
 
 def _grads(logits, batch, prox_logprobs=None, **settings):
     logits = logits.detach().clone().requires_grad_()
-    loss, m = compute_policy_loss(logits, batch, LossSettings(**settings), prox_logprobs=prox_logprobs)
+    loss, m = compute_policy_loss(logits, batch | {"prox_logprobs": prox_logprobs}, loss_settings(**settings))
     loss.backward()
     return loss.item(), logits.grad, m
 
@@ -307,7 +307,7 @@ def test_dual_clip_does_not_bind_under_a_correction():
 def test_mismatch_split_by_lag():
     logits, batch = make_case([-1.0, -1.0, -1.0, -1.0], [1.0, 1.5, 0.5, 2.0], [1.0] * 4)
     batch["lag"] = torch.tensor([0, 0, 1, 2])
-    _, m = compute_policy_loss(logits, batch, LossSettings())
+    _, m = compute_policy_loss(logits, batch, loss_settings())
     k3 = lambda w: w - 1 - math.log(w)  # noqa: E731  (k3 of pi_rollout vs pi, w = pi / pi_rollout)
     assert (m["tokens_same_weights"], m["tokens_lagged"]) == (2.0, 2.0)
     assert m["kl_same_weights"] == pytest.approx(k3(1.5), rel=1e-4)
@@ -318,8 +318,8 @@ def test_mismatch_split_by_lag():
 def test_loss_metrics_stay_detached_tensors_so_micro_batches_add_them_without_a_sync():
     logits, batch = make_case([-1.0, -2.0], [1.0, -1.0], [1.0, 1.0])
     batch["lag"] = torch.tensor([0, 1])
-    _, m = compute_policy_loss(logits.requires_grad_(), batch, LossSettings(kl_coef=0.1),
-                               ref_logprobs=torch.tensor([-1.0, -2.0]))
+    _, m = compute_policy_loss(logits.requires_grad_(), batch | {"ref_logprobs": torch.tensor([-1.0, -2.0])},
+                               loss_settings(kl_coef=0.1))
     assert set(m) >= {"tokens", "clip_low", "approx_kl", "entropy", "kl", "is_weight_max", "kl_lagged"}
     for k, v in m.items():
         assert torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad, k
@@ -329,4 +329,4 @@ def test_loss_metrics_stay_detached_tensors_so_micro_batches_add_them_without_a_
 def test_unknown_correction_raises():
     logits, batch = make_case([-1.0], [1.0], [1.0])
     with pytest.raises(ValueError, match="correction"):
-        compute_policy_loss(logits, batch, LossSettings(off_policy_correction="ppo2"))
+        compute_policy_loss(logits, batch, loss_settings(off_policy_correction="ppo2"))

@@ -7,11 +7,11 @@ from nanorllm.config import TrainConfig
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.config.fields import LossSettings
 from nanorllm.trainer.loss import compute_policy_loss
 from nanorllm.trainer.precision import matmul_precision
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
+from helpers import loss_settings
 from test_train_step import build_results
 
 
@@ -49,7 +49,7 @@ def test_bf16_loss_follows_fp32_on_a_fixed_batch():
     out = {}
     for name, policy in [("fp32", fp32), ("bf16", bf16)]:
         logits = policy.forward(batch["input_ids"], batch["attention_mask"], batch["positions"]).logits
-        loss, m = compute_policy_loss(logits, batch, LossSettings())
+        loss, m = compute_policy_loss(logits, batch, loss_settings())
         out[name] = (loss.item(), m["approx_kl"] / m["tokens"])
     assert abs(out["bf16"][0] - out["fp32"][0]) < 1e-3  # measured 5e-5 on a loss of -0.077
     assert out["fp32"][1] < 1e-9 and out["bf16"][1] < 1e-3  # k3(sampler || learner) per token

@@ -4,10 +4,10 @@ tensors give, and the forward returns the same logits with it as without it, in 
 
 import torch
 
-from nanorllm.config.fields import LossSettings
 from nanorllm.policy.shared_columns import shared_columns_of
 from nanorllm.trainer.loss import compute_policy_loss
 from nanorllm.trainer.collate import collate_train_batch
+from helpers import loss_settings
 from test_train_step import build_results
 
 
@@ -49,7 +49,7 @@ def test_without_positions_the_forward_gives_every_positions_logits_and_the_loss
     real = mask.bool()  # a pad position's logits may differ with the mask's form; no loss reads them
     torch.testing.assert_close(every[real], plain[real], rtol=0, atol=1e-5)
     torch.testing.assert_close(every[batch["positions"][:, 0], batch["positions"][:, 1]], scored, rtol=0, atol=1e-5)
-    settings = LossSettings()
+    settings = loss_settings()
     whole, _ = compute_policy_loss(every, batch, settings)
     gathered, _ = compute_policy_loss(scored, batch, settings)
     torch.testing.assert_close(whole, gathered, rtol=0, atol=1e-6)

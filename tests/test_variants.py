@@ -15,11 +15,11 @@ from nanorllm.config import ConfigError, TrainConfig, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.run.lifecycle import main
 from nanorllm.trainer import update as update_module
-from nanorllm.config.fields import LossSettings
 from nanorllm.trainer.loss import compute_policy_loss
 from nanorllm.trainer.schedule import lr_at
 from nanorllm.trainer.step import mini_batches, train_step
 from nanorllm.trainer.step_metrics import merge_updates
+from tests.helpers import loss_settings
 from tests.procs import read_scalars
 from tests.test_loss import make_case
 from tests.test_run import BASE, length_rule_grader, weights  # noqa: F401 (a fixture)
@@ -140,14 +140,14 @@ def test_dr_grpo_aggregation_divides_token_sums_by_a_constant():
     # sample 0: three tokens, A = 1; sample 1: one token, A = -2; ratio 1, so each token's term is -A
     logits, batch = make_case([-0.5, -1.0, -1.5, -0.7], [1.0] * 4, [1.0, 1.0, 1.0, -2.0], sample_index=[0, 0, 0, 1])
     batch["num_samples"] = 2
-    drgrpo, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean-token-sum-norm"), norm_tokens=4)
-    token_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="token-mean"))
-    seq_mean, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean"))
+    drgrpo, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="seq-mean-token-sum-norm", max_new_tokens=4))
+    token_mean, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="token-mean"))
+    seq_mean, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="seq-mean"))
     assert drgrpo.item() == pytest.approx((-3.0 + 2.0) / (2 * 4))  # -0.125
     assert token_mean.item() == pytest.approx((-3.0 + 2.0) / 4)  # -0.25
     assert seq_mean.item() == pytest.approx((-1.0 + 2.0) / 2)  # 0.5
-    first, _ = compute_policy_loss(logits[:3], {k: v[:3] for k, v in batch.items() if k != "num_samples"},
-                                   LossSettings(loss_agg="seq-mean-token-sum-norm"), normalizer=8)
+    first, _ = compute_policy_loss(logits[:3], {k: v[:3] for k, v in batch.items() if k != "num_samples"}
+                                   | {"normalizer": 8}, loss_settings(loss_agg="seq-mean-token-sum-norm"))
     assert first.item() == pytest.approx(-3.0 / 8)  # a micro-batch with the step's normaliser: its share
 
 
@@ -159,7 +159,8 @@ def test_gspo_ratio_is_the_responses_geometric_mean_clipped_per_response():
     logits, batch = make_case(new_lp, [1.21, 1.0, 0.81, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, -1.0],
                               sample_index=[0, 0, 1, 1, 2])
     batch["num_samples"] = 3
-    loss, m = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean", ratio_level="sequence"))  # 3e-4, 4e-4
+    settings = loss_settings(loss_agg="seq-mean", ratio_level="sequence")  # clip 3e-4, 4e-4
+    loss, m = compute_policy_loss(logits, batch, settings)
     assert loss.item() == pytest.approx((-1.0004 - 0.9 + 1.0) / 3, rel=1e-5)  # -0.3001333
     assert m["clip_high"].item() == 2.0 and m["clip_low"].item() == 0.0  # both tokens of sample 0
     loss.backward()
@@ -169,14 +170,14 @@ def test_gspo_ratio_is_the_responses_geometric_mean_clipped_per_response():
     for i in (2, 3):  # d/dlogits of (1/3)(1/2)(-A s_t) = -(0.9 / 6)(onehot - p)
         onehot = torch.nn.functional.one_hot(batch["targets"][i], 5).float()
         torch.testing.assert_close(g[i], -(0.9 / 6) * (onehot - probs[i]), rtol=1e-4, atol=1e-7)
-    token_level, _ = compute_policy_loss(logits, batch, LossSettings(loss_agg="seq-mean"))
+    token_level, _ = compute_policy_loss(logits, batch, loss_settings(loss_agg="seq-mean"))
     assert token_level.item() == pytest.approx((-1.105 - 0.905 + 1.0) / 3, rel=1e-5)  # per token: not the same
 
 
 def test_entropy_term_lowers_the_loss_by_coef_times_the_mean_entropy():
     # one token, logprob -0.5 of 5: p = 0.6065307, the other four 0.0983673: H = 1.2157390
     logits, batch = make_case([-0.5], [1.0], [0.0])
-    loss, m = compute_policy_loss(logits, batch, LossSettings(entropy_coef=0.1))
+    loss, m = compute_policy_loss(logits, batch, loss_settings(entropy_coef=0.1))
     assert loss.item() == pytest.approx(-0.12157390, rel=1e-5)
     assert m["entropy"].item() == pytest.approx(1.2157390, rel=1e-5)
     loss.backward()
@@ -238,9 +239,9 @@ def test_epochs_with_a_correction_clip_around_the_batchs_first_policy(tiny_polic
     results = build_results(policy)
     seen, calls = [], []
     real_loss, real_prox = update_module.compute_policy_loss, update_module.proximal_logprobs
-    monkeypatch.setattr(update_module, "compute_policy_loss", lambda logits, batch, settings, **kw: (
-        seen.append((kw["prox_logprobs"].clone(), batch["targets"].clone(), logits.detach().clone())),
-        real_loss(logits, batch, settings, **kw))[1])
+    monkeypatch.setattr(update_module, "compute_policy_loss", lambda logits, batch, settings: (
+        seen.append((batch["prox_logprobs"].clone(), batch["targets"].clone(), logits.detach().clone())),
+        real_loss(logits, batch, settings))[1])
     monkeypatch.setattr(update_module, "proximal_logprobs", lambda *a: calls.append(1) or real_prox(*a))
     cfg = config(epochs=2, off_policy_correction="decoupled", micro_batch_tokens=100_000)
     m = train_step(policy, torch.optim.SGD(policy.model.parameters(), lr=1.0), results, cfg)

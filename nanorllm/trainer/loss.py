@@ -1,4 +1,10 @@
-"""compute_policy_loss: the PPO-clipped surrogate against the rollout logprobs, plus optional KL.
+"""The loss: `compute_policy_loss(logits, batch, settings)`, the PPO-clipped surrogate against the rollout
+logprobs with its variants.
+
+`batch` holds the micro-batch's tensors (collate.py's, with the reference's logprobs, pi_prox's and the teacher's
+logits under "ref_logprobs", "prox_logprobs", "teacher_logits" where a run has them, and the step's "normalizer");
+`settings` is an `Objective` (config/fields.py): the objective's group, the teacher's, the temperature the
+rollouts sampled at and max_new_tokens. A TrainConfig is one. Each variant's term is a function of its own below:
 
     ratio = exp(logp_new - logp_rollout)                        per response token
     pg    = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
@@ -10,10 +16,10 @@ on-policy. The k3 term is clamped as the usual implementations do: one token the
 nearly impossible under the reference (d = 30 gives e^30) must not own the whole step's gradient. Aggregation:
 - "token-mean": sum over all response tokens / total response tokens in the whole step;
 - "seq-mean": each sample's token mean, summed / total samples in the whole step;
-- "seq-mean-token-sum-norm" (Dr. GRPO): each sample's token sum / a constant (`norm_tokens`, the run's
+- "seq-mean-token-sum-norm" (Dr. GRPO): each sample's token sum / a constant (the run's
   max_new_tokens), summed / total samples in the whole step: a long response's tokens weigh what a
-  short one's do, and nothing depends on the step's lengths. The update passes samples x norm_tokens.
-Micro-batches pass the whole step's `normalizer`, so accumulating their gradients equals one big batch.
+  short one's do, and nothing depends on the step's lengths. The update passes samples x max_new_tokens.
+Micro-batches carry the whole step's "normalizer", so accumulating their gradients equals one big batch.
 
 GSPO (`ratio_level="sequence"`): one ratio per sample (a turn's response), the geometric mean of its
 token ratios, s = exp(mean_t(logp_new - logp_rollout)), clipped at sequence level (the paper's
@@ -21,14 +27,15 @@ eps 3e-4 / 4e-4, TrainConfig.gspo_clip_*). In the GSPO-token form every token ca
 s_t = sg(s) x pi(y_t) / sg(pi(y_t)): its value is s, its gradient s x grad log pi(y_t), so with
 "seq-mean" the gradient is the paper's s x A x mean_t grad log pi. Entropy (`entropy_coef` > 0):
 the per-token entropy of the same logits is subtracted, coefficient times, before aggregation.
-A teacher (`teacher_logits`, trainer/teacher.py) adds -coef x (pi_prox - teacher) to each token's advantage.
+A teacher ("teacher_logits", trainer/teacher.py) adds -distill_coef x (pi_prox - teacher) to each token's
+advantage.
 
-Off-policy correction (`correction`), for samples the learner did not generate itself (pipeline lag,
+Off-policy correction (`off_policy_correction`), for samples the learner did not generate itself (pipeline lag,
 or sampler numerics that differ from the training forward). Three policies per token:
 pi_rollout (the sampler's logprob, in the batch), pi_prox (the learner's logprob at its current
 weights, before this update, no grad) and pi (the same, with grad). We take one optimizer step per
 batch, so pi_prox is pi's value: ratio_prox = pi / pi_prox is 1 with the gradient of log pi, and its
-clip never binds. `prox_logprobs` defaults to pi detached for that reason; the trainer recomputes it
+clip never binds. "prox_logprobs" defaults to pi detached for that reason; the trainer recomputes it
 with an extra no-grad forward only when the training forward is not deterministic (dropout on).
 With several optimizer steps a batch (`updates_per_batch`, `epochs`) pi_prox is the batch's first
 policy, one no-grad forward before its first step (trainer/step.py), and the clip then binds.
@@ -53,7 +60,7 @@ from typing import get_args, get_type_hints
 
 import torch
 
-from nanorllm.config.fields import Distillation, LossSettings
+from nanorllm.config.fields import LossSettings, Objective
 from nanorllm.trainer.logprobs import reverse_kl, token_logprobs
 
 KL_LOG_RATIO_CLAMP = 20.0
@@ -65,82 +72,141 @@ AGGREGATIONS = get_args(get_type_hints(LossSettings)["loss_agg"])
 __all__ = ["compute_policy_loss", "token_logprobs"]
 
 
-def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: LossSettings, *, temperature: float = 1.0,
-                        ref_logprobs: torch.Tensor | None = None, normalizer: float | None = None,
-                        prox_logprobs: torch.Tensor | None = None, norm_tokens: int = 1,
-                        teacher_logits: torch.Tensor | None = None, distill: Distillation | None = None):
+def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: Objective):
     """Returns (loss, metrics). `logits` are (N, V) at batch["positions"], or (B, T, V) at every position (a
-    forward without positions), read at batch["positions"]; `settings` the objective's group (a
-    TrainConfig is one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch,
-    so callers add them up across micro-batches without a host synchronisation. With
-    batch["lag"] (N,) (learner version - the sampling version) the rollout-vs-learner k3 is also
-    summed apart for lag-0 and lagged tokens. With `teacher_logits`, (N, V) the teacher's logits at the same
-    positions (log-distributions serve as well at T = 1), each token's advantage also gets -distill.distill_coef x (pi_prox - teacher) of the sampled
-    token, the reverse KL's one-sample estimate (trainer/teacher.py)."""
+    forward without positions), read at batch["positions"]; `settings` the loss's groups (a TrainConfig is
+    one); metrics (`loss_metrics`) are detached 0-d tensors, sums and counts over this micro-batch, so callers add
+    them up across micro-batches without a host synchronisation. With batch["lag"] (N,) (learner version - the
+    sampling version) the rollout-vs-learner k3 is also summed apart for lag-0 and lagged tokens. With
+    batch["teacher_logits"], (N, V) the teacher's logits at the same positions (log-distributions serve as well
+    at T = 1), each token's advantage also gets -distill_coef x (pi_prox - teacher) of the sampled token, the
+    reverse KL's one-sample estimate (trainer/teacher.py)."""
     s = settings
-    correction, loss_agg, ratio_level = s.off_policy_correction, s.loss_agg, s.ratio_level
-    clip_low, clip_high = (s.gspo_clip_low, s.gspo_clip_high) if ratio_level == "sequence" else (s.clip_low, s.clip_high)
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if s.off_policy_correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {CORRECTIONS}, got {s.off_policy_correction!r}")
     if logits.dim() == 3:
         logits = logits[batch["positions"][:, 0], batch["positions"][:, 1]]
-    new_lp, entropy = token_logprobs(logits, batch["targets"], temperature)  # (N,), (N,): no fp32 (N, V) kept
-    old_lp, adv = batch["old_logprobs"], batch["advantages"]
-    log_ratio = new_lp - old_lp  # vs the sampler
-    ratio = torch.exp(log_ratio)
-    prox_lp = (prox_logprobs if prox_logprobs is not None else new_lp).detach()
+    new_lp, entropy = token_logprobs(logits, batch["targets"], s.temperature)  # (N,), (N,): no fp32 (N, V) kept
+    old_lp = batch["old_logprobs"]
+    prox_lp = batch.get("prox_logprobs")
+    prox_lp = (prox_lp if prox_lp is not None else new_lp).detach()
     is_w = torch.exp(prox_lp - old_lp)  # (N,) pi_prox / pi_rollout
-    keep = torch.ones_like(is_w)
-    distilled = {}
-    if teacher_logits is not None:
-        with torch.no_grad():
-            teacher_lp, _ = token_logprobs(teacher_logits, batch["targets"], temperature)
-        sampled_kl = prox_lp - teacher_lp  # (N,), detached: log p_student - log p_teacher at each sampled token
-        adv = (torch.zeros_like(adv) if distill.distill_only else adv) - distill.distill_coef * sampled_kl
-        distilled = distill_metrics(reverse_kl(logits, teacher_logits, temperature), teacher_lp, sampled_kl)
-    if correction != "none":
-        ratio = torch.exp(new_lp - prox_lp)  # value 1 in one-step training; carries the gradient
-    if ratio_level == "sequence":
-        ratio = sequence_ratio(log_ratio, batch) * torch.exp(new_lp - new_lp.detach())  # (N,) GSPO-token
-    elif ratio_level != "token":
-        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    adv, distilled = batch["advantages"], {}
+    if batch.get("teacher_logits") is not None:
+        adv, distilled = distilled_advantages(logits, batch, adv, prox_lp, s)
+    ratio = policy_ratio(new_lp, old_lp, prox_lp, batch, s)
+    clip_low, clip_high = clip_range(s)
+    per_token = clipped_surrogate(ratio, adv, clip_low, clip_high, s.dual_clip)  # (N,)
+    per_token, keep = importance_weighted(per_token, is_w, s)
+    per_token, kl = penalised(per_token, new_lp, entropy, batch, s)
+    loss = aggregate(per_token, batch, s)
+    return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
+                              is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
+                              is_cap=s.is_cap if s.off_policy_correction in ("tis", "decoupled") else None) | distilled
+
+
+def distilled_advantages(logits: torch.Tensor, batch: dict, adv: torch.Tensor, prox_lp: torch.Tensor,
+                         s: Objective) -> tuple[torch.Tensor, dict]:
+    """The teacher's term: each token's advantage (0 under distill_only) - distill_coef x (log pi_prox - log
+    p_teacher) of its sampled token, and the distillation metrics."""
+    teacher_logits = batch["teacher_logits"]
+    with torch.no_grad():
+        teacher_lp, _ = token_logprobs(teacher_logits, batch["targets"], s.temperature)
+    sampled_kl = prox_lp - teacher_lp  # (N,), detached: log p_student - log p_teacher at each sampled token
+    adv = (torch.zeros_like(adv) if s.distill_only else adv) - s.distill_coef * sampled_kl
+    return adv, distill_metrics(reverse_kl(logits, teacher_logits, s.temperature), teacher_lp, sampled_kl)
+
+
+def policy_ratio(new_lp: torch.Tensor, old_lp: torch.Tensor, prox_lp: torch.Tensor, batch: dict,
+                 s: Objective) -> torch.Tensor:
+    """(N,) the ratio the clip acts on: pi / pi_rollout; under a correction pi / pi_prox (value 1 in one-step
+    training, carrying the gradient); under GSPO its sample's geometric mean, the GSPO-token form."""
+    if s.ratio_level == "sequence":
+        return sequence_ratio(new_lp - old_lp, batch) * torch.exp(new_lp - new_lp.detach())
+    if s.ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {s.ratio_level!r}")
+    return torch.exp(new_lp - (old_lp if s.off_policy_correction == "none" else prox_lp))
+
+
+def clip_range(s: Objective) -> tuple[float, float]:
+    """(clip_low, clip_high): the token ratio's, or under GSPO the sequence ratio's."""
+    return (s.gspo_clip_low, s.gspo_clip_high) if s.ratio_level == "sequence" else (s.clip_low, s.clip_high)
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float,
+                      dual_clip: float) -> torch.Tensor:
+    """(N,) PPO's term, max(-A x ratio, -A x clip(ratio)); with dual_clip > 0 bounded by -A x dual_clip for A < 0."""
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(-adv * ratio, -adv * clipped)  # (N,)
-    if s.dual_clip > 0:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * s.dual_clip), per_token)
-    if correction in ("tis", "decoupled"):
-        per_token = per_token * is_w.clamp(max=s.is_cap)
-    elif correction == "mis":
+    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+    if dual_clip > 0:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    return per_token
+
+
+def importance_weighted(per_token: torch.Tensor, is_w: torch.Tensor, s: Objective
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The correction's weight w = pi_prox / pi_rollout on each token's term: tis and decoupled min(w, is_cap);
+    mis w, and 0 where w leaves is_band. Returns the terms and the tokens kept (mis's mask; else all ones)."""
+    keep = torch.ones_like(is_w)
+    if s.off_policy_correction in ("tis", "decoupled"):
+        return per_token * is_w.clamp(max=s.is_cap), keep
+    if s.off_policy_correction == "mis":
         keep = ((is_w >= s.is_band[0]) & (is_w <= s.is_band[1])).float()
-        per_token = per_token * is_w * keep
+        return per_token * is_w * keep, keep
+    return per_token, keep
+
+
+def penalised(per_token: torch.Tensor, new_lp: torch.Tensor, entropy: torch.Tensor, batch: dict, s: Objective
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The terms + kl_coef x the k3 KL to the reference (kl_coef > 0) - entropy_coef x each token's entropy
+    (entropy_coef > 0); returns them and the k3 values (zeros without a KL term)."""
     kl = torch.zeros_like(per_token)
     if s.kl_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs")
-        d = (ref_logprobs - new_lp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        kl = (torch.exp(d) - d - 1.0).clamp(max=KL_MAX)
+        kl = k3_penalty(new_lp, batch)
         per_token = per_token + s.kl_coef * kl
     if s.entropy_coef > 0:
         per_token = per_token - s.entropy_coef * entropy
+    return per_token, kl
 
-    if loss_agg == "token-mean":
-        norm = normalizer if normalizer is not None else per_token.numel()
-        loss = per_token.sum() / max(norm, 1)
-    elif loss_agg == "seq-mean":
-        idx, n_seg = batch["sample_index"], num_samples(batch)
-        seg_sum = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, per_token)
-        seg_len = torch.zeros(n_seg, device=per_token.device).index_add(0, idx, torch.ones_like(per_token))
-        seq_mean = torch.where(seg_len > 0, seg_sum / seg_len.clamp(min=1), 0.0)  # a sample with no tokens adds 0
-        norm = max(normalizer, 1) if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
-        loss = seq_mean.sum() / norm
-    elif loss_agg == "seq-mean-token-sum-norm":
-        norm = normalizer if normalizer is not None else num_samples(batch) * norm_tokens
-        loss = per_token.sum() / max(norm, 1)
-    else:
-        raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {loss_agg!r}")
-    return loss, loss_metrics(batch, ratio=ratio, adv=adv, prox_lp=prox_lp, old_lp=old_lp, entropy=entropy, kl=kl,
-                              is_w=is_w, keep=keep, clip_low=clip_low, clip_high=clip_high,
-                              is_cap=s.is_cap if correction in ("tis", "decoupled") else None) | distilled
+
+def k3_penalty(new_lp: torch.Tensor, batch: dict) -> torch.Tensor:
+    """(N,) the k3 estimate of KL(pi || reference) per token, its log ratio clamped at +-20 and itself at 10."""
+    if batch.get("ref_logprobs") is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    d = (batch["ref_logprobs"] - new_lp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    return (torch.exp(d) - d - 1.0).clamp(max=KL_MAX)
+
+
+def aggregate(per_token: torch.Tensor, batch: dict, s: Objective) -> torch.Tensor:
+    """The micro-batch's loss by loss_agg, over the step's batch["normalizer"] (without one: this batch's own)."""
+    if s.loss_agg not in AGGREGATE:
+        raise ValueError(f"loss_agg must be one of {AGGREGATIONS}, got {s.loss_agg!r}")
+    return AGGREGATE[s.loss_agg](per_token, batch, s)
+
+
+def token_mean(per_token: torch.Tensor, batch: dict, s: Objective) -> torch.Tensor:
+    """Every token weighs the same: the terms' sum / the step's tokens."""
+    norm = batch.get("normalizer")
+    return per_token.sum() / max(norm if norm is not None else per_token.numel(), 1)
+
+
+def seq_mean(per_token: torch.Tensor, batch: dict, s: Objective) -> torch.Tensor:
+    """Every sample weighs the same: each sample's token mean (0 for one with no tokens), summed / the step's
+    samples."""
+    seg_sum, seg_len = per_sample(per_token, batch)
+    means = torch.where(seg_len > 0, seg_sum / seg_len.clamp(min=1), 0.0)
+    normalizer = batch.get("normalizer")
+    norm = max(normalizer, 1) if normalizer is not None else (seg_len > 0).sum().clamp(min=1)
+    return means.sum() / norm
+
+
+def token_sum_norm(per_token: torch.Tensor, batch: dict, s: Objective) -> torch.Tensor:
+    """Dr. GRPO: each sample's token sum / max_new_tokens, summed / the step's samples (one division by both)."""
+    norm = batch.get("normalizer")
+    return per_token.sum() / max(norm if norm is not None else num_samples(batch) * s.max_new_tokens, 1)
+
+
+AGGREGATE = {"token-mean": token_mean, "seq-mean": seq_mean, "seq-mean-token-sum-norm": token_sum_norm}
 
 
 def num_samples(batch: dict) -> int:
@@ -149,13 +215,18 @@ def num_samples(batch: dict) -> int:
     return batch["num_samples"] if "num_samples" in batch else (int(idx.max()) + 1 if idx.numel() else 0)
 
 
+def per_sample(values: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(samples,) each sample's sum of `values` (N,) and its token count."""
+    idx, n_seg = batch["sample_index"], num_samples(batch)
+    seg_sum = torch.zeros(n_seg, device=values.device).index_add(0, idx, values)
+    seg_len = torch.zeros(n_seg, device=values.device).index_add(0, idx, torch.ones_like(values))
+    return seg_sum, seg_len
+
+
 def sequence_ratio(log_ratio: torch.Tensor, batch: dict) -> torch.Tensor:
     """(N,) per token, detached: exp of the mean log ratio of the token's sample (its turn's response)."""
-    idx, n_seg = batch["sample_index"], num_samples(batch)
-    lr = log_ratio.detach()
-    seg_sum = torch.zeros(n_seg, device=lr.device).index_add(0, idx, lr)
-    seg_len = torch.zeros(n_seg, device=lr.device).index_add(0, idx, torch.ones_like(lr))
-    return torch.exp(seg_sum / seg_len.clamp(min=1))[idx]
+    seg_sum, seg_len = per_sample(log_ratio.detach(), batch)
+    return torch.exp(seg_sum / seg_len.clamp(min=1))[batch["sample_index"]]
 
 
 @torch.no_grad()
@@ -191,3 +262,4 @@ def distill_metrics(exact: torch.Tensor, teacher_lp: torch.Tensor, sampled_kl: t
     position (`exact`, trainer/logprobs.py `reverse_kl`), its one-sample estimate the advantage used, and
     log p_teacher of the sampled token."""
     return {"distill_kl": exact.sum(), "distill_kl_sampled": sampled_kl.sum(), "teacher_lp": teacher_lp.sum()}
+

@@ -142,11 +142,9 @@ class PolicyLoss:
             with torch.no_grad():
                 ref_out = score(self.ref_policy, batch)
                 ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-        teacher_logits = self.teacher.logits(batch) if self.teacher is not None else None  # (N, V)
-        out = score(policy, batch)
-        return compute_policy_loss(out.logits, batch, cfg, temperature=cfg.temperature, ref_logprobs=ref_lp,
-                                   normalizer=normalizer, prox_logprobs=prox_lp, norm_tokens=cfg.max_new_tokens,
-                                   teacher_logits=teacher_logits, distill=cfg)
+        read = {"prox_logprobs": prox_lp, "ref_logprobs": ref_lp, "normalizer": normalizer,
+                "teacher_logits": self.teacher.logits(batch) if self.teacher is not None else None}  # (N, V)
+        return compute_policy_loss(score(policy, batch).logits, batch | read, cfg)
 
 
 def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:
