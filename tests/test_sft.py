@@ -11,11 +11,10 @@ from nanorllm.datasets.errors import TaskFileError
 from nanorllm.envs.calc_tool import EXAMPLE, calc
 from nanorllm.envs.tools import tool_schema
 from nanorllm.policy.tool_calls import parse
-from nanorllm.supervised.sft import SFTLoss
 from nanorllm.supervised import sft_data
 from nanorllm.supervised.sft_data import load_sft_rows
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.trainer.loss import token_logprobs
+from nanorllm.trainer.loss import SFTLoss, token_logprobs
 
 SCHEMA = tool_schema("calc_tool.py:calc", calc)
 TOOL_ROW = {"messages": [{"role": "system", "content": "Use the tool."}, *EXAMPLE], "tools": [SCHEMA]}

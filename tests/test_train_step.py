@@ -294,10 +294,10 @@ def test_proximal_logprobs_equal_the_grad_forwards_values(tiny_policy):
 
 
 def test_correction_with_dropout_on_recomputes_the_proximal_logprobs(fresh_tiny_policy, monkeypatch):
-    import nanorllm.trainer.update as update_mod
+    import nanorllm.trainer.loss as loss_mod
     calls = []
-    real = update_mod.proximal_logprobs
-    monkeypatch.setattr(update_mod, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
+    real = loss_mod.proximal_logprobs
+    monkeypatch.setattr(loss_mod, "proximal_logprobs", lambda *a: calls.append(1) or real(*a))
     policy = fresh_tiny_policy
     results = build_results(policy)
     cfg = config(off_policy_correction="tis", disable_dropout=False)

@@ -14,6 +14,7 @@ from nanorllm.algos.groups import group_by_task_id
 from nanorllm.config import ConfigError, TrainConfig, parse_config
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.run.lifecycle import main
+from nanorllm.trainer import loss as loss_module
 from nanorllm.trainer import update as update_module
 from nanorllm.trainer.loss import compute_policy_loss
 from nanorllm.trainer.schedule import lr_at
@@ -238,8 +239,8 @@ def test_epochs_with_a_correction_clip_around_the_batchs_first_policy(tiny_polic
     policy = tiny_policy_factory()
     results = build_results(policy)
     seen, calls = [], []
-    real_loss, real_prox = update_module.compute_policy_loss, update_module.proximal_logprobs
-    monkeypatch.setattr(update_module, "compute_policy_loss", lambda logits, batch, settings: (
+    real_loss, real_prox = loss_module.compute_policy_loss, update_module.proximal_logprobs
+    monkeypatch.setattr(loss_module, "compute_policy_loss", lambda logits, batch, settings: (
         seen.append((batch["prox_logprobs"].clone(), batch["targets"].clone(), logits.detach().clone())),
         real_loss(logits, batch, settings))[1])
     monkeypatch.setattr(update_module, "proximal_logprobs", lambda *a: calls.append(1) or real_prox(*a))

@@ -35,7 +35,7 @@ from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.supervised.demos import demonstration_rows
-from nanorllm.supervised.sft import SFTLoss
+from nanorllm.trainer.loss import SFTLoss
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer, update
 

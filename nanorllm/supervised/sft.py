@@ -7,7 +7,8 @@ The program (flags, checks, learner ranks) is run/sft.py; this is the training i
 Why the RL learner and not a second trainer: the rows are StepSamples rendered as rollouts are
 (supervised/sft_data.py), so the update that trains a rollout batch trains them too, with the same
 micro-batches, packing, precision, LoRA, grad checkpointing and non-finite guard (trainer/update.py); only
-the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`SFTLoss`).
+the micro-batch's loss differs: the mean negative log-likelihood of the trained tokens (`SFTLoss`, beside RL's
+`PolicyLoss` in trainer/loss.py).
 
 Steps: each optimizer step trains --rows-per-step conversations, drawn in a fresh seeded order each epoch
 (--max-steps steps, or as many as --epochs passes make), at RL's learning-rate schedule (--lr-schedule,
@@ -40,7 +41,7 @@ from nanorllm.ranks.group import LearnerRanks
 from nanorllm.ranks.split import split_conversations
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.collate import collate_train_batch
-from nanorllm.trainer.loss import token_logprobs
+from nanorllm.trainer.loss import SFTLoss, token_logprobs
 from nanorllm.trainer.precision import matmul_precision
 from nanorllm.trainer.schedule import lr_at
 from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
@@ -51,24 +52,6 @@ from nanorllm.utils.sinks import parse_report_to
 
 MARKER = "sft.json"
 """The file every model folder SFT writes holds (`sft_record`): what makes an --out folder this program's own."""
-
-
-class SFTLoss:
-    """The loss update() trains SFT's rows with (trainer/update.py; RL's is its PolicyLoss): the mean negative
-    log-likelihood of the step's trained tokens, one grad forward per micro-batch and none before it."""
-
-    proximal = False
-
-    def normalizer(self, step: dict) -> float:
-        """The step's trained tokens over every rank: the loss is their mean."""
-        return max(step["tokens"], 1)
-
-    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
-        """A micro-batch's share of the step's loss, and its metrics as update() sums them (trainer/step_metrics.py)."""
-        logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)
-        loss = -logp.sum() / normalizer
-        zero = loss.detach().new_zeros(())
-        return loss, {"tokens": zero + logp.numel(), "entropy": entropy.detach().sum(), "is_weight_max": zero}
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The loss: `compute_policy_loss(logits, batch, settings)`, the PPO-clipped surrogate against the rollout
-logprobs with its variants.
+logprobs with its variants, and the two micro-batch losses the update trains with: RL's `PolicyLoss` (the forwards
+the objective reads, then it) and supervised fine-tuning's `SFTLoss` (the trained tokens' negative log-likelihood).
 
 `batch` holds the micro-batch's tensors (collate.py's, with the reference's logprobs, pi_prox's and the teacher's
 logits under "ref_logprobs", "prox_logprobs", "teacher_logits" where a run has them, and the step's "normalizer");
@@ -56,12 +57,15 @@ token the learner now finds far likelier than the sampler did cannot own the ste
 ratio to pi_rollout (`none`); with a correction the PPO ratio is 1 and only w, already capped, grows.
 """
 
+from dataclasses import dataclass
 from typing import get_args, get_type_hints
 
 import torch
 
-from nanorllm.config.fields import LossSettings, Objective
+from nanorllm.config.fields import LossSettings, Objective, TrainConfig
+from nanorllm.core.types import StepSample
 from nanorllm.trainer.logprobs import reverse_kl, token_logprobs
+from nanorllm.trainer.update import proximal_logprobs, score
 
 KL_LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
@@ -69,7 +73,7 @@ CORRECTIONS = get_args(get_type_hints(LossSettings)["off_policy_correction"])
 AGGREGATIONS = get_args(get_type_hints(LossSettings)["loss_agg"])
 
 
-__all__ = ["compute_policy_loss", "token_logprobs"]
+__all__ = ["PolicyLoss", "SFTLoss", "compute_policy_loss", "token_logprobs"]
 
 
 def compute_policy_loss(logits: torch.Tensor, batch: dict, settings: Objective):
@@ -263,3 +267,74 @@ def distill_metrics(exact: torch.Tensor, teacher_lp: torch.Tensor, sampled_kl: t
     log p_teacher of the sampled token."""
     return {"distill_kl": exact.sum(), "distill_kl_sampled": sampled_kl.sum(), "teacher_lp": teacher_lp.sum()}
 
+
+@dataclass
+class PolicyLoss:
+    """RL's micro-batch loss, the update's argument (trainer/update.py): the clipped objective over the policy's
+    forward, with the forwards it reads: the frozen reference's (kl_coef > 0), the distillation `teacher`'s
+    (trainer/teacher.py), and pi_prox under a correction: `prox` (id(sample) -> (R,) logprobs,
+    `batch_proximal_logprobs`) when several optimizer steps share a rollout batch, else with dropout on one no-grad
+    forward per micro-batch (with it off the grad forward's own value is pi_prox)."""
+
+    cfg: TrainConfig
+    ref_policy: object = None
+    teacher: object = None
+    prox: dict[int, torch.Tensor] | None = None
+
+    @property
+    def proximal(self) -> bool:
+        """Whether each micro-batch runs a no-grad forward for pi_prox before its grad forward."""
+        return self.prox is None and self.cfg.off_policy_correction != "none" and not self.cfg.disable_dropout
+
+    def normalizer(self, step: dict) -> float:
+        """The step's normaliser by loss_agg: its response tokens (token-mean), its samples (seq-mean), or its
+        samples x max_new_tokens (seq-mean-token-sum-norm, Dr. GRPO: a constant per sample, not its length)."""
+        if self.cfg.loss_agg == "token-mean":
+            return step["tokens"]
+        if self.cfg.loss_agg == "seq-mean-token-sum-norm":
+            return step["samples"] * self.cfg.max_new_tokens
+        return step["samples"]
+
+    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
+        """One micro-batch's forward(s) and loss, with its metrics as tensors: what the objective reads beside the
+        batch's tensors (pi_prox, the reference's and the teacher's forwards, the step's normaliser), then the
+        grad forward and the loss."""
+        batch["lag"] = policy.version - batch["policy_version"]  # (N,)
+        read = {"prox_logprobs": self.prox_logprobs(policy, batch, samples), "ref_logprobs": self.ref_logprobs(batch),
+                "teacher_logits": self.teacher.logits(batch) if self.teacher is not None else None,  # (N, V)
+                "normalizer": normalizer}
+        return compute_policy_loss(score(policy, batch).logits, batch | read, self.cfg)
+
+    def prox_logprobs(self, policy, batch: dict, samples: list[StepSample]) -> torch.Tensor | None:
+        """pi_prox: the batch's first policy's, computed before its steps (token order = sample order), or one no-grad
+        forward; None where the grad forward's own value is pi_prox."""
+        if self.prox is not None:
+            return torch.cat([self.prox[id(s)] for s in samples])
+        return proximal_logprobs(policy, batch, self.cfg.temperature) if self.proximal else None
+
+    def ref_logprobs(self, batch: dict) -> torch.Tensor | None:
+        """The frozen reference's logprobs of the sampled tokens, no grad; None without a KL term."""
+        if self.cfg.kl_coef > 0:
+            with torch.no_grad():
+                lp, _ = token_logprobs(score(self.ref_policy, batch).logits, batch["targets"], self.cfg.temperature)
+            return lp
+        return None
+
+
+class SFTLoss:
+    """Supervised fine-tuning's micro-batch loss (supervised/sft.py), the update's argument as `PolicyLoss` is RL's:
+    the mean negative log-likelihood of the step's trained tokens, one grad forward per micro-batch and none
+    before it."""
+
+    proximal = False
+
+    def normalizer(self, step: dict) -> float:
+        """The step's trained tokens over every rank: the loss is their mean."""
+        return max(step["tokens"], 1)
+
+    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
+        """A micro-batch's share of the step's loss, and its metrics as update() sums them (trainer/step_metrics.py)."""
+        logp, entropy = token_logprobs(score(policy, batch).logits, batch["targets"])  # (N,), (N,)
+        loss = -logp.sum() / normalizer
+        zero = loss.detach().new_zeros(())
+        return loss, {"tokens": zero + logp.numel(), "entropy": entropy.detach().sum(), "is_weight_max": zero}

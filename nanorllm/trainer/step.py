@@ -33,10 +33,11 @@ from nanorllm.algos.groups import drop_failed, flatten_step_samples, group_by_ta
 from nanorllm.core.types import RolloutResult, StepSample
 from nanorllm.ranks.group import ONE_RANK
 from nanorllm.rollout.engine import RolloutEngine
+from nanorllm.trainer.loss import PolicyLoss
 from nanorllm.trainer.precision import matmul_precision
 from nanorllm.trainer.schedule import lr_at
 from nanorllm.trainer.step_metrics import merge_updates, step_metrics
-from nanorllm.trainer.update import PolicyLoss, batch_proximal_logprobs, update
+from nanorllm.trainer.update import batch_proximal_logprobs, update
 
 
 def collect_rollouts(engine: RolloutEngine, tasks: list[dict], num_samples_per_task: int, *,

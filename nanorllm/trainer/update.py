@@ -1,8 +1,8 @@
 """The update: a step's samples -> micro-batches -> (collate -> forward -> loss -> backward) each -> clip
 -> optimizer step, or no step when the loss or the gradient is not finite.
 
-The micro-batch's loss is the update's argument: RL's clipped objective (`PolicyLoss`, which reads the loss,
-episode and distillation fields) or supervised fine-tuning's cross-entropy (supervised/sft.py); the update itself
+The micro-batch's loss is the update's argument (trainer/loss.py): RL's clipped objective (`PolicyLoss`, which reads
+the loss, episode and distillation fields) or supervised fine-tuning's cross-entropy (`SFTLoss`); the update itself
 reads only the learner, optimizer and forward fields, so SFT's config holds no RL field. Gradients accumulate
 against the whole step's normaliser (the loss's, from the token and sample counts over every learner
 rank), so the update equals one big batch whatever the micro-batching. The forward runs in eval mode
@@ -23,17 +23,16 @@ trainer/precision.py).
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from nanorllm.config.fields import AdamWSettings, Learner, LearnerForward, TrainConfig
+from nanorllm.config.fields import AdamWSettings, Learner, LearnerForward
 from nanorllm.core.types import StepSample
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.held_weights import held_weights
-from nanorllm.trainer.loss import compute_policy_loss, token_logprobs
+from nanorllm.trainer.logprobs import token_logprobs
 from nanorllm.trainer.micro_batches import micro_batches, step_max_pad_frac, step_micro_batch_tokens
 from nanorllm.trainer.step_metrics import StepSums
 
@@ -61,10 +60,10 @@ def score(policy, batch: dict):
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
            cfg: Learner | AdamWSettings | LearnerForward, *, ranks: LearnerRanks, loss,
            host: dict[str, float]) -> dict[str, float]:
-    """Train on this rank's `samples` (whole episodes) with `loss`: RL's `PolicyLoss`, or supervised fine-tuning's
-    (supervised/sft.py), each a micro-batch's (loss, metrics) from (policy, batch, its samples, the step's
-    normaliser), with `normalizer(step counts)` and `proximal` (whether it runs a no-grad forward first). Returns
-    the step's sums over all ranks (with `host`'s counts), the gradient norm and `skipped_nan`, as numbers."""
+    """Train on this rank's `samples` (whole episodes) with `loss` (trainer/loss.py): RL's `PolicyLoss`, or
+    supervised fine-tuning's `SFTLoss`, each a micro-batch's (loss, metrics) from (policy, batch, its samples, the
+    step's normaliser), with `normalizer(step counts)` and `proximal` (whether it runs a no-grad forward first).
+    Returns the step's sums over all ranks (with `host`'s counts), the gradient norm and `skipped_nan`, as numbers."""
     optimizer.zero_grad(set_to_none=True)
     # The whole step's counts, over every rank's share: N ranks normalise as one would.
     step = ranks.all_sum({"samples": len(samples), "tokens": sum(len(s.response_ids) for s in samples)})
@@ -99,52 +98,6 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
         optimizer.zero_grad(set_to_none=True)
     n["micro_batches"] = len(chunks)
     return n
-
-
-@dataclass
-class PolicyLoss:
-    """RL's micro-batch loss: the clipped objective (trainer/loss.py) over the policy's forward, with the forwards
-    it reads: the frozen reference's (kl_coef > 0), the distillation `teacher`'s (trainer/teacher.py), and pi_prox
-    under a correction: `prox` (id(sample) -> (R,) logprobs, `batch_proximal_logprobs`) when several optimizer
-    steps share a rollout batch, else with dropout on one no-grad forward per micro-batch (with it off the grad
-    forward's own value is pi_prox)."""
-
-    cfg: TrainConfig
-    ref_policy: object = None
-    teacher: object = None
-    prox: dict[int, torch.Tensor] | None = None
-
-    @property
-    def proximal(self) -> bool:
-        """Whether each micro-batch runs a no-grad forward for pi_prox before its grad forward."""
-        return self.prox is None and self.cfg.off_policy_correction != "none" and not self.cfg.disable_dropout
-
-    def normalizer(self, step: dict) -> float:
-        """The step's normaliser by loss_agg: its response tokens (token-mean), its samples (seq-mean), or its
-        samples x max_new_tokens (seq-mean-token-sum-norm, Dr. GRPO: a constant per sample, not its length)."""
-        if self.cfg.loss_agg == "token-mean":
-            return step["tokens"]
-        if self.cfg.loss_agg == "seq-mean-token-sum-norm":
-            return step["samples"] * self.cfg.max_new_tokens
-        return step["samples"]
-
-    def __call__(self, policy, batch: dict, samples: list[StepSample], normalizer: float) -> tuple[torch.Tensor, dict]:
-        """One micro-batch's forward(s) and loss, with its metrics as tensors."""
-        cfg = self.cfg
-        batch["lag"] = policy.version - batch["policy_version"]  # (N,)
-        prox_lp = None
-        if self.prox is not None:  # the batch's first policy, computed before its steps; token order = sample order
-            prox_lp = torch.cat([self.prox[id(s)] for s in samples])
-        elif self.proximal:
-            prox_lp = proximal_logprobs(policy, batch, cfg.temperature)
-        ref_lp = None
-        if cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_out = score(self.ref_policy, batch)
-                ref_lp, _ = token_logprobs(ref_out.logits, batch["targets"], cfg.temperature)
-        read = {"prox_logprobs": prox_lp, "ref_logprobs": ref_lp, "normalizer": normalizer,
-                "teacher_logits": self.teacher.logits(batch) if self.teacher is not None else None}  # (N, V)
-        return compute_policy_loss(score(policy, batch).logits, batch | read, cfg)
 
 
 def batch_proximal_logprobs(policy, samples: list[StepSample], cfg, *, ranks: LearnerRanks) -> dict[int, torch.Tensor]:
