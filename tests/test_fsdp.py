@@ -105,7 +105,7 @@ def test_a_killed_sharded_rank_stops_the_run_and_writes_no_partial_checkpoint(tm
     trained = max(int(s) for s in re.findall(r"^step (\d+)/8", out, re.M))
     saved = checkpoint_steps(tmp_path / "fsdp_kill")
     assert saved and all(s % 2 == 0 for s in saved) and saved[-1] <= trained
-    assert not list((tmp_path / "fsdp_kill" / "checkpoints").glob(".tmp-*"))
+    assert not list((tmp_path / "fsdp_kill" / "checkpoints").glob("*tmp*"))
     if saved[-1] < trained:  # the last completed step could not be saved: said so, with the one that stands
         why = re.search(r"\[checkpoint\] (?:step \d+ )?not written: (.*)$", out, re.M)
         assert why, out[-3000:]

@@ -97,7 +97,8 @@ def test_resume_continues_like_an_uninterrupted_run(serial_runs, tmp_path, lengt
 @pytest.mark.slow
 def test_damaged_checkpoints_are_skipped_on_resume(serial_runs, tmp_path, length_rule_grader, capsys):
     run = copy_run(Path(serial_runs["part"]), tmp_path)
-    (run / "checkpoints" / ".tmp-step_3-999").mkdir()  # a crash mid-write
+    (run / "checkpoints" / "step_3.tmp").mkdir()  # a crash mid-write
+    (run / "checkpoints" / ".tmp-step_3-999").mkdir()  # the same, under the name older versions wrote
     st = run / "checkpoints" / "step_2" / "model" / "model.safetensors"
     st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])  # truncated
     (run / "rollouts.jsonl.tmp").write_text('{"step": 9')  # and a dump cut short
@@ -105,8 +106,8 @@ def test_damaged_checkpoints_are_skipped_on_resume(serial_runs, tmp_path, length
     assert main(["--resume", str(run), "--max-steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "[resume] config from" in out and "trainer_state.json" in out  # the checkpoint's copy
-    assert "removed .tmp-step_3-999" in out and "removed rollouts.jsonl.tmp" in out
-    assert not (run / "rollouts.jsonl.tmp").exists() and not list((run / "checkpoints").glob(".tmp-*"))
+    assert "removed step_3.tmp" in out and "removed .tmp-step_3-999" in out and "removed rollouts.jsonl.tmp" in out
+    assert not (run / "rollouts.jsonl.tmp").exists() and not list((run / "checkpoints").glob("*tmp*"))
     assert json.loads((run / "config.json").read_text())["max_steps"] == 3  # rewritten whole
     assert "skipping" in out and "step_2" in out and "from " + str(run / "checkpoints" / "step_1") in out
     state = json.loads((run / "checkpoints" / "step_3" / "trainer_state.json").read_text())
@@ -183,7 +184,7 @@ def test_a_full_disk_at_a_periodic_save_is_reported_and_retried_while_the_run_go
     out = capsys.readouterr().out
     assert "[checkpoint] step 2 not written (OSError: [Errno 28] No space left on device" in out
     assert "the last one on disk is step_1" in out and "step 3/3" in out
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_3"]  # no .tmp-* left
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_3"]  # no step_2.tmp left
 
 
 def _task_file(path, n):

@@ -446,7 +446,7 @@ def disk_full(out: Path) -> list[Outcome]:
     rc = run.wait()
     d = out / "disk_full" / "checkpoints"
     o = Outcome("disk full at a periodic save", None, rc == 0 and "step 2 not written" in run.output()
-                and checkpoint_steps(out / "disk_full") == [4, 6] and not list(d.glob(".tmp-*")))
+                and checkpoint_steps(out / "disk_full") == [4, 6] and not list(d.glob("*tmp*")))
     return [_finish(o, run, out / "disk_full", shm)]
 
 

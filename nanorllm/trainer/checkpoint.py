@@ -16,8 +16,8 @@ drawn at (`<task_id>@<position>`), and steps train the stream in order, so "trai
 a pipeline had later steps in flight or a stop interrupted a rollout: those groups are drawn again
 on resume and trained once.
 
-Written under a temporary name; the files, the manifest and the directory are fsynced, and only
-then is it renamed: a crash or a full disk mid-write never leaves a directory that looks like a
+Written under a temporary name (`step_<N>.tmp`, utils/files.py write_folder_atomic); the files, the
+manifest and the directory are fsynced, and only then is it renamed: a crash or a full disk mid-write never leaves a directory that looks like a
 checkpoint. On resume every file is checked against the manifest before anything is parsed, so a
 checkpoint damaged later (a file cut short, overwritten, emptied) is reported in one line and the
 previous one is used; the damaged one is set aside as `damaged-step_<N>/`, so that --keep-checkpoints
@@ -38,7 +38,7 @@ import torch
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.utils.faults import fault
-from nanorllm.utils.files import fsync_dir
+from nanorllm.utils.files import fsync_dir, write_folder_atomic
 
 PREFIX = "step_"
 FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
@@ -65,10 +65,12 @@ def list_complete(run_dir: Path) -> list[Path]:
 
 
 def clean_stale(run_dir: Path) -> list[Path]:
-    """Remove what a process that died mid-write left in `run_dir`: `checkpoints/.tmp-*` folders and
-    `*.tmp` files. Only the holder of the run folder's lock may call it: nobody else writes there."""
+    """Remove what a process that died mid-write left in `run_dir`: `checkpoints/step_<N>.tmp` folders (and
+    `.tmp-*`, the name older versions wrote them under) and `*.tmp` files and folders. Only the holder of the run
+    folder's lock may call it: nobody else writes there."""
     run_dir = Path(run_dir)
-    stale = sorted(checkpoints_dir(run_dir).glob(".tmp-*")) + sorted(run_dir.glob("*.tmp"))
+    ckpts = checkpoints_dir(run_dir)
+    stale = sorted([*ckpts.glob("*.tmp"), *ckpts.glob(".tmp-*")]) + sorted(run_dir.glob("*.tmp"))
     for p in stale:
         if p.is_dir():
             shutil.rmtree(p)
@@ -84,12 +86,8 @@ def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalP
     fields as saved (TrainConfig.saved()); `stream_position`: before `step`'s tasks were drawn;
     `stream_origin` and `task_order`: where the current task order's epoch 0 began, and its fingerprint;
     `sampler`: the task sampler's state (the signal sampler's estimates; empty or None: none is written)."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step}"
-    tmp = root / f".tmp-{PREFIX}{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    final = checkpoints_dir(run_dir) / f"{PREFIX}{step}"
+    final.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step, "stream_position": stream_position,
         "python_rng": _jsonable(random.getstate()), "totals": totals, "config": config,
@@ -97,15 +95,7 @@ def save(run_dir: Path, step: int, *, config: dict, keep: int, policy: HFCausalP
     }
     if sampler:
         state["sampler"] = sampler
-    try:
-        _write(tmp, step, policy, optimizer_state, state)
-    except BaseException:  # a full disk, a stop: no half-written folder stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    fsync_dir(root)
+    write_folder_atomic(final, lambda tmp: _write(tmp, step, policy, optimizer_state, state))
     prune(run_dir, keep)
     return final
 
