@@ -31,7 +31,7 @@ def run_sft(cfg: SFTConfig) -> list[dict]:
     try:
         train_sft(run, start, say=lambda _: None)
     finally:
-        run.logger.close()
+        run.folder.close()
     return [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

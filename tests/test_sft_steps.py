@@ -17,7 +17,7 @@ from test_sft_run import ROWS, run_sft
 def rows_run(n_rows: int, **settings) -> SFTRun:
     """A run of `n_rows` rows (each its own index) whose steps and rows are asked, nothing loaded."""
     cfg = SFTConfig(**{**SFT_DEFAULTS, "data": "rows.jsonl", "out": "out", **settings})
-    return SFTRun(cfg, None, None, [[i] for i in range(n_rows)], [], None, None)
+    return SFTRun(cfg, None, None, [[i] for i in range(n_rows)], [], None)
 
 
 def test_max_steps_is_the_number_of_steps_and_reads_the_rows_as_many_times_as_it_takes():

@@ -11,11 +11,11 @@ lifeline, a torchrun rank when the agent ends the group or a collective fails.
 
 from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.pipeline.messages import WorkerStart
-from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.reference import reference_policy
 from nanorllm.trainer.teacher import load_teacher
 from nanorllm.trainer.step import train_step
+from nanorllm.trainer.trainable import load_trainable
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 
@@ -26,10 +26,7 @@ def follow(ranks: LearnerRanks, devices: DeviceMap | None = None) -> int:
     start = ranks.broadcast()  # rank 0's config, after its resume and flag overrides
     cfg = start["cfg"]
     configure_threads(ranks.device, cfg.threads, start["processes"])
-    policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
-                                      lora=start["lora"])  # adapters: rank 0's reach it in attach
-    if cfg.grad_checkpointing:
-        policy.enable_grad_checkpointing()
+    policy = load_trainable(cfg, device=ranks.device, lora=start["lora"])  # rank 0's weights come in attach
     ref_policy = reference_policy(policy, cfg, ranks.device, start["reference_model"])
     teacher = load_teacher(cfg, str(ranks.device))
     optimizer = make_optimizer(policy, cfg)

@@ -18,10 +18,11 @@ from nanorllm.config.specs import lora_spec
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.memory.plan import MemoryPlanError, check_plan
 from nanorllm.memory.sft import plan_sft
-from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.ranks.group import LearnerRanks, RankError, under_torchrun, where_line
 from nanorllm.run.ranks import check_parallel, start_ranks
 from nanorllm.supervised import sft
+from nanorllm.trainer.checkpoint import CheckpointError
+from nanorllm.trainer.trainable import load_trainable
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.children import socket_folder_problem
 from nanorllm.utils.devices import DeviceError, configure_threads, resolve_devices
@@ -54,8 +55,8 @@ def main(argv: list[str]) -> int:
         print(f"[precision] {cfg.dtype}: {precision.why}", flush=True)
         run, start = sft.start_run(cfg, lambda policy: sft.sft_rows(cfg, policy), device=devices.learner,
                                    processes=len(devices.learners))
-    except (TaskFileError, EnvSpecError, MemoryPlanError, DeviceError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (TaskFileError, EnvSpecError, MemoryPlanError, DeviceError, CheckpointError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)  # FileExistsError: the run folder is another run's, or in use
         return 2
     except ConfigError as e:
         print("\n".join(f"error: {p}" for p in e.problems), file=sys.stderr)
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
         print(f"[failed] {e}; the last checkpoint in {run.run_dir} stands (--resume it)", file=sys.stderr)
         return 1
     finally:
-        run.logger.close()
+        run.folder.close()
         if ranks is not None:
             ranks.close()
     print(f"[sft] model written to {cfg.out}")
@@ -84,10 +85,7 @@ def follow_sft(ranks: LearnerRanks) -> int:
     its share of every step (or join a collective rank 0 runs between steps) until rank 0 releases it."""
     cfg, steps = ranks.broadcast()  # the run's steps: its learning-rate schedule ends there
     configure_threads(ranks.device, cfg.threads, ranks.world)
-    policy = HFCausalPolicy.from_name(cfg.model, device=ranks.device, dtype=cfg.dtype, seed=cfg.seed,
-                                      lora=lora_spec(cfg))  # rank 0's weights (a resumed run's too) come in attach
-    if cfg.grad_checkpointing:
-        policy.enable_grad_checkpointing()
+    policy = load_trainable(cfg, device=ranks.device, lora=lora_spec(cfg))  # rank 0's weights come in attach
     optimizer = make_optimizer(policy, cfg)
     ranks.parallel = cfg.learner_parallel
     ranks.attach(policy, optimizer)

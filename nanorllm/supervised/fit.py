@@ -16,7 +16,6 @@ import math
 import random
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -28,12 +27,11 @@ from nanorllm.supervised.data import RewardDataError, pairs_from_labelled, read_
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.micro_batches import device_max_pad_frac, device_micro_batch_tokens, length_chunks
 from nanorllm.trainer.precision import matmul_precision
+from nanorllm.trainer.run_folder import InRunFolder, RunFolder, run_name_now
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_atomic, write_folder_atomic
-from nanorllm.utils.logger import RunLogger
 from nanorllm.utils.outputs import OutputPath, output_problems
 from nanorllm.utils.precision import resolve as resolve_precision
-from nanorllm.utils.sinks import parse_report_to
 
 
 class FitError(RuntimeError):
@@ -202,7 +200,7 @@ class Classifier:
 
 
 @dataclass
-class FitRun:
+class FitRun(InRunFolder):
     """A fit's rows (shuffled, split), its model and optimizer, its run folder and sinks, and the steps so far."""
 
     cfg: FitConfig
@@ -213,8 +211,7 @@ class FitRun:
     model: object
     tokenizer: object
     optimizer: torch.optim.Optimizer
-    run_dir: Path
-    logger: RunLogger
+    folder: RunFolder  # locked; its sinks open
     losses: list[float]
 
     @property
@@ -242,23 +239,24 @@ def start_fit(cfg: FitConfig, say=print) -> FitRun:
     held = int(len(rows) * cfg.eval_frac)
     device = fit_device(cfg)
     torch.manual_seed(cfg.seed)
-    run_dir = Path(cfg.resume) if cfg.resume else Path(cfg.output_dir) / (
-        cfg.run_name or f"{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    ckpt, state = checkpoint.load_latest(run_dir) if cfg.resume else (None, None)
-    model, tokenizer = load_classifier(str(ckpt / "model") if state else cfg.model)
-    model.to(device)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
-    if state:
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    logger = RunLogger(run_dir, purge_step=state["step"] + 1 if state else None,
-                       report_to=parse_report_to(cfg.report_to), config=asdict(cfg))
-    say(f"[fit] {len(rows) - held} {kind} rows to fit, {held} held out on {device}, run folder {run_dir}")
-    return FitRun(cfg, kind, rows[held:], rows[:held], rng, model, tokenizer, optimizer, run_dir, logger,
-                  list(state["totals"]["losses"]) if state else [])
+    folder = RunFolder.open(cfg.output_dir, cfg.run_name, resume=cfg.resume or None, say=say,
+                            default_name=run_name_now(cfg.exp_name, cfg.seed))
+    try:
+        model, tokenizer = load_classifier(folder.resumed_model or cfg.model)
+        model.to(device)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay)
+        if folder.state:
+            optimizer.load_state_dict(folder.state["optimizer"])
+            torch.set_rng_state(folder.state["rng"]["torch"])
+        folder.write_config(asdict(cfg))
+        folder.open_sinks(cfg.report_to, asdict(cfg))
+    except BaseException:
+        folder.close()
+        raise
+    say(f"[fit] {len(rows) - held} {kind} rows to fit, {held} held out on {device}, run folder {folder.path}")
+    return FitRun(cfg, kind, rows[held:], rows[:held], rng, model, tokenizer, optimizer, folder,
+                  list(folder.state["totals"]["losses"]) if folder.state else [])
 
 
 def save_checkpoint(run: FitRun, step: int) -> Path:
@@ -286,7 +284,7 @@ def fit(cfg: FitConfig, say=print) -> dict:
     try:
         return train_fit(run, say)
     finally:
-        run.logger.close()
+        run.folder.close()
 
 
 def train_fit(run: FitRun, say=print) -> dict:

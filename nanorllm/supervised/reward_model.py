@@ -10,6 +10,7 @@ import tyro
 
 from nanorllm.rewards.model import reward_model_problems
 from nanorllm.supervised.data import RewardDataError, read_rows
+from nanorllm.config.errors import ConfigError
 from nanorllm.config.fit import FIT_DEFAULTS, FitConfig, problems
 from nanorllm.supervised.fit import FitError, fit, fit_device, out_problems, score_rows, write_pairs
 from nanorllm.supervised.labels import sample_rows
@@ -59,6 +60,10 @@ def main(argv: list[str], description: str | None = None) -> int:
             run(cfg)
     except RewardDataError as e:
         bad = e.problems
+    except ConfigError as e:  # the run folder cannot be made
+        bad = e.problems
+    except FileExistsError as e:  # the run folder is another run's, or in use
+        bad = [str(e)]
     except (FitError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -25,13 +25,11 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from nanorllm.config.errors import cannot_load
 from nanorllm.config.sft import SFTConfig
 from nanorllm.config.specs import lora_spec
 from nanorllm.core.types import StepSample
@@ -43,28 +41,28 @@ from nanorllm.trainer import checkpoint
 from nanorllm.trainer.collate import collate_train_batch
 from nanorllm.trainer.loss import SFTLoss, token_logprobs
 from nanorllm.trainer.precision import matmul_precision
+from nanorllm.trainer.run_folder import InRunFolder, RunFolder, run_name_now
 from nanorllm.trainer.schedule import lr_at
+from nanorllm.trainer.trainable import load_trainable
 from nanorllm.trainer.update import make_optimizer, score, step_micro_batches, update
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.files import write_folder_atomic
-from nanorllm.utils.logger import RunLogger
-from nanorllm.utils.sinks import parse_report_to
 
 MARKER = "sft.json"
 """The file every model folder SFT writes holds (`sft_record`): what makes an --out folder this program's own."""
 
 
 @dataclass
-class SFTRun:
-    """What a run holds: its policy and optimizer, its rows (train and held out), its folder and sinks."""
+class SFTRun(InRunFolder):
+    """What a run holds: its policy and optimizer, its rows (train and held out), its folder and sinks (`close`
+    them when done: trainer/run_folder.py)."""
 
     cfg: SFTConfig
     policy: HFCausalPolicy
     optimizer: torch.optim.Optimizer
     train: list[list[StepSample]]
     held_out: list[list[StepSample]]
-    run_dir: Path
-    logger: RunLogger
+    folder: RunFolder  # locked; its sinks open
 
     @property
     def steps(self) -> int:
@@ -238,40 +236,30 @@ def learner_device(devices: str) -> str:
 
 def start_run(cfg: SFTConfig, rows_for, say=print, *, device: str | None = None, processes: int = 1
               ) -> tuple[SFTRun, int]:
-    """Load the policy on `device` (default: --devices' first; from the checkpoint when resuming), render the rows
-    (`rows_for(policy)`), make the run folder and sinks; returns the run and the step it starts at. `processes`:
-    the learner ranks sharing this machine's cores."""
+    """Open the run folder (trainer/run_folder.py: locked; on --resume its newest checkpoint), load the policy on
+    `device` (default: --devices' first) from it, render the rows (`rows_for(policy)`), open the sinks; returns the
+    run and the step it starts at. `processes`: the learner ranks sharing this machine's cores. A failure on the way
+    (bad rows) leaves a new run's folder as it found it."""
     device = device or learner_device(cfg.devices)
     configure_threads(device, cfg.threads, processes)
     torch.manual_seed(cfg.seed)
-    resume = cfg.resume
-    run_dir = Path(resume) if resume else Path(cfg.output_dir) / (
-        cfg.run_name or f"{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    state, ckpt = None, None
-    if resume:
-        ckpt, state = checkpoint.load_latest(run_dir)
-    lora = lora_spec(cfg)
-    name = str(ckpt / "model") if state and lora is None else cfg.model
+    folder = RunFolder.open(cfg.output_dir, cfg.run_name, resume=cfg.resume or None, say=say,
+                            default_name=run_name_now(cfg.exp_name, cfg.seed))
     try:
-        policy = HFCausalPolicy.from_name(name, device=device, dtype=cfg.dtype, seed=cfg.seed, lora=lora,
-                                          adapter=str(ckpt / "model") if state and lora else None)
-    except (OSError, ValueError) as e:
-        raise cannot_load("model", name, e, "--model") from None
-    if cfg.grad_checkpointing:
-        policy.enable_grad_checkpointing()
-    train, held_out = split_rows(rows_for(policy), cfg.eval_frac, cfg.seed)
-    optimizer = make_optimizer(policy, cfg)
-    start = 0
-    if state:
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        start = policy.version = state["step"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.saved(), indent=2) + "\n")
-    logger = RunLogger(run_dir, purge_step=start + 1 if state else None, report_to=parse_report_to(cfg.report_to),
-                       config=cfg.saved())
-    say(f"[sft] {len(train)} rows ({len(held_out)} held out), run folder {run_dir}")
-    return SFTRun(cfg, policy, optimizer, train, held_out, run_dir, logger), start
+        policy = load_trainable(cfg, device=device, lora=lora_spec(cfg), resumed=folder.resumed_model)
+        train, held_out = split_rows(rows_for(policy), cfg.eval_frac, cfg.seed)
+        optimizer = make_optimizer(policy, cfg)
+        if folder.state:
+            optimizer.load_state_dict(folder.state["optimizer"])
+            torch.set_rng_state(folder.state["rng"]["torch"])
+            policy.version = folder.start_step
+        folder.write_config(cfg.saved())
+        folder.open_sinks(cfg.report_to, cfg.saved())
+    except BaseException:
+        folder.close()
+        raise
+    say(f"[sft] {len(train)} rows ({len(held_out)} held out), run folder {folder.path}")
+    return SFTRun(cfg, policy, optimizer, train, held_out, folder), folder.start_step
 
 
 def sft_rows(cfg: SFTConfig, policy: HFCausalPolicy) -> list[list[StepSample]]:

@@ -20,7 +20,6 @@ import json
 import random
 import time
 from dataclasses import asdict, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +28,6 @@ from tqdm import tqdm
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.config import ConfigError, TrainConfig, format_config
-from nanorllm.config.errors import cannot_load
 from nanorllm.config.fields import DTYPE_CHOICE
 from nanorllm.config.specs import sampler_spec, sampling_params
 from nanorllm.core.types import RolloutResult
@@ -49,24 +47,23 @@ from nanorllm.trainer.evaluate import evaluate, evaluate_sampled, json_ready, su
 from nanorllm.trainer.metrics import grader_timeouts, rollout_metrics
 from nanorllm.trainer.parity import startup_parity_line
 from nanorllm.trainer.reference import reference_policy
+from nanorllm.trainer.run_folder import RunFolder, run_name_now
 from nanorllm.trainer.teacher import Teacher, load_teacher
-from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.step_metrics import derived_metrics
+from nanorllm.trainer.trainable import load_trainable
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.devices import DeviceMap, configure_threads
 from nanorllm.utils.faults import before_update, fault
 from nanorllm.utils.files import write_atomic, write_folder_atomic
 from nanorllm.utils.startup import StartupClock
 from nanorllm.utils.logger import RunLogger
-from nanorllm.utils.sinks import parse_report_to
 
 
 def default_run_name(cfg: TrainConfig) -> str:
-    tasks = Path(cfg.tasks).stem if not cfg.tasks.startswith("arith") else "arith"
-    return f"{tasks}__{cfg.exp_name}__{cfg.seed}__{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return run_name_now("arith" if cfg.tasks.startswith("arith") else Path(cfg.tasks).stem, cfg.exp_name, cfg.seed)
 
 
 class TrainedNothing(RuntimeError):
@@ -121,14 +118,14 @@ class TrainingRun:
         self.eval_tasks: list[dict] = []
         self.eval_sets: dict[str, list[dict]] = {}  # --eval-set name=spec: evaluated, not removed from training
         self.task_order: dict | None = None  # the fingerprint checkpoints carry (trainer/fingerprint.py)
-        self.run_dir: Path | None = None
-        self.lock: RunLock | None = None  # held from before the folder is touched until cleanup's end
+        self.folder: RunFolder | None = None  # locked from before it is touched until cleanup's end
+        self.run_dir: Path | None = None  # the folder's path
         self.policy: HFCausalPolicy | None = None
         self.ref_policy = None  # only with kl_coef > 0: a frozen copy, or under LoRA the adapters off (reference.py)
         self.teacher: Teacher | None = None  # only with --teacher: the frozen model distilled from (teacher.py)
         self.optimizer: torch.optim.Optimizer | None = None
         self.stream: TaskStream | None = None
-        self.logger: RunLogger | None = None  # None: nothing written yet, nothing to save or close
+        self.logger: RunLogger | None = None  # the folder's sinks; None: nothing written yet, nothing to save
         self.last_save_t = time.monotonic()
 
     # ---- setup -----------------------------------------------------------------------------
@@ -145,42 +142,16 @@ class TrainingRun:
         self.train_tasks, self.eval_tasks = parts.train_tasks, parts.eval_tasks
         self.totals["dropped_heldout"], self.task_order = parts.dropped_heldout, parts.task_order
         self.eval_sets = parts.eval_sets
-        state = None
-        run_dir = Path(self.resume_dir or Path(cfg.output_dir) / (cfg.run_name or default_run_name(cfg)))
-        self.run_dir = run_dir.absolute()  # a user's code that changes directory (a tool, a reward) moves none of it
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError([f"output_dir: cannot create {self.run_dir} ({type(e).__name__}: {e.strerror or e})"],
-                              "--output-dir / --run-name") from None
-        self.lock = RunLock(self.run_dir).acquire()  # before anything in the folder is read, cleaned or written
-        if self.resume_dir:
-            for p in checkpoint.clean_stale(self.run_dir):
-                self.say(f"[resume] removed {p.name}, left by a process that died while writing it")
-            ckpt_dir, state = checkpoint.load_latest(self.run_dir)
+        self.folder = RunFolder.open(cfg.output_dir, cfg.run_name, resume=self.resume_dir, say=self.say,
+                                     default_name=default_run_name(cfg))  # locked before it is read or written
+        self.run_dir, state = self.folder.path, self.folder.state
+        if state:
             self.check_resumable(state)
-            model_source = str(ckpt_dir / "model")
-        else:
-            if any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
-                raise FileExistsError(f"{self.run_dir} exists and is not empty; use --resume {self.run_dir} "
-                                      "to continue it or choose another --run-name")
-            model_source = cfg.model
         if self.devices.learner.startswith("cuda"):  # as every worker and rank does: allocations we do not
             torch.cuda.set_device(self.devices.learner)  # place, and streams, land on the learner's GPU
-        lora = parts.lora
-        try:
-            if lora is None:
-                self.policy = HFCausalPolicy.from_name(model_source, device=self.devices.learner, dtype=cfg.dtype,
-                                                       seed=cfg.seed)
-            else:  # the base from --model, the adapters from the checkpoint on resume
-                self.policy = HFCausalPolicy.from_name(cfg.model, device=self.devices.learner, dtype=cfg.dtype,
-                                                       seed=cfg.seed, lora=lora,
-                                                       adapter=model_source if state else None)
-        except (OSError, ValueError) as e:
-            raise cannot_load("model", model_source, e, "--model") from None
+        self.policy = load_trainable(cfg, device=self.devices.learner, lora=parts.lora,
+                                     resumed=self.folder.resumed_model)
         self.policy.graphs_enabled = cfg.cuda_graphs
-        if cfg.grad_checkpointing:
-            self.policy.enable_grad_checkpointing()
         self.clock.lap("model")
         self.say(trainable_line(self.policy))
         self.check_prompt_lengths()
@@ -206,9 +177,7 @@ class TrainingRun:
         self.ranks.broadcast({"cfg": cfg, "env_spec": parts.env_spec, "lora": parts.lora,
                               "processes": self.processes(), "start_step": self.start_step,
                               "reference_model": cfg.model if not state else state["reference_model"]})
-        self.logger = RunLogger(self.run_dir, dump_size=cfg.rollout_dump_size,
-                                purge_step=self.start_step + 1 if state else None,
-                                report_to=parse_report_to(cfg.report_to), config=cfg.saved())
+        self.logger = self.folder.open_sinks(cfg.report_to, cfg.saved(), dump_size=cfg.rollout_dump_size)
         self.say(format_config(cfg).replace("|-|-|\n", ""))
         self.say(describe(self.env))
         self.say(f"[precision] {cfg.dtype}: {self.parts.precision}")
@@ -221,7 +190,7 @@ class TrainingRun:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.last_save_t = time.monotonic()
         saved = {**cfg.saved(), DTYPE_CHOICE: first_choice(self.run_dir, cfg.dtype) or self.parts.precision}
-        write_atomic(self.run_dir / "config.json", json.dumps(saved, indent=2) + "\n")  # setup succeeded
+        self.folder.write_config(saved)  # setup succeeded
         self.clock.lap("setup")  # reference, teacher, optimizer, resume, run folder and logs
 
     def check_prompt_lengths(self) -> None:
@@ -581,10 +550,8 @@ class TrainingRun:
         write_folder_atomic(self.run_dir / "final_model", write)
 
     def cleanup(self) -> None:
-        if self.logger is not None:
-            self.logger.close()
-        if self.lock is not None:
-            self.lock.release()  # last: the run's final writes happen under it
+        if self.folder is not None:
+            self.folder.close()  # the sinks, then the lock: the run's final writes happen under it
 
 
 def first_choice(run_dir: Path, dtype: str) -> str | None:
