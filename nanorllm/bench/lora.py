@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from nanorllm.bench.record import median, record_run
+from nanorllm.bench.spawned import spawned_answer
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.config.specs import task_specs

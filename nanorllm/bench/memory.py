@@ -44,7 +44,8 @@ def children(pid: int) -> list[int]:
 def measure(flags: list[str]) -> dict:
     """Plan and peaks of one run of launch/train.py with `flags`."""
     cfg, _, _, env = parse_train_args(flags)
-    plan = plan_run(assemble(cfg, env=env))
+    parts = assemble(cfg, env=env)
+    plan = plan_run(parts)
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "console.txt", "w+")
         keep = "--output-dir" in flags or any(f.startswith("--output-dir=") for f in flags)  # the run folder is kept
@@ -64,7 +65,7 @@ def measure(flags: list[str]) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"the run exited {proc.returncode}:\n{err[-2000:]}")
     learner = peaks.pop(proc.pid)
-    workers = sorted(peaks.values(), reverse=True)[:len(devices.workers)]
+    workers = sorted(peaks.values(), reverse=True)[:len(parts.devices.workers)]
     rows = [{"process": "learner", "planned_gb": plan.processes[0].total / GB, "measured_gb": learner / GB}]
     for i, (p, m) in enumerate(zip(plan.processes[1:], workers)):
         rows.append({"process": f"worker {i}", "planned_gb": (p.total + plan.shm_bytes) / GB, "measured_gb": m / GB})
