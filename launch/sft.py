@@ -11,7 +11,7 @@ hf:NAME. Bad flags or rows: one line each naming the flag, or the file and line;
 
 import sys
 
-from nanorllm.run.sft import main
+from nanorllm.run.sft_program import main
 from nanorllm.utils.quick_exit import exit_now
 
 if __name__ == "__main__":

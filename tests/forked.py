@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 
-PRELOAD = ["torch", "transformers", "nanorllm.run.lifecycle", "nanorllm.run.sft", "nanorllm.run.evaluation",
+PRELOAD = ["torch", "transformers", "nanorllm.run.lifecycle", "nanorllm.run.sft_program", "nanorllm.run.evaluation",
            "nanorllm.pipeline.worker", "transformers.models.llama.modeling_llama", "tensorboard", "tqdm"]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 MAX_REQUEST = 1 << 22

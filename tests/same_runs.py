@@ -51,7 +51,7 @@ def rl(out: Path, name: str, args: list[str]) -> dict:
 
 
 def sft(out: Path) -> dict:
-    from nanorllm.run.sft import main
+    from nanorllm.run.sft_program import main
     rows = out / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "completion": f"\\boxed{{{2 * i}}}"}) + "\n"
                             for i in range(8)))

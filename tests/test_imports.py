@@ -105,7 +105,7 @@ def test_no_import_cycle_between_the_package_folders():
     assert cycle is None, "folder import cycle: " + " -> ".join(cycle)
     # the wiring is on top: only the benchmarks, which drive whole runs, use it
     assert {folder for folder, imports in folders.items() if "run" in imports} == {"bench"}
-    # the supervised programs sit on top too, imported only by the wiring that runs them (run/sft.py) and the
+    # the supervised programs sit on top too, imported only by the wiring that runs them (run/sft_program.py) and the
     # benchmarks that time them; the reward sources sit below the envs
     assert {folder for folder, imports in folders.items() if "supervised" in imports} == {"bench", "run"}
     assert "envs" not in folders["rewards"] and "rewards" in folders["envs"]

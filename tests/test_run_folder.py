@@ -50,7 +50,7 @@ def test_the_default_name_carries_its_parts_and_the_start_time():
 
 @pytest.mark.slow
 def test_sft_refuses_a_run_folder_in_use_and_one_that_is_another_runs(tmp_path, capsys):
-    from nanorllm.run.sft import main
+    from nanorllm.run.sft_program import main
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"prompt": "What is 1 + 1?", "completion": "\\boxed{2}"}) + "\n")

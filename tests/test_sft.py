@@ -216,7 +216,7 @@ def test_the_sft_loss_is_the_mean_negative_log_likelihood_of_the_trained_tokens(
 
 
 def test_a_model_that_does_not_load_is_one_line_exit_2_and_no_run_folder(tmp_path, capsys):
-    from nanorllm.run.sft import main
+    from nanorllm.run.sft_program import main
 
     rc = main(["--model", str(tmp_path / "no-such-model"), "--demos", "2", "--out", str(tmp_path / "out"),
                "--output-dir", str(tmp_path / "runs")])

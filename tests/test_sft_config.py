@@ -8,7 +8,7 @@ import pytest
 import tyro
 
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
-from nanorllm.run.sft import main
+from nanorllm.run.sft_program import main
 from test_sft import write_jsonl
 from test_sft_run import ROWS
 

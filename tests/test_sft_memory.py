@@ -8,10 +8,10 @@ from nanorllm.config import TrainConfig
 from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.config.specs import lora_spec
 from nanorllm.memory.plan import GB, activation_bytes, model_config, parameter_counts, plan_run
-from nanorllm.memory.sft import plan_sft
+from nanorllm.memory.sft_plan import plan_sft
 from nanorllm.memory.tasks import TaskShape
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.run.sft import main
+from nanorllm.run.sft_program import main
 from nanorllm.utils.devices import DeviceMap
 from tests.test_memory import on
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nanorllm.run.sft import main
+from nanorllm.run.sft_program import main
 from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from nanorllm.config.specs import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.slot_batch import SlotBatch
 from nanorllm.policy.slot_cache import slot_range
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 
 RULES = {"every_hole": SlotBatch.step_rows, "bucket_drop": lambda self, top: slot_range(top, self.cache.slots)}
 

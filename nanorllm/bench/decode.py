@@ -8,7 +8,7 @@ from nanorllm.bench.decode_batch import cached_forward
 from nanorllm.config import TrainConfig
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 from nanorllm.rollout.engine import RolloutEngine
 from nanorllm.trainer.metrics import decode_useful_frac
 

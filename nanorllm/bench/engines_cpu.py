@@ -16,7 +16,7 @@ from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.config.specs import task_specs
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 
 ENGINES = ("dynamic", "slots")
 

@@ -44,7 +44,7 @@ from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.decode_graphs import layout, params_key
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.models import SMOLLM2, cache_dir, smollm2_gguf_dir
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 from nanorllm.utils.devices import synchronize
 from nanorllm.utils.files import write_atomic
 

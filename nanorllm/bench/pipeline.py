@@ -14,7 +14,7 @@ from nanorllm.datasets.tasks import load_tasks
 from nanorllm.config.specs import task_specs
 from nanorllm.pipeline.weights import SharedWeights
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 
 
 def bench_pipeline(b: BenchConfig) -> dict:

@@ -31,7 +31,7 @@ from nanorllm.config import TrainConfig
 from nanorllm.config.specs import task_specs
 from nanorllm.datasets.tasks import load_tasks
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 from nanorllm.trainer.step import train_step
 from nanorllm.trainer.update import make_optimizer
 from nanorllm.utils.precision import choose_precision

@@ -88,7 +88,7 @@ def candidates(cfg: TrainConfig, n: int) -> list[dict]:
 def sample_rates(cfg: TrainConfig, tasks: list[dict], samples: int) -> dict[str, float]:
     """Each task's pass rate under the base model: `samples` episodes through the training engine."""
     from nanorllm.policy.hf_causal import HFCausalPolicy
-    from nanorllm.trainer.engine import training_engine
+    from nanorllm.trainer.training_engine import training_engine
 
     policy = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, seed=cfg.seed, replica=True)
     results = training_engine(policy, cfg).run(tasks, num_samples=samples, seed=cfg.seed).results

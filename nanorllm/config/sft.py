@@ -4,7 +4,7 @@ and one group of its own; no RL-only field (tests/test_sft_config.py: every fiel
 Its fields mean what they mean in training (fields.Learner: --micro-batch-tokens, --max-pad-frac,
 --packing, --tf32; fields.Optimizer: --lr, --weight-decay, --max-grad-norm, --lr-schedule, --warmup-steps (RL's
 schedule, trainer/schedule.py, over this run's steps); fields.LearnerForward:
---disable-dropout, --grad-checkpointing; fields.MemoryPlanning's --memory-plan-only (memory/sft.py);
+--disable-dropout, --grad-checkpointing; fields.MemoryPlanning's --memory-plan-only (memory/sft_plan.py);
 fields.LoraAdapters; fields.LearnerRankSettings' --devices (its first entry) and learner ranks (--learner-devices N:
 the first N, each step's rows split over them; --learner-parallel, --learner-timeout-s);
 fields.RunLog's folder, sinks and checkpoints, --eval-every for the held-out loss; fields.ModelSettings' --model,

@@ -27,7 +27,7 @@ what a backward keeps alive at its peak, not the CUDA micro-batch sizing's delib
 It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
 first prompt measured with the tokenizer, memory/tasks.py; every turn's response at --max-new-tokens)
 as the token budget holds, the prompt's shared leading tokens once (the shared-prefix forward), each
-row's responses scored. A supervised run's plan (memory/sft.py) is its learner alone, from the same parts.
+row's responses scored. A supervised run's plan (memory/sft_plan.py) is its learner alone, from the same parts.
 """
 
 import os
@@ -383,7 +383,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
             proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
                                    f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
     if getattr(cfg, "opponent", "self") not in ("self", "random") and (opp := model_config(cfg.opponent)) is not None:
-        # a game's model --opponent (trainer/engine.py): frozen weights and its own KV slots where rollouts run
+        # a game's model --opponent (trainer/training_engine.py): frozen weights and its own KV slots where rollouts run
         frozen = parameter_counts(opp, None)[0] * compute + kv_bytes(opp, slots=rollout_rows, width=width,
                                                                        dtype_bytes=compute)
         for proc in processes[1:] or [learner]:

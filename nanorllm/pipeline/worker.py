@@ -36,7 +36,7 @@ from nanorllm.pipeline.messages import Fatal, Job, JobDone, JobFailed, JobTimes,
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.envs.registry import load_bundle
 from nanorllm.policy.lora import trainable_parameters
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.utils.devices import configure_threads
 from nanorllm.utils.faults import fault

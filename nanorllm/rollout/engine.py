@@ -110,7 +110,7 @@ class RolloutEngine:
                  opponent_policy: Policy | None = None):
         """`env`: the episodes' bundle; without one, the default bundle with `max_turns`. `opponent`: who plays a
         game's other seats (rollout/games.py); None: the env's settings' (--opponent). A model opponent is
-        `opponent_policy`, frozen (trainer/engine.py loads it)."""
+        `opponent_policy`, frozen (trainer/training_engine.py loads it)."""
         self.policy = policy
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))

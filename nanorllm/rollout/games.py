@@ -10,7 +10,7 @@ who plays the rest:
 - "self": the policy plays every seat (SPIRAL's and TextArena's self-play); every seat trains;
 - "random": a uniformly random move of `env.legal_moves()`; the policy plays one seat of each game, turn about over
   a task's games (`policy_seats`), so a task's games cover every seat;
-- a model (the engine's `opponent_policy`, loaded frozen by trainer/engine.py): it plays the other seats as the
+- a model (the engine's `opponent_policy`, loaded frozen by trainer/training_engine.py): it plays the other seats as the
   policy plays its own, in a decode batch of its own beside the policy's; its turns never train. An API model (an
   OpenAI-compatible endpoint, policy/chat_endpoint.py) answers a step's waiting turns in one `generate` call between
   the policy's decode steps; a call that fails ends its games as env errors.

@@ -2,7 +2,7 @@
 
     python launch/sft.py --model M --data rows.jsonl --out sft_model        # then: launch/train.py --model sft_model
 
-The program (flags, checks, learner ranks) is run/sft.py; this is the training it runs.
+The program (flags, checks, learner ranks) is run/sft_program.py; this is the training it runs.
 
 Why the RL learner and not a second trainer: the rows are StepSamples rendered as rollouts are
 (supervised/sft_data.py), so the update that trains a rollout batch trains them too, with the same
@@ -142,7 +142,7 @@ def train_rows(policy: HFCausalPolicy, optimizer, rows: list[list[StepSample]], 
 
 def train_sft(run: SFTRun, start: int = 0, say=print, ranks: LearnerRanks | None = None) -> dict:
     """Steps `start` .. run.steps: update, log, checkpoint; then the held-out loss and the model at --out. With
-    several learner `ranks` (rank 0 runs this; the others `run/sft.py follow_sft`) each step's rows are split over
+    several learner `ranks` (rank 0 runs this; the others `run/sft_program.py follow_sft`) each step's rows are split over
     them by tokens (ranks/split.py), and the held-out loss too."""
     cfg, ranks = run.cfg, ranks or LearnerRanks(device=str(run.policy.device))
     last: dict = {}

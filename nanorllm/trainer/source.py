@@ -15,7 +15,7 @@ from nanorllm.core.types import RolloutBatch, RolloutResult
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.hf_causal import HFCausalPolicy
-from nanorllm.trainer.engine import training_engine
+from nanorllm.trainer.training_engine import training_engine
 from nanorllm.rollout.engine import EXAMPLE_TASK
 from nanorllm.trainer.metrics import decode_metrics
 from nanorllm.trainer.watchdog import Watchdog

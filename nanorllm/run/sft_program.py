@@ -17,7 +17,7 @@ from nanorllm.config.sft import SFT_DEFAULTS, SFTConfig
 from nanorllm.config.specs import lora_spec
 from nanorllm.datasets.errors import TaskFileError
 from nanorllm.memory.plan import MemoryPlanError, check_plan
-from nanorllm.memory.sft import plan_sft
+from nanorllm.memory.sft_plan import plan_sft
 from nanorllm.ranks.group import LearnerRanks, RankError, under_torchrun, where_line
 from nanorllm.run.ranks import check_parallel, start_ranks
 from nanorllm.supervised import sft
