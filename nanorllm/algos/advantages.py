@@ -1,8 +1,11 @@
 """Advantage estimators: an episode's reward against a baseline from its group, each behind a name.
 
-`ESTIMATORS` maps a name to its function and `TrainConfig.adv_estimator`'s choices are its names, so a
-new estimator is one function, one `@register_estimator("name")` and one test (verl's `register_adv_est`,
-verl/trainer/ppo/core_algos.py, is the model).
+`ESTIMATORS` maps a name to its function and `TrainConfig.adv_estimator` takes its names, so a new
+estimator is one function, one `@register_estimator("name")` and one test (verl's `register_adv_est`,
+verl/trainer/ppo/core_algos.py, is the model). User code needs no change here: `--adv-estimator` also takes
+`path/to/file.py:fn` or `module.path:fn` (the forms --reward takes), imported and registered under that spec
+by `estimator_named` in whichever process computes advantages, and a name registered from Python before the
+config is checked is a choice like the built-in ones.
 
 An estimator sees comparison sets: by default (turn_credit="episode") one per group, each item an
 episode's reward and all its turns' samples, so in a wrong -> right episode the wrong first answer is
@@ -58,6 +61,36 @@ def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     return add
 
 
+USER_ESTIMATOR = "path/to/file.py:fn or module.path:fn"
+"""The forms a user's estimator is named in (the forms of --reward's functions, nanorllm/utils/modules.py)."""
+
+
+def estimator_problem(name: str) -> str | None:
+    """Why `name` names no estimator on its own terms (None: a registered name, or a user spec whose import the
+    run checks): the registered names listed."""
+    if name in ESTIMATORS or ":" in name:
+        return None
+    return f"must be one of {', '.join(ESTIMATORS)}, got {name!r} (or a user estimator, {USER_ESTIMATOR})"
+
+
+def estimator_named(name: str) -> Estimator:
+    """The estimator `name` names: a registered one, or a user's `where:fn` spec, imported (once per process) and
+    registered under the spec itself, so a config keeps the string and a resume imports it again. EnvSpecError (a
+    ValueError) naming the spec when it does not import or names no function; ValueError for an unknown name."""
+    if name in ESTIMATORS:
+        return ESTIMATORS[name]
+    problem = estimator_problem(name)
+    if problem:
+        raise ValueError(f"estimator {problem}")
+    from nanorllm.utils.modules import EnvSpecError, import_spec
+
+    module, where, fn_name = import_spec(name, USER_ESTIMATOR)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise EnvSpecError(f"{name!r}: {where} has no function {fn_name!r}")
+    return ESTIMATORS.setdefault(name, fn)
+
+
 def carries_signal(results: list[RolloutResult], *, turn_credit: str = "episode", turn_gamma: float = 1.0) -> bool:
     """Whether a group can teach anything: its episodes' env rewards are not all the same (turn credit: the
     returns of some turn index are not). Decided on the env's reward, never a shaped one; call it on the
@@ -98,8 +131,7 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
         raise ValueError(f"turn_credit must be 'episode' or 'turn', got {turn_credit!r}")
     if std not in ("population", "unbiased"):
         raise ValueError(f"std must be 'population' or 'unbiased', got {std!r}")
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {tuple(ESTIMATORS)}, got {estimator!r}")
+    estimate = estimator_named(estimator)
     if silent is None:
         silent = silent_groups(groups, turn_credit=turn_credit, turn_gamma=turn_gamma)
     sets, roles = [], []
@@ -119,7 +151,7 @@ def compute_advantage(groups: dict[str, list[RolloutResult]], *, normalize_std: 
     spec = AdvantageSpec(normalize_std=normalize_std, eps=eps, std=std, turn_credit=turn_credit,
                          batch_stats=batch_stats, roles=tuple(roles), role_baselines=role_baselines,
                          rae_decay=rae_decay)
-    for items, advs in zip(sets, ESTIMATORS[estimator](sets, spec)):
+    for items, advs in zip(sets, estimate(sets, spec)):
         for (_, samples), a in zip(items, advs):
             for s in samples:
                 s.advantage = a

@@ -11,6 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 
+from nanorllm.algos.advantages import estimator_problem
 from nanorllm.envs.registry import DEFAULT_ENV
 
 # Limits where `inf` means "no limit" (documented on each field); every other number must be finite.
@@ -186,6 +187,9 @@ def _algorithm_problems(cfg) -> list[str]:
     if cfg.updates_per_batch > cfg.tasks_per_step >= 1:
         p.append(f"updates_per_batch: {cfg.updates_per_batch} mini-batches need at least as many groups, but "
                  f"tasks_per_step is {cfg.tasks_per_step}")
+    unknown = estimator_problem(cfg.adv_estimator)  # the registry's names at check time, a user's too
+    if unknown:
+        p.append(f"adv_estimator: {unknown}")
     if cfg.adv_estimator == "reinforce++" and cfg.turn_credit == "turn":
         p.append("adv_estimator: reinforce++ normalises over the whole step's episodes, but turn_credit 'turn' "
                  "compares a group's turns of one index (returns of first and later turns differ in scale); "

@@ -438,12 +438,13 @@ class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
     min_group_size: int = 2
     """A group left with fewer episodes than this after its failed ones (env errors, reward scores that could not be
     computed) leave it is dropped whole (rollout/groups_dropped); with at least this many it trains on them."""
-    adv_estimator: Literal[tuple(ESTIMATORS)] = "grpo"
+    adv_estimator: Annotated[str, tyro.conf.arg(metavar="{" + ",".join(ESTIMATORS) + "}|FILE.py:FN|MODULE:FN")] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
     (REINFORCE++-baseline as verl and OpenRLHF compute it); rae: reward - a running baseline per game and seat
-    (SPIRAL's role-conditioned advantage, for two-player games). algos/advantages.py: the choices are its registry's
-    names. adv_normalize_std applies to grpo only."""
+    (SPIRAL's role-conditioned advantage, for two-player games). Also any name registered with algos/advantages.py's
+    register_estimator, or a user's fn(sets, spec) as path/to/file.py:fn or module.path:fn, imported and registered
+    under that spec (docs/algorithms.md). adv_normalize_std applies to grpo only."""
     rae_decay: float = 0.95
     """rae (games): each game-and-seat baseline moves as b <- rae_decay x b + (1 - rae_decay) x the step's mean reward
     in that role (SPIRAL's 0.95); kept across steps and in checkpoints."""

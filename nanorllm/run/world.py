@@ -1,6 +1,6 @@
 """The config's checks that need the world: the env's or agent's module imports, each --reward file loads, the
 --tools functions have schemas, a --reward-model folder is a sequence classifier, the --judge rubric reads and its
-key is set, the --teacher shares the student's tokenizer, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms;
+key is set, a user's --adv-estimator imports, the --teacher shares the student's tokenizer, the output folder can be made, wandb is installed. nanorllm/config checks a config on its own terms;
 these run when a run's command line is parsed (run/args.py hands them to parse_config, so every problem of both is
 reported at once, naming the field) and nothing is written before them."""
 
@@ -45,7 +45,7 @@ class World:
         """Every problem of `cfg` that only the machine it runs on can show, one line each, naming the field;
         `self.env` is the run's bundle when none stands in its way."""
         sources = source_problems(cfg)
-        p = folder_problems(cfg) + sources + teacher_problems(cfg) + opponent_problems(cfg)
+        p = folder_problems(cfg) + sources + estimator_problems(cfg) + teacher_problems(cfg) + opponent_problems(cfg)
         whole = not sources  # the tools and reward files load: build the bundle with them, else check the env alone
         spec = env_spec(cfg) if whole else replace(env_spec(cfg), tools=None)
         self.env = None
@@ -117,6 +117,20 @@ def source_problems(cfg: TrainConfig) -> list[str]:
         except EnvSpecError as e:
             p.append(f"tools: {e}")
     return p
+
+
+def estimator_problems(cfg: TrainConfig) -> list[str]:
+    """A user's --adv-estimator spec imports and names a function (imported and registered here, as each process
+    that computes advantages does again)."""
+    from nanorllm.algos.advantages import estimator_named, estimator_problem
+
+    if estimator_problem(cfg.adv_estimator):
+        return []  # an unknown name: the config's own check names it
+    try:
+        estimator_named(cfg.adv_estimator)
+    except ValueError as e:
+        return [f"adv_estimator: {e}"]
+    return []
 
 
 def teacher_problems(cfg: TrainConfig) -> list[str]:
