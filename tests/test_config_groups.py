@@ -12,11 +12,13 @@ import tyro
 from nanorllm.config import TrainConfig, parse_config
 from nanorllm.config import fields as groups
 from nanorllm.config.fields import Objective
-from nanorllm.config.specs import env_spec, judge_spec, lora_spec, reward_model_spec
+from nanorllm.config.specs import env_spec, judge_spec, lora_spec, reward_functions_spec, reward_model_spec
 from nanorllm.envs.base import EpisodeSettings
-from nanorllm.envs.registry import EnvSpec, RewardModelSpec
+from nanorllm.envs.registry import EnvSpec
 from nanorllm.policy.lora import LoraSpec
+from nanorllm.rewards.functions import RewardFunctionsSpec
 from nanorllm.rewards.judge import JudgeSpec
+from nanorllm.rewards.model import RewardModelSpec
 from nanorllm.trainer.eval_model import EvalConfig
 from nanorllm.trainer.loss import compute_policy_loss
 
@@ -66,9 +68,11 @@ def test_every_spec_default_is_its_groups_default(program):
     cfg = program(judge="http://127.0.0.1:9/v1")
     built = {EnvSpec: env_spec(cfg), EpisodeSettings: env_spec(cfg).settings, JudgeSpec: judge_spec(cfg)}
     if program is TrainConfig:
-        cfg = TrainConfig(judge="http://127.0.0.1:9/v1", reward_model="rm", lora_rank=4)
-        built.update({RewardModelSpec: reward_model_spec(cfg), LoraSpec: lora_spec(cfg)})
-    given = {"judge", "settings", "task_fields"}  # set above, a nested spec (checked itself), parsed (none: {})
+        cfg = TrainConfig(judge="http://127.0.0.1:9/v1", reward_model="rm", lora_rank=4, reward=("r.py:f",))
+        built.update({RewardModelSpec: reward_model_spec(cfg), LoraSpec: lora_spec(cfg),
+                      RewardFunctionsSpec: reward_functions_spec(cfg)})
+    given = {"reward_sources", "specs", "settings", "task_fields"}  # set above, nested specs (each checked itself),
+    # parsed (none: {})
     for spec, value in built.items():
         defaults = spec_defaults(spec)
         assert defaults, spec

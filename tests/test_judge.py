@@ -19,7 +19,7 @@ import pytest
 
 from nanorllm.faultsuite.stub_judge import StubJudge, length_score, nonce_of, reply_body
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.config.specs import env_spec
+from nanorllm.config.specs import env_spec, judge_spec
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.registry import load_bundle
 from nanorllm.rewards.judge import Judge, JudgeSpec
@@ -379,7 +379,8 @@ def test_judge_flags_travel_in_the_env_spec_and_make_a_single_turn_run_without_a
     cfg = parse_config(["--judge", "http://127.0.0.1:9/v1", "--judge-rubric", str(rubric), "--judge-mode", "group",
                         "--judge-concurrency", "2", "--judge-weight", "0.5"])
     assert cfg.env == "single"
-    spec = env_spec(cfg).judge
+    spec = judge_spec(cfg)
+    assert env_spec(cfg).reward_sources == (spec,)
     assert (spec.target, spec.rubric, spec.mode, spec.concurrency, spec.weight) == (
         "http://127.0.0.1:9/v1", str(rubric), "group", 2, 0.5)
     bundle = load_bundle(env_spec(cfg))
@@ -516,7 +517,7 @@ def test_launch_eval_takes_the_judge_flags_and_refuses_bad_ones():
     from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, with_run_settings
 
     cfg, _ = with_run_settings(EvalConfig(judge="http://127.0.0.1:9/v1", judge_mode="group"), set())
-    assert cfg.env == "single" and env_spec(cfg).judge.mode == "group"
+    assert cfg.env == "single" and [s.mode for s in env_spec(cfg).reward_sources] == ["group"]
     with pytest.raises(ValueError, match="judge_concurrency: must be >= 1"):
         evaluate_model(EvalConfig(judge="http://127.0.0.1:9/v1", judge_concurrency=0))
 

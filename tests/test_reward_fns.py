@@ -245,3 +245,43 @@ def test_a_run_whose_function_hangs_once_drops_that_batch_at_the_timeout_and_tra
     while processes_with_token(token) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with_token(token)  # the abandoned call held up no exit
+
+
+# ---- the reward sources' registry ---------------------------------------------------------------------
+
+def test_a_registered_reward_source_scores_through_the_env_assembly_with_the_built_in_ones(rewards_file, monkeypatch):
+    from dataclasses import dataclass
+
+    from nanorllm.envs.registry import EnvSpec, load_bundle
+    from nanorllm.rewards import sources
+    from nanorllm.rewards.functions import RewardFunctionsSpec
+
+    import nanorllm.rewards.judge  # noqa: F401  (each source registers when its module is imported)
+    import nanorllm.rewards.model  # noqa: F401
+
+    assert {"functions", "reward_model", "judge"} <= set(sources.REWARD_SOURCES)
+    monkeypatch.setattr(sources, "REWARD_SOURCES", dict(sources.REWARD_SOURCES))
+
+    @dataclass(frozen=True)
+    class LengthSpec:
+        weight: float = 1.0
+
+    class Length:
+        name, spec = "length", "length"
+
+        def __init__(self, weight):
+            self.weight = weight
+
+        def __call__(self, results, env_name):
+            return [float(len(r.trajectory.steps[-1].model_response)) for r in results]
+
+    sources.register_reward_source("length", LengthSpec, lambda spec: [Length(spec.weight)])
+    with pytest.raises(ValueError, match="'length' .* is registered already"):
+        sources.register_reward_source("length", RewardFunctionsSpec, lambda spec: [])
+    spec = EnvSpec(reward_sources=(RewardFunctionsSpec(specs=(f"{rewards_file}:trl_plain",)), LengthSpec(0.5)))
+    b = load_bundle(spec)
+    scored = [episode("it is 4", "4"), episode("no", "6")]
+    b.score_batch(scored)
+    assert [r.reward for r in scored] == [1.0 + 0.5 * 7, 0.0 + 0.5 * 2]
+    with pytest.raises(TypeError, match="no reward source is registered for a float"):
+        load_bundle(EnvSpec(reward_sources=(1.0,)))

@@ -15,10 +15,12 @@ from nanorllm.config.fields import (EnvOptions, EnvSource, EpisodeShape, FirstPr
                                     ToolSettings)
 from nanorllm.datasets.sampler import SamplerSpec
 from nanorllm.envs.base import EpisodeSettings
-from nanorllm.envs.registry import EnvSpec, RewardModelSpec
+from nanorllm.envs.registry import EnvSpec
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.lora import LoraSpec, effective_alpha
+from nanorllm.rewards.functions import RewardFunctionsSpec
 from nanorllm.rewards.judge import JudgeSpec
+from nanorllm.rewards.model import RewardModelSpec
 
 
 def lora_spec(cfg: LoraAdapters) -> LoraSpec | None:
@@ -76,10 +78,23 @@ def env_spec(cfg: EnvSource | ToolSettings | RewardFunctions | EpisodeShape) -> 
     """What names the run's episodes: its --agent, or its --env with its options, --tools, --reward functions,
     --reward-model and --judge."""
     return EnvSpec(env=cfg.env, env_args=cfg.env_arg, agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,
-                   tool_parser=cfg.tool_parser, rewards=cfg.reward, reward_weights=cfg.reward_weights,
-                   reward_mode=cfg.reward_mode, reward_timeout_s=cfg.reward_timeout_s, tools=cfg.tools,
-                   max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
-                   reward_model=reward_model_spec(cfg), judge=judge_spec(cfg), settings=episode_settings(cfg))
+                   tool_parser=cfg.tool_parser, reward_sources=reward_source_specs(cfg), reward_mode=cfg.reward_mode,
+                   tools=cfg.tools, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
+                   settings=episode_settings(cfg))
+
+
+def reward_source_specs(cfg) -> tuple:
+    """The run's reward sources as specs, in the order they score (rewards/sources.py builds each): the --reward
+    functions, the --reward-model, the --judge; a source the config does not name (or whose group its program does
+    not compose) gives none. A new source adds its spec builder here."""
+    return tuple(s for s in (reward_functions_spec(cfg), reward_model_spec(cfg), judge_spec(cfg)) if s is not None)
+
+
+def reward_functions_spec(cfg: RewardFunctions) -> RewardFunctionsSpec | None:
+    """The run's --reward functions, their weights and one call's limit; None without any."""
+    if not cfg.reward:
+        return None
+    return RewardFunctionsSpec(specs=cfg.reward, weights=cfg.reward_weights, timeout_s=cfg.reward_timeout_s)
 
 
 def reward_model_spec(cfg) -> RewardModelSpec | None:

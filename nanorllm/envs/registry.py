@@ -12,18 +12,14 @@ import importlib
 import importlib.util
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from nanorllm.core.limits import AGENT_TIMEOUT_S, MAX_TOOL_CALLS, REWARD_TIMEOUT_S, TOOL_TIMEOUT_S
+from nanorllm.core.limits import AGENT_TIMEOUT_S, MAX_TOOL_CALLS, TOOL_TIMEOUT_S
 from nanorllm.datasets.holdout import default_holdout, held_out, is_holdout, parse_holdout
 from nanorllm.datasets.tasks import remove_overlap
 from nanorllm.envs.agent_fn import AgentBundle, check_agent_function
 from nanorllm.envs.base import AGENT_METHODS, ENV_METHODS, EnvBundle, EpisodeSettings
 from nanorllm.utils.modules import EnvSpecError, _import_module, import_spec  # noqa: F401  (EnvSpecError is imported from here)
-
-if TYPE_CHECKING:
-    from nanorllm.rewards.judge import JudgeSpec
 
 BUILTIN_ENVS = {"math": "nanorllm.envs.math_env:MathSelfRefine",
                 "calc": "nanorllm.envs.calc_env:CalculatorTool",
@@ -213,19 +209,6 @@ def load_agent(spec: str, settings: EpisodeSettings | None = None, *, timeout_s:
 
 
 @dataclass(frozen=True)
-class RewardModelSpec:
-    """A --reward-model and how it scores (nanorllm/rewards/model.py RewardModel takes these fields)."""
-
-    path: str
-    weight: float = 1.0
-    norm: str = "none"
-    batch_size: int = 8
-    dtype: str = "float32"
-    device: str | None = None  # None: the scoring process's policy device
-    max_tokens: int = 1024
-
-
-@dataclass(frozen=True)
 class EnvSpec:
     """What names a run's episodes, as data: it travels to a spawned worker, which builds the same bundle
     from it (the spec strings are imported again there)."""
@@ -235,12 +218,8 @@ class EnvSpec:
     agent: str | None = None  # an --agent function instead of an env
     agent_timeout_s: float = AGENT_TIMEOUT_S
     tool_parser: str = "auto"  # policy/tool_calls.py: a parser's name, or auto (the chat template's)
-    rewards: tuple[str, ...] = ()  # --reward functions that score the env's episodes
-    reward_weights: tuple[float, ...] = ()
-    reward_mode: str = "add"
-    reward_timeout_s: float = REWARD_TIMEOUT_S  # one call of a reward function past this fails its batch's scores
-    reward_model: RewardModelSpec | None = None  # a learned reward model beside the functions
-    judge: "JudgeSpec | None" = None  # an LLM judge that scores the episodes too (rewards/judge.py)
+    reward_sources: tuple = ()  # the specs of the reward sources that score the env's episodes (rewards/sources.py)
+    reward_mode: str = "add"  # their weighted sum added to the env's reward, or replacing it
     tools: str | None = None  # --tools functions the env's episodes may call (envs/tools.py)
     max_tool_calls: int = MAX_TOOL_CALLS
     tool_timeout_s: float = TOOL_TIMEOUT_S
@@ -249,8 +228,8 @@ class EnvSpec:
 
 def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
     """The run's episodes: its agent when the spec names one, else its env; with tools, wrapped so that its
-    episodes may call them (envs/tools.py); with reward functions, a reward model or a judge, wrapped so that they
-    score its episodes (envs/scored.py)."""
+    episodes may call them (envs/tools.py); with reward sources (rewards/sources.py: the --reward functions, a reward
+    model, a judge, each built from its spec), wrapped so that they score its episodes (envs/scored.py)."""
     if spec.agent:
         return load_agent(spec.agent, spec.settings, timeout_s=spec.agent_timeout_s,
                           tool_parser=spec.tool_parser)
@@ -262,21 +241,12 @@ def load_bundle(spec: EnvSpec, *, rewards: bool = True) -> EnvBundle:
 
         bundle = ToolBundle(bundle, load_tools(spec.tools), max_calls=spec.max_tool_calls,
                             timeout_s=spec.tool_timeout_s, parser=spec.tool_parser)
-    if not rewards or not (spec.rewards or spec.reward_model or spec.judge):
+    if not rewards or not spec.reward_sources:
         return bundle
     from nanorllm.envs.scored import RewardBundle
-    from nanorllm.rewards.functions import load_reward_functions
+    from nanorllm.rewards.sources import build_reward_sources
 
-    sources = load_reward_functions(spec.rewards, spec.reward_weights, spec.reward_timeout_s)
-    if spec.reward_model is not None:
-        from nanorllm.rewards.model import RewardModel
-
-        sources.append(RewardModel(**asdict(spec.reward_model)))
-    if spec.judge:
-        from nanorllm.rewards.judge import Judge
-
-        sources.append(Judge(spec.judge))
-    return RewardBundle(bundle, sources, spec.reward_mode)
+    return RewardBundle(bundle, build_reward_sources(spec.reward_sources), spec.reward_mode)
 
 
 def resolve_task_specs(tasks: str | None, eval_tasks: str | None, env: EnvBundle) -> tuple[str | None, str]:

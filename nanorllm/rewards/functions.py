@@ -46,6 +46,7 @@ from typing import Callable
 from nanorllm.core.limits import REWARD_TIMEOUT_S
 from nanorllm.core.types import RolloutResult, ending
 from nanorllm.datasets.errors import TaskFileError
+from nanorllm.rewards.sources import register_reward_source
 from nanorllm.utils.modules import EnvSpecError, import_spec
 from nanorllm.utils.timed import CallTimeout, call_with_limit
 
@@ -147,6 +148,20 @@ def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = (
         if names.count(f.name) > 1:
             f.name = f"{f.name}_{[g for g in fns if g.name == f.name].index(f) + 1}"
     return fns
+
+
+@dataclass(frozen=True)
+class RewardFunctionsSpec:
+    """The --reward functions as data (a reward source's spec, rewards/sources.py): their specs, one weight each
+    (empty: 1 each) and one call's wall-clock limit."""
+
+    specs: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    timeout_s: float = REWARD_TIMEOUT_S
+
+
+register_reward_source("functions", RewardFunctionsSpec,
+                       lambda spec: load_reward_functions(spec.specs, spec.weights, spec.timeout_s))
 
 
 def checked_values(source, out: object, n: int) -> list[float | None]:

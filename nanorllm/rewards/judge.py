@@ -39,6 +39,7 @@ from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
 from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, new_nonce,
                                      parse_group_scores, parse_score, single_messages)
+from nanorllm.rewards.sources import register_reward_source
 from nanorllm.utils.aio import client_loop
 from nanorllm.utils.net import is_local
 
@@ -263,6 +264,9 @@ async def _read_capped(reply) -> bytes:
         if len(data) > MAX_REPLY_BYTES:
             raise ScoreError(f"a reply of more than {MAX_REPLY_BYTES} bytes (MAX_REPLY_BYTES)")
     return bytes(data)
+
+
+register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)])
 
 
 def _text(data: bytes) -> str:

@@ -21,12 +21,27 @@ do not match, a tokenizer with more tokens than the model has embeddings, a scor
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.rewards.norm import RunningNorm, mean_std, normalise
+from nanorllm.rewards.sources import register_reward_source
 
 SEQUENCE_CLASSIFIER = "ForSequenceClassification"
+
+
+@dataclass(frozen=True)
+class RewardModelSpec:
+    """A --reward-model and how it scores, as data (a reward source's spec, rewards/sources.py); `RewardModel`
+    takes these fields."""
+
+    path: str
+    weight: float = 1.0
+    norm: str = "none"
+    batch_size: int = 8
+    dtype: str = "float32"
+    device: str | None = None  # None: the scoring process's policy device
+    max_tokens: int = 1024
 
 
 def reward_model_problems(path: str) -> list[str]:
@@ -205,3 +220,6 @@ class RewardModel:
             return {}
         mean, std = mean_std(raw)
         return {"reward/model_mean": mean, "reward/model_std": std}
+
+
+register_reward_source("reward_model", RewardModelSpec, lambda spec: [RewardModel(**asdict(spec))])
