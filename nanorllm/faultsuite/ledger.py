@@ -43,13 +43,14 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in d.glob("step_*") if p.name[5:].isdigit()) if d.exists() else []
 
 
-def leftovers(token: str, shm_before: set[str], wait_s: float = 10.0) -> tuple[int, int, float]:
+def leftovers(token: str, shm_before: set[str], wait_s: float = 60.0) -> tuple[int, int, float]:
     """(processes left, /dev/shm entries left, when the last process was gone: time.monotonic()).
 
     /dev/shm entries carry no owner, so an entry counts only if it is still there after `wait_s` and no
     live process holds it: another program's short-lived semaphore, or the segments of a run going on
     beside this one (a parallel test), are not this run's leftovers; this run's own processes are gone
-    by then, or counted as left."""
+    by then, or counted as left. `wait_s` is a net, not a guess at how soon they go: on a loaded machine a run's
+    children took more than 10 s to exit after it."""
     t0 = time.monotonic()
     while processes_with_token(token) and time.monotonic() - t0 < wait_s:
         time.sleep(0.05)

@@ -201,7 +201,7 @@ def agent_hangs(out: Path) -> list[Outcome]:
     threads than rows in the batch: each is ended at --agent-timeout-s and counted, later episodes still run, and
     the workers exit at the end."""
     return _misbehaving_agent(out, "agent_hangs", "--agent stuck past the batch's rows", "hangs",
-                              ["--agent-timeout-s", "3"], "rollout/agent_timeouts")
+                              ["--agent-timeout-s", "15"], "rollout/agent_timeouts")  # a net for the good episodes
 
 
 def agent_engine_error(out: Path) -> list[Outcome]:
