@@ -1,5 +1,6 @@
 """Faults, injected into real 2-worker tiny runs (nanorllm/faultsuite/suite.py), and the pieces that make them safe."""
 
+import contextlib
 import os
 import pickle
 import re
@@ -203,6 +204,33 @@ def test_processes_an_env_starts_in_a_worker_end_with_the_worker(tmp_path):
 
 
 # ---- the pieces ----------------------------------------------------------------------------------
+def test_a_first_stop_signal_raises_only_inside_the_interruptible_window_and_never_while_committing(capsys):
+    """Where the run may be cut short, the first signal raises KeyboardInterrupt unless a step is committing; outside
+    that window, and after the first, a signal is only noted, and a window opened once one came stays shut."""
+    from nanorllm.trainer.signals import StopSignals, StopState
+
+    def raised(*, committing: bool, window: bool) -> bool:
+        stop = StopState(committing=committing)
+        signals = StopSignals(stop)
+        try:
+            with signals.interruptible() if window else contextlib.nullcontext():
+                signal.raise_signal(signal.SIGHUP)
+            with signals.interruptible():
+                signal.raise_signal(signal.SIGHUP)  # a later one is only noted
+            return False
+        except KeyboardInterrupt:
+            return True
+        finally:
+            signals.restore()
+            assert stop.requested and signals.exit_code == 129 and not signals.may_raise
+
+    assert raised(committing=False, window=True)
+    assert not raised(committing=True, window=True) and not raised(committing=False, window=False)
+    out = capsys.readouterr().out
+    assert out.count("[signal] SIGHUP: stopping;") == 1 and out.count("[signal] SIGHUP: noted;") == 2
+    assert out.count("already stopping") == 2
+
+
 def _pipe():
     r, w = mp.get_context("spawn").Pipe(duplex=False)
     return r, w

@@ -70,7 +70,7 @@ def test_config_json_keeps_the_choice_and_reads_back_as_a_config(tmp_path):
 
 
 def test_a_resumed_run_keeps_the_reason_its_start_recorded(tmp_path):
-    from nanorllm.trainer.loop import first_choice
+    from nanorllm.trainer.run_folder import first_choice
 
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16", DTYPE_CHOICE: "auto: the CPU has bf16 units"}))
     assert first_choice(tmp_path, "bfloat16") == "auto: the CPU has bf16 units"

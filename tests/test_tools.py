@@ -243,12 +243,12 @@ def test_the_zero_call_warning_points_to_the_warm_start_only_when_no_response_ho
                                                                                             capsys):
     """A model that writes no call in any format needs teaching (the warm start); one that writes calls the run's
     parser does not read needs another --tool-parser."""
-    from nanorllm.trainer.loop import TrainingRun
+    from nanorllm.trainer.monitors import Monitors
 
     def warning(response: str) -> str:
-        run = TrainingRun(parse_config(["--tools", f"{tools_file}:add", "--tool-alarm-steps", "1"]))
-        run.policy = tiny_policy
-        run.report_no_tool_calls([episode("a", None, response=response)], {"rollout/tool_calls_per_episode": 0.0}, 1)
+        cfg = parse_config(["--tools", f"{tools_file}:add", "--tool-alarm-steps", "1"])
+        monitors = Monitors(cfg, tokenizer=tiny_policy.tokenizer, start_step=0, totals={}, say=print)
+        monitors.watch([episode("a", None, response=response)], {"rollout/tool_calls_per_episode": 0.0}, 1)
         return capsys.readouterr().out
 
     plain = warning("The answer is 4.")

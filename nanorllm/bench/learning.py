@@ -158,7 +158,7 @@ class Snapshots:
                 res = self.initial
             else:
                 run.policy.model.load_state_dict(state)
-                res = run.evaluate(p["update"])
+                res = run.held_out.evaluate(p["update"])
                 if p["update"] == 0:
                     self.initial.update(res)
             curve.append({**p, "success": res["success_rate"], "first_turn_success": res["first_turn_success"]})

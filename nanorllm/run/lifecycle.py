@@ -42,10 +42,11 @@ from nanorllm.run.assembly import assemble
 from nanorllm.run.ranks import follow_torchrun, start_learner
 from nanorllm.run.warm_start import prompt_shape_warning
 from nanorllm.trainer.checkpoint import CheckpointError
-from nanorllm.trainer.loop import TrainedNothing, TrainingRun
+from nanorllm.trainer.loop import TrainingRun
 from nanorllm.trainer.parts import RunParts
 from nanorllm.trainer.signals import StopSignals
 from nanorllm.trainer.source import RolloutSource, SerialSource
+from nanorllm.trainer.train_checks import TrainedNothing
 from nanorllm.utils.children import start_server
 from nanorllm.utils.devices import DeviceError
 from nanorllm.utils.modules import EnvSpecError
@@ -81,7 +82,7 @@ def make_source(run: TrainingRun) -> RolloutSource:
         return SerialSource(run.cfg, run.policy, run.stream, run.env)
     start = WorkerStart(run.cfg, run.parts.env_spec, run.parts.lora)  # the workers build the same env and adapters
     return PipelineSource(start, run.policy, run.optimizer, stream=run.stream, workers=run.devices.workers,
-                          ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop_requested)
+                          ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop.requested)
 
 
 def check_memory(parts: RunParts, *, quiet: bool = False) -> tuple[bool, MemoryPlan | None]:
@@ -132,47 +133,42 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
     if not parts.cfg.serial:
         start_server()  # the workers' imports run while the learner loads
     run = TrainingRun(parts.cfg, resume_dir=resume_dir, overrides=overrides, quiet=quiet, clock=clock)
-    signals = StopSignals(run)
+    signals = StopSignals(run.stop)
     source, status, out = None, "failed", RunOutcome(exit_code=1)
     try:
-        run.setup(parts, start_learner(parts.cfg, parts.devices))  # the learner ranks this process is rank 0 of
-        source = make_source(run)  # workers load while the eval runs
-        clock.lap("workers start" if not parts.cfg.serial else "engine")
-        if evaluate_first:
-            run.evaluate_before()
-            clock.lap("eval")
-        run.use_cores(alone=False)
-        source.wait_ready(lambda: run.stop_requested)
-        t_ready = time.perf_counter()
-        if not parts.cfg.serial:
-            clock.lap("workers load")
-        out.startup_s = sum(clock.phases.get(p, 0.0) for p in SOURCE_PHASES)
-        out.startup = dict(clock.phases, capture=source.capture_s)
-        run.say(clock.line() + (f" (decode graphs captured in {source.capture_s:.1f})" if source.capture_s else ""))
-        if on_step is not None:
-            on_step(run, run.start_step)
-        run.train(source, on_step)
-        out.train_s = time.perf_counter() - t_ready
-        signals.may_raise = False
-        status = "stopped" if run.stop_requested else "done"
+        with signals.interruptible():  # until the loop is over: then nothing may interrupt the save
+            run.setup(parts, start_learner(parts.cfg, parts.devices))  # the learner ranks this process is rank 0 of
+            source = make_source(run)  # workers load while the eval runs
+            clock.lap("workers start" if not parts.cfg.serial else "engine")
+            if evaluate_first:
+                run.held_out.before(run.start_step)
+                clock.lap("eval")
+            run.use_cores(alone=False)
+            source.wait_ready(lambda: run.stop.requested)
+            t_ready = time.perf_counter()
+            if not parts.cfg.serial:
+                clock.lap("workers load")
+            out.startup_s = sum(clock.phases.get(p, 0.0) for p in SOURCE_PHASES)
+            out.startup = dict(clock.phases, capture=source.capture_s)
+            run.say(clock.line() + (f" (decode graphs captured in {source.capture_s:.1f})" if source.capture_s else ""))
+            if on_step is not None:
+                on_step(run, run.start_step)
+            run.train(source, on_step)
+            out.train_s = time.perf_counter() - t_ready
+        status = "stopped" if run.stop.requested else "done"
     except BAD_INPUT as e:
-        signals.may_raise = False
         print(f"error: {e}", file=sys.stderr)
         status = "bad input"
     except KeyboardInterrupt:
-        signals.may_raise = False
         status = "stopped"
     except TrainedNothing as e:
-        signals.may_raise = False
         print(f"[failed] {e}", file=sys.stderr, flush=True)
     except torch.OutOfMemoryError:
-        signals.may_raise = False
         traceback.print_exc()
         print(f"[failed] out of memory at step {run.final_step + 1}; the plan was: {plan.table() if plan else 'none'}; "
               "shrink it with --lora-rank, --dtype bf16, --grad-checkpointing, --micro-batch-tokens, "
               "--max-batch-episodes, --num-workers", file=sys.stderr, flush=True)
     except BaseException:
-        signals.may_raise = False
         traceback.print_exc()
         print("[failed] the run stopped on the error above", file=sys.stderr, flush=True)
     # Shutdown: save first (workers may still be running), then stop the workers, then the rest.
@@ -182,16 +178,15 @@ def run_training(cfg: TrainConfig, *, resume_dir: str | None = None, overrides: 
         _attempt("stopping the workers", source.close)  # gone before the final eval takes every core
     _attempt("stopping the learner ranks", run.ranks.close)
     if status == "done":  # everything is saved: a signal may cut the final eval short
-        signals.may_raise = signals.signum is None
         try:
-            run.use_cores(alone=True)
-            out.summary = (finish or TrainingRun.finish)(run)
+            with signals.interruptible():
+                run.use_cores(alone=True)
+                out.summary = (finish or TrainingRun.finish)(run)
         except KeyboardInterrupt:
             status = "stopped"
         except Exception:
             traceback.print_exc()
             status = "failed"
-        signals.may_raise = False
     _attempt("closing the logs", run.cleanup)
     signals.restore()
     out.run_dir, out.history = run.run_dir, run.history

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nanorllm.config.errors import ConfigError
+from nanorllm.config.fields import DTYPE_CHOICE
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.runlock import LOCK_NAME, RunLock
 from nanorllm.utils.files import write_atomic
@@ -28,6 +29,15 @@ from nanorllm.utils.sinks import parse_report_to
 def run_name_now(*parts: str | int) -> str:
     """A run's default folder name: its parts and the time it started, `a__b__20261206-051500`."""
     return "__".join([*map(str, parts), datetime.now().strftime("%Y%m%d-%H%M%S")])
+
+
+def first_choice(run_dir: Path, dtype: str) -> str | None:
+    """The dtype choice config.json already records for `dtype` (a resumed run keeps why its start chose it)."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get(DTYPE_CHOICE) if isinstance(saved, dict) and saved.get("dtype") == dtype else None
 
 
 class RunFolder:
