@@ -10,10 +10,10 @@ import sys
 from dataclasses import replace
 
 from nanorllm.config import TrainConfig
-from nanorllm.config.specs import env_spec, lora_spec
+from nanorllm.config.specs import env_spec, lora_spec, run_bundle
 from nanorllm.datasets.tasks import OVERLAP_RULE, TaskFileError, check_task_rows, overlap_counts, remove_overlap
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import load_bundle, load_env_tasks, resolve_task_specs
+from nanorllm.envs.registry import load_env_tasks, resolve_task_specs
 from nanorllm.ranks.group import learner_spec
 from nanorllm.trainer import fingerprint
 from nanorllm.trainer.parts import RunParts
@@ -32,7 +32,7 @@ def assemble(cfg: TrainConfig, *, env: EnvBundle | None = None) -> RunParts:
     --eval-limit, which limits only the tasks evaluated), its devices, its compute dtype (--dtype auto chosen for
     them) and its LoRA spec."""
     spec = env_spec(cfg)
-    env = env if env is not None else load_bundle(spec)
+    env = run_bundle(cfg, env)
     tasks, eval_tasks = resolve_task_specs(cfg.tasks, cfg.eval_tasks, env)
     devices = run_devices(cfg)
     precision = choose_precision(cfg.dtype, [*devices.learners, *devices.workers])

@@ -2,9 +2,8 @@
 with. The engine below takes only its specs (sampling, the env bundle, a row limit); reading them off the
 config is this floor's job."""
 
-from nanorllm.config.specs import env_spec, sampling_params
+from nanorllm.config.specs import run_bundle, sampling_params
 from nanorllm.envs.base import EnvBundle
-from nanorllm.envs.registry import load_bundle
 from nanorllm.rollout.engine import RolloutEngine
 
 
@@ -12,7 +11,7 @@ def training_engine(policy, cfg, env: EnvBundle | None = None) -> RolloutEngine:
     """The sampling engine every training rollout uses, serial or in a worker, on `env` (the run's bundle,
     built once by the assembly) or, without one, the bundle the config names. A game's model --opponent is loaded
     here, frozen, on the policy's device: each process that rolls out holds one."""
-    env = env if env is not None else load_bundle(env_spec(cfg))
+    env = run_bundle(cfg, env)
     return RolloutEngine(policy, sampling=sampling_params(cfg), env=env, max_batch_episodes=cfg.max_batch_episodes,
                          opponent_policy=opponent_model(policy, cfg, env))
 
