@@ -4,6 +4,7 @@ config.json), and the specs the lower floors take defaulting to what their group
 import dataclasses
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +166,63 @@ def test_a_new_program_composes_its_config_as_the_fields_module_shows():
     cfg = tyro.cli(sft, args=["--model", "tiny-random", "--lr", "1e-4", "--epochs", "2", "--lora-rank", "8"])
     assert (cfg.model, cfg.lr, cfg.epochs, cfg.lora_rank, cfg.threads) == ("tiny-random", 1e-4, 2, 8, None)
     assert lora_spec(cfg).rank == 8  # the specs take any program that composes their group
+
+
+def test_all_of_says_every_group_is_needed_and_a_whole_config_is_one():
+    from nanorllm.config.fields import AllOf, EnvSource, EpisodeShape, RewardFunctions, Sampling, ToolSettings, Turns
+
+    assert AllOf[Sampling, Turns] is AllOf[Sampling, Turns]
+    assert isinstance(TrainConfig(), AllOf[Sampling, Turns]) and not isinstance(Turns(), AllOf[Sampling, Turns])
+    needs = AllOf[EnvSource, ToolSettings, RewardFunctions, EpisodeShape]
+    assert isinstance(TrainConfig(), needs) and isinstance(EvalConfig(), needs)
+    assert env_spec.__annotations__["cfg"] is needs
+
+
+def test_no_function_takes_a_union_of_config_groups():
+    """`A | B` of two groups says either will do; a function that reads both takes AllOf[A, B]."""
+    import re
+    from pathlib import Path
+
+    import nanorllm
+
+    names = "|".join(c.__name__ for c in group_classes())
+    union = re.compile(rf"\b(cfg|config)\s*:\s*({names})\s*\|\s*({names})\b")
+    root = Path(nanorllm.__file__).resolve().parent
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in sorted(root.rglob("*.py"))
+             for m in union.finditer(p.read_text())]
+    # the one union left is an either: evaluation's episode shape alone, or the whole Episodes with its prompt limit
+    assert found == ["config/specs.py: cfg: EpisodeShape | Episodes"]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def saved_before() -> dict:
+    """A tiny serial run's config.json, as the code wrote it before its groups were renamed and split
+    (tests/runs.py SERIAL, --max-steps 1 --save-every 1)."""
+    return json.loads((FIXTURES / "saved_config.json").read_text())
+
+
+def test_a_config_json_saved_before_loads_with_every_field_as_it_was():
+    saved = saved_before()
+    cfg = TrainConfig.from_saved(saved)
+    assert [f.name for f in dataclasses.fields(TrainConfig)] == [k for k in saved if k != "dtype_choice"]
+    assert json.loads(json.dumps(cfg.saved())) == {k: v for k, v in saved.items() if k != "dtype_choice"}
+    assert cfg.validate() == []
+
+
+@pytest.mark.slow
+def test_a_run_whose_config_json_was_saved_before_resumes_and_evaluates(tmp_path):
+    from nanorllm.run.lifecycle import main
+    from nanorllm.trainer.eval_model import evaluate_model, with_run_settings
+    from tests.runs import length_rule_grading, train_in_process
+
+    train_in_process(tmp_path, "run", ["--max-steps", "1", "--save-every", "1"])
+    run = tmp_path / "run"
+    saved = {**saved_before(), "output_dir": str(tmp_path), "run_name": "run"}  # where this copy of it lies
+    (run / "config.json").write_text(json.dumps(saved, indent=2))
+    with length_rule_grading():
+        assert main(["--resume", str(run), "--max-steps", "2"]) == 0
+        result = evaluate_model(with_run_settings(EvalConfig(model=str(run / "final_model")), set())[0])
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 2
+    assert result["n"] == saved["eval_limit"]

@@ -2,11 +2,11 @@
 evaluation, supervised fine-tuning) takes from here, so `--reward f.py:fn` without `--env` means the same
 one-turn episodes wherever it is given."""
 
-from nanorllm.config.fields import EnvSource, JudgeSettings, RewardFunctions, RewardModelSettings
+from nanorllm.config.fields import AllOf, EnvSource, JudgeSettings, RewardFunctions, RewardModelSettings
 from nanorllm.envs.registry import DEFAULT_ENV
 
 
-def episode_env(cfg: EnvSource | RewardFunctions | JudgeSettings, *, env_given: bool) -> str:
+def episode_env(cfg: AllOf[EnvSource, RewardFunctions, JudgeSettings], *, env_given: bool) -> str:
     """The env a program's episodes run, for training, evaluation and every other program alike: --env when it
     was given (`env_given`, even as the default; a resumed or evaluated run's saved env counts as given);
     without it, reward sources (--reward, --reward-model, --judge) score one-turn episodes alone ('single'),

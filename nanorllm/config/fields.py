@@ -20,8 +20,9 @@ A new program composes its own the same way, adding only the fields no group hol
 same reading of a file's lists. Checks live in checks.py, the file loader in files.py, the command line in cli.py.
 """
 
+import types
 from dataclasses import asdict, dataclass
-from typing import Annotated, Literal, get_origin, get_type_hints
+from typing import Annotated, Literal, Protocol, get_origin, get_type_hints, runtime_checkable
 
 import tyro
 
@@ -193,7 +194,13 @@ class TaskSampling:
 
 @dataclass
 class Sources(TaskSources, RewardModelSettings, RewardFunctions, ToolSettings, EnvSource, ModelSettings):
-    """What to train on: the model, the episodes' env or agent, their tools, rewards and task sources."""
+    """What to train on: the model, the episodes' env or agent, their tools, rewards and task sources. A group of
+    groups, no field of its own."""
+
+
+@dataclass
+class Alarms:
+    """The warnings a run gives once its first steps show a tool-call format mismatch or a collapsed policy."""
 
     tool_alarm_steps: int = 3
     """With --tools: when the first this-many steps parse no tool call at all, one warning names the parser,
@@ -322,7 +329,7 @@ class Episodes(Sampling, EpisodeShape, PromptLimit):
 
 
 @dataclass
-class Decode:
+class DecodeBatch:
     """The running decode batch (training rollouts and evaluation)."""
 
     max_batch_episodes: int = 256
@@ -427,9 +434,8 @@ class Steps:
 
 
 @dataclass
-class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
-    """The update: steps and groups, advantages, passes over a batch, with the loss, optimizer, learner and decode
-    groups."""
+class GroupShape:
+    """A step's groups: how many tasks, how many episodes each, and how few may be left of one."""
 
     tasks_per_step: int = 8
     """Groups (distinct tasks) per update."""
@@ -438,6 +444,13 @@ class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
     min_group_size: int = 2
     """A group left with fewer episodes than this after its failed ones (env errors, reward scores that could not be
     computed) leave it is dropped whole (rollout/groups_dropped); with at least this many it trains on them."""
+
+
+@dataclass
+class Advantages:
+    """The advantage estimator and its settings, whether groups without signal train, and how an episode's turns
+    share its credit (algos/advantages.py)."""
+
     adv_estimator: Annotated[str, tyro.conf.arg(metavar="{" + ",".join(ESTIMATORS) + "}|FILE.py:FN|MODULE:FN")] = "grpo"
     """grpo: reward - group mean [/ group std]; rloo: reward - the mean of the group's other episodes;
     reinforce++: reward - group mean, then whitened by the mean and std over the whole step's response tokens
@@ -463,10 +476,22 @@ class GRPO(Steps, Learner, Optimizer, LossSettings, Decode):
     turn_gamma: float = 0.5
     """Discount of later turns' outcome under turn_credit='turn'; < 1 so a wrong first answer that a retry
     fixed scores below a first-try success (1.0 would give both the same first-turn return)."""
+
+
+@dataclass
+class MiniBatches:
+    """How a rollout batch is cut into optimizer steps."""
+
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch: its groups split into this many mini-batches (by task-stream position
     mod this), one step each. A step (max_steps, checkpoints, published weights, lr_schedule) is still one
     rollout batch."""
+
+
+@dataclass
+class Update(MiniBatches, Advantages, GroupShape, Steps, Learner, Optimizer, LossSettings):
+    """A step's update: its groups and their advantages, how its batch is cut into optimizer steps and passed over,
+    the learner's passes, the optimizer and the loss. A group of groups, no field of its own."""
 
 
 @dataclass
@@ -539,8 +564,9 @@ class MemoryPlanning:
 
 
 @dataclass
-class Agreement(MemoryPlanning, LearnerForward):
-    """Sampler / learner agreement, DAPO's filters and what bounds the learner's memory."""
+class DapoSettings:
+    """DAPO's techniques beyond its clip (the loss's clip_high): overlong filtering, dynamic sampling (fill-batch)
+    and the soft overlong punishment."""
 
     mask_truncated: bool = False
     """DAPO overlong filtering: episodes cut at max_new_tokens contribute no gradient (counted)."""
@@ -663,6 +689,25 @@ class Faults:
     fails."""
 
 
+class AllOf:
+    """`AllOf[A, B, C]`: a config that composes every one of the groups A, B and C, what a function that reads
+    several groups takes (`A | B | C` would say any one of them will do). A runtime-checkable Protocol whose
+    attributes are the groups' fields, made once per combination, so a TrainConfig, an EvalConfig or any object
+    with those fields is one, by its fields, not by its bases."""
+
+    _made: dict[tuple[type, ...], type] = {}
+
+    def __class_getitem__(cls, groups: type | tuple[type, ...]) -> type:
+        groups = groups if isinstance(groups, tuple) else (groups,)
+        if groups not in cls._made:
+            hints = {name: hint for group in groups for name, hint in get_type_hints(group).items()}
+            name = f"AllOf[{', '.join(g.__name__ for g in groups)}]"
+            made = types.new_class(name, (Protocol,), exec_body=lambda ns: ns.update(__annotations__=hints,
+                                                                                      __module__=__name__))
+            cls._made[groups] = runtime_checkable(made)
+        return cls._made[groups]
+
+
 DTYPE_CHOICE = "dtype_choice"
 """A key config.json holds beside the fields: how --dtype was chosen (utils/precision.py), a record, not a setting."""
 
@@ -681,8 +726,8 @@ class Program:
 
 
 @dataclass
-class TrainConfig(Program, Faults, RunFolder, Processes, Agreement, TaskSampling, Lora, Objective, GRPO, Episodes,
-                  EvalSettings, JudgeSettings, Sources):
+class TrainConfig(Program, Faults, RunFolder, Processes, DapoSettings, MemoryPlanning, LearnerForward, TaskSampling, Lora,
+                  Objective, Update, DecodeBatch, Episodes, EvalSettings, JudgeSettings, Alarms, Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
     Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.

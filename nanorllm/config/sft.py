@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from nanorllm.config.checks import bound_problems
-from nanorllm.config.fields import (Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
+from nanorllm.config.fields import (Alarms, Devices, EnvOptions, Episodes, FirstPrompt, Learner, LearnerForward,
                                     LearnerRankSettings, LoraAdapters, MemoryPlanning, ModelSettings, Optimizer, RunLog,
                                     Seeding, Sources, Steps, ToolFunctions, TrainingTasks)
 
@@ -112,7 +112,7 @@ class SampleSettings:
 
 
 @dataclass
-class SampleConfig(SampleSettings, Overwriting, Devices, Seeding, Episodes, Sources):
+class SampleConfig(SampleSettings, Overwriting, Devices, Seeding, Episodes, Alarms, Sources):
     """Sample episodes from a model on an env and keep the rewarded ones as SFT rows (RFT / STaR / expert
     iteration; launch/sample.py). --seed seeds the sampling; the task, env and episode fields mean what they mean
     in training."""

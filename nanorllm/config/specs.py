@@ -3,16 +3,16 @@
 A floor below the trainer never reads a TrainConfig field: the policy gets a `LoraSpec`, the engine its
 `SamplingParams` and turn limit, an env its `EnvSpec` (with the `EpisodeSettings` every bundle may read).
 So policy/, envs/ and rollout/ depend on the types they are handed, which an import shows, not on the
-config's field names, which nothing would. Each builder takes the config groups it reads (fields.py), whose
-defaults are the specs' (tests/test_config.py checks every one); a group a program does not compose (an
-evaluation has no reward model) gives no part.
+config's field names, which nothing would. Each builder takes the config groups it reads (fields.py): one
+group's type, or `AllOf[...]` the groups it needs all of; their defaults are the specs' (tests/test_config_groups.py
+checks every one); a group a program does not compose (an evaluation has no reward model) gives no part.
 """
 
 from dataclasses import replace
 
-from nanorllm.config.fields import (EnvOptions, EnvSource, EpisodeShape, FirstPrompt, JudgeSettings, LoraAdapters,
-                                    PromptLimit, RewardFunctions, RewardModelSettings, Sampling, TaskSampling,
-                                    ToolSettings)
+from nanorllm.config.fields import (AllOf, EnvOptions, EnvSource, Episodes, EpisodeShape, FirstPrompt, JudgeSettings,
+                                    LoraAdapters, PromptLimit, RewardFunctions, RewardModelSettings, Sampling,
+                                    TaskSampling, ToolSettings, Turns)
 from nanorllm.datasets.sampler import SamplerSpec
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec
@@ -38,19 +38,19 @@ def sampler_spec(cfg: TaskSampling) -> SamplerSpec | None:
     return SamplerSpec(band=tuple(cfg.sampler_band), explore=cfg.sampler_explore, revisit=cfg.sampler_revisit)
 
 
-def sampling_params(cfg: Sampling | EpisodeShape) -> SamplingParams:
+def sampling_params(cfg: AllOf[Sampling, Turns]) -> SamplingParams:
     """How training rollouts sample (evaluation replaces the temperature or decodes greedily)."""
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
 
 
-def episode_settings(cfg: EnvSource | EpisodeShape) -> EpisodeSettings:
+def episode_settings(cfg: AllOf[EnvSource, EpisodeShape]) -> EpisodeSettings:
     """The episode fields every bundle may read."""
     return replace(prompt_settings(cfg), max_turns=cfg.max_turns, grader_timeout_s=cfg.grader_timeout_s,
                    env_timeout_s=cfg.env_timeout_s, max_row_tokens=agent_row_tokens(cfg), opponent=cfg.opponent,
                    eval_opponent=cfg.eval_opponent)
 
 
-def prompt_settings(cfg: EnvOptions | FirstPrompt) -> EpisodeSettings:
+def prompt_settings(cfg: AllOf[EnvOptions, FirstPrompt]) -> EpisodeSettings:
     """What a bundle's first prompt and task sources read (the system prompt, the worked example, the task
     columns), the turn and time limits at EpisodeSettings' own: what a program that plays no episode (SFT's
     demonstrations) hands a bundle. A --task-fields the config's checks refuse reads as none."""
@@ -63,10 +63,10 @@ def prompt_settings(cfg: EnvOptions | FirstPrompt) -> EpisodeSettings:
     return EpisodeSettings(system_prompt=cfg.system_prompt, worked_example=cfg.worked_example, task_fields=task_fields)
 
 
-def agent_row_tokens(cfg: PromptLimit | EpisodeShape) -> int | None:
+def agent_row_tokens(cfg: EpisodeShape | Episodes) -> int | None:
     """The most tokens an --agent episode's row may hold: --max-prompt-tokens plus the room its turns need
     (their responses and feedback, as an env episode is sized); None without --max-prompt-tokens (the model's
-    context bounds it), or in a program without the PromptLimit group."""
+    context bounds it), or for a config with the episode shape alone (evaluation's: no prompt limit)."""
     from nanorllm.rollout.engine import longest_episode
 
     if not isinstance(cfg, PromptLimit) or not cfg.max_prompt_tokens:
@@ -74,7 +74,7 @@ def agent_row_tokens(cfg: PromptLimit | EpisodeShape) -> int | None:
     return longest_episode(cfg.max_prompt_tokens, sampling_params(cfg), cfg.max_turns)
 
 
-def env_spec(cfg: EnvSource | ToolSettings | RewardFunctions | EpisodeShape) -> EnvSpec:
+def env_spec(cfg: AllOf[EnvSource, ToolSettings, RewardFunctions, EpisodeShape]) -> EnvSpec:
     """What names the run's episodes: its --agent, or its --env with its options, --tools, --reward functions,
     --reward-model and --judge."""
     return EnvSpec(env=cfg.env, env_args=cfg.env_arg, agent=cfg.agent, agent_timeout_s=cfg.agent_timeout_s,

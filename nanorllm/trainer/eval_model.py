@@ -15,8 +15,8 @@ from pathlib import Path
 from nanorllm.config import eval_problems
 from nanorllm.config.checks import agent_env_problems, bound_problems, judge_problems, tool_problems
 from nanorllm.config.episode_env import episode_env
-from nanorllm.config.fields import (Decode, EnvSource, EpisodeShape, EvalSettings, JudgeSettings, ModelSettings, Program,
-                                    RewardFunctions, Seeding, ToolSettings)
+from nanorllm.config.fields import (DecodeBatch, EnvSource, EpisodeShape, EvalSettings, JudgeSettings, ModelSettings,
+                                    Program, RewardFunctions, Seeding, ToolSettings)
 from nanorllm.datasets.golds import TaskFieldsError, parse_task_fields
 from nanorllm.datasets.tasks import check_task_rows
 from nanorllm.config.specs import env_spec
@@ -27,8 +27,8 @@ from nanorllm.utils.devices import configure_threads
 
 
 @dataclass
-class EvalConfig(Program, Decode, JudgeSettings, EvalSettings, EpisodeShape, RewardFunctions, ToolSettings, EnvSource,
-                 Seeding, ModelSettings):
+class EvalConfig(Program, DecodeBatch, JudgeSettings, EvalSettings, EpisodeShape, RewardFunctions, ToolSettings,
+                 EnvSource, Seeding, ModelSettings):
     """launch/eval.py's flags: training's groups for the model, the env or agent, its tools and reward functions,
     the episode's shape, the decode batch, the evaluation (--eval-set, --eval-samples, --eval-limit...) and the
     judge, each field declared once (config/fields.py), plus what only an evaluation chooses."""

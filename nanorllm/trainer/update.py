@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from nanorllm.config.fields import AdamWSettings, Learner, LearnerForward
+from nanorllm.config.fields import AdamWSettings, AllOf, Learner, LearnerForward
 from nanorllm.core.types import StepSample
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
@@ -58,7 +58,7 @@ def score(policy, batch: dict):
 
 
 def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
-           cfg: Learner | AdamWSettings | LearnerForward, *, ranks: LearnerRanks, loss,
+           cfg: AllOf[Learner, AdamWSettings, LearnerForward], *, ranks: LearnerRanks, loss,
            host: dict[str, float]) -> dict[str, float]:
     """Train on this rank's `samples` (whole episodes) with `loss` (trainer/loss.py): RL's `PolicyLoss`, or
     supervised fine-tuning's `SFTLoss`, each a micro-batch's (loss, metrics) from (policy, batch, its samples, the
