@@ -275,7 +275,9 @@ def test_a_registered_reward_source_scores_through_the_env_assembly_with_the_bui
         def __call__(self, results, env_name):
             return [float(len(r.trajectory.steps[-1].model_response)) for r in results]
 
-    sources.register_reward_source("length", LengthSpec, lambda spec: [Length(spec.weight)])
+    sources.register_reward_source("length", LengthSpec, lambda spec: [Length(spec.weight)],
+                                   lambda spec: [] if spec.weight else ["length: weight 0"])
+    assert sources.reward_source_problems((LengthSpec(0.0), LengthSpec())) == ["length: weight 0"]
     with pytest.raises(ValueError, match="'length' .* is registered already"):
         sources.register_reward_source("length", RewardFunctionsSpec, lambda spec: [])
     spec = EnvSpec(reward_sources=(RewardFunctionsSpec(specs=(f"{rewards_file}:trl_plain",)), LengthSpec(0.5)))

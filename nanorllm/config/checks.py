@@ -284,7 +284,7 @@ def distill_problems(cfg) -> list[str]:
 
 def judge_problems(cfg) -> list[str]:
     """The judge fields (fields.JudgeSettings) of a TrainConfig or an EvalConfig; that the rubric file reads is the
-    assembly's check (run/world.py judge_world_problems)."""
+    judge's own start-up check (rewards/judge.py judge_world_problems, run by run/world.py)."""
     if not cfg.judge:
         return []
     p = []

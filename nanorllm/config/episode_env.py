@@ -2,7 +2,8 @@
 evaluation, supervised fine-tuning) takes from here, so `--reward f.py:fn` without `--env` means the same
 one-turn episodes wherever it is given."""
 
-from nanorllm.config.fields import AllOf, EnvSource, JudgeSettings, RewardFunctions, RewardModelSettings
+from nanorllm.config.fields import AllOf, EnvSource, JudgeSettings, RewardFunctions
+from nanorllm.config.specs import reward_source_specs
 from nanorllm.envs.registry import DEFAULT_ENV
 
 
@@ -11,7 +12,7 @@ def episode_env(cfg: AllOf[EnvSource, RewardFunctions, JudgeSettings], *, env_gi
     was given (`env_given`, even as the default; a resumed or evaluated run's saved env counts as given);
     without it, reward sources (--reward, --reward-model, --judge) score one-turn episodes alone ('single'),
     unless an --agent is the episode; else the default env."""
-    scored = cfg.reward or cfg.judge or (isinstance(cfg, RewardModelSettings) and cfg.reward_model)
+    scored = reward_source_specs(cfg)
     if scored and not env_given and not cfg.agent and cfg.env == DEFAULT_ENV:
         return "single"
     return cfg.env

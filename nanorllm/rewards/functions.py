@@ -160,8 +160,20 @@ class RewardFunctionsSpec:
     timeout_s: float = REWARD_TIMEOUT_S
 
 
+def functions_problems(spec: RewardFunctionsSpec) -> list[str]:
+    """Each --reward file imports and its function has TRL's or verl's signature."""
+    p = []
+    for one in spec.specs:
+        try:
+            load_reward_function(one)  # imports the file: a bad spec or signature stops here
+        except EnvSpecError as e:
+            p.append(f"reward: {e}")
+    return p
+
+
 register_reward_source("functions", RewardFunctionsSpec,
-                       lambda spec: load_reward_functions(spec.specs, spec.weights, spec.timeout_s))
+                       lambda spec: load_reward_functions(spec.specs, spec.weights, spec.timeout_s),
+                       functions_problems)
 
 
 def checked_values(source, out: object, n: int) -> list[float | None]:

@@ -26,6 +26,7 @@ name, a wrong key) is not retried either. Each failure prints one line, once per
 """
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
-from nanorllm.rewards.rubric import (Rubric, ScoreError, clip, group_messages, load_rubric, new_nonce,
+from nanorllm.rewards.rubric import (Rubric, RubricError, ScoreError, clip, group_messages, load_rubric, new_nonce,
                                      parse_group_scores, parse_score, single_messages)
 from nanorllm.rewards.sources import register_reward_source
 from nanorllm.utils.aio import client_loop
@@ -266,7 +267,24 @@ async def _read_capped(reply) -> bytes:
     return bytes(data)
 
 
-register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)])
+def judge_world_problems(spec: JudgeSpec) -> list[str]:
+    """The --judge's rubric file reads and parses, its client is installed and the API key it names is set."""
+    p = []
+    if spec.rubric is not None:
+        try:
+            load_rubric(spec.rubric)
+        except RubricError as e:
+            p.append(f"judge_rubric: {e}")
+    if spec.target.startswith(GEMINI_PREFIX) and not os.environ.get("GEMINI_API_KEY"):
+        p.append("judge: a gemini: judge needs the GEMINI_API_KEY environment variable")
+    if importlib.util.find_spec("httpx") is None:
+        p.append("judge: the judge's client needs httpx (pip install -e .[agents])")
+    if spec.api_key_env and not os.environ.get(spec.api_key_env):
+        p.append(f"judge_api_key_env: the environment variable {spec.api_key_env} is not set")
+    return p
+
+
+register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)], judge_world_problems)
 
 
 def _text(data: bytes) -> str:

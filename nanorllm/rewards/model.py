@@ -222,4 +222,5 @@ class RewardModel:
         return {"reward/model_mean": mean, "reward/model_std": std}
 
 
-register_reward_source("reward_model", RewardModelSpec, lambda spec: [RewardModel(**asdict(spec))])
+register_reward_source("reward_model", RewardModelSpec, lambda spec: [RewardModel(**asdict(spec))],
+                       lambda spec: reward_model_problems(spec.path))

@@ -1,9 +1,12 @@
 """The reward sources a run can name, one registry: each source is one module in rewards/ that holds its spec (a
 frozen dataclass: data, so it travels to a spawned worker, which builds the same source from it) and registers it
-once, `register_reward_source(name, SpecType, build)`, build(spec) -> the source objects RewardSources scores with
-(rewards/functions.py: a name, a spec, a weight, a call). The env assembly (envs/registry.py `load_bundle`)
-builds whichever specs a run's `EnvSpec.reward_sources` holds, in their order, and names no source itself; the
-config's groups become those specs in one place (config/specs.py `reward_source_specs`).
+once, `register_reward_source(name, SpecType, build, problems)`: build(spec) -> the source objects RewardSources
+scores with (rewards/functions.py: a name, a spec, a weight, a call), problems(spec) -> what stops it on this machine,
+one line each naming the field (its file does not import, its folder is no reward model, its key is not set), checked
+before a run starts. The env assembly (envs/registry.py `load_bundle`) builds whichever specs a run's
+`EnvSpec.reward_sources` holds, in their order, and the run's start-up checks (run/world.py) ask each for its
+problems: neither names a source. The config's groups become those specs in one place (config/specs.py
+`reward_source_specs`).
 
 A spec's class is its module's, so a spec that exists has had its module imported and its source registered
 (unpickling one in a worker imports the module too): each source's file is still imported only when a run names
@@ -22,28 +25,38 @@ class RewardSourceKind:
     name: str
     spec_type: type
     build: Callable[[Any], list]
+    problems: Callable[[Any], list[str]]
 
 
 REWARD_SOURCES: dict[str, RewardSourceKind] = {}
 
 
-def register_reward_source(name: str, spec_type: type, build: Callable[[Any], list]) -> None:
-    """Register a reward source: specs of `spec_type` become `build(spec)`'s sources. A name or spec type taken by
-    another source is refused (registering the same pair again, as a module reloaded does, is not)."""
+def register_reward_source(name: str, spec_type: type, build: Callable[[Any], list],
+                           problems: Callable[[Any], list[str]] = lambda spec: []) -> None:
+    """Register a reward source: specs of `spec_type` become `build(spec)`'s sources, and `problems(spec)` says
+    what stops one at start. A name or spec type taken by another source is refused (registering the same pair
+    again, as a module reloaded does, is not)."""
     for kind in REWARD_SOURCES.values():
         if (kind.name == name or kind.spec_type is spec_type) and (kind.name, kind.spec_type) != (name, spec_type):
             raise ValueError(f"reward source {name!r} ({spec_type.__name__}): {kind.name!r} "
                              f"({kind.spec_type.__name__}) is registered already")
-    REWARD_SOURCES[name] = RewardSourceKind(name, spec_type, build)
+    REWARD_SOURCES[name] = RewardSourceKind(name, spec_type, build, problems)
+
+
+def kind_of(spec) -> RewardSourceKind:
+    """The registered source a spec is of; TypeError for a spec no source registered."""
+    kind = next((k for k in REWARD_SOURCES.values() if isinstance(spec, k.spec_type)), None)
+    if kind is None:
+        raise TypeError(f"no reward source is registered for a {type(spec).__name__} "
+                        f"(registered: {', '.join(REWARD_SOURCES) or 'none'})")
+    return kind
 
 
 def build_reward_sources(specs: tuple | list) -> list:
     """Every source the specs name, in their order."""
-    out = []
-    for spec in specs:
-        kind = next((k for k in REWARD_SOURCES.values() if isinstance(spec, k.spec_type)), None)
-        if kind is None:
-            raise TypeError(f"no reward source is registered for a {type(spec).__name__} "
-                            f"(registered: {', '.join(REWARD_SOURCES) or 'none'})")
-        out += kind.build(spec)
-    return out
+    return [source for spec in specs for source in kind_of(spec).build(spec)]
+
+
+def reward_source_problems(specs: tuple | list) -> list[str]:
+    """What stops each source the specs name on this machine, one line each, in their order."""
+    return [line for spec in specs for line in kind_of(spec).problems(spec)]

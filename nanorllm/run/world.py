@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nanorllm.config import TrainConfig
-from nanorllm.config.specs import env_spec
+from nanorllm.config.specs import env_spec, reward_source_specs
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle
 from nanorllm.run.assembly import run_devices
@@ -94,21 +94,11 @@ def _starts_children(cfg: TrainConfig) -> bool:
 
 
 def source_problems(cfg: TrainConfig) -> list[str]:
-    """Each --reward file loads, the --reward-model folder is a sequence classifier, the --judge can be asked,
-    the --tools functions have schemas."""
-    from nanorllm.rewards.functions import load_reward_function
+    """Each reward source's own start-up checks (rewards/sources.py: a --reward file loads, the --reward-model folder
+    is a sequence classifier, the --judge can be asked), and the --tools functions have schemas."""
+    from nanorllm.rewards.sources import reward_source_problems
 
-    p = []
-    for spec in cfg.reward:
-        try:
-            load_reward_function(spec)  # imports the file: a bad spec or signature stops here
-        except EnvSpecError as e:
-            p.append(f"reward: {e}")
-    if cfg.reward_model is not None:
-        from nanorllm.rewards.model import reward_model_problems
-
-        p += reward_model_problems(cfg.reward_model)
-    p += judge_world_problems(cfg)
+    p = reward_source_problems(reward_source_specs(cfg))
     if cfg.tools and not cfg.agent:
         from nanorllm.envs.tools import load_tools
 
@@ -156,25 +146,3 @@ def opponent_problems(cfg: TrainConfig) -> list[str]:
         return []
     return [f"opponent: {cfg.opponent!r} is neither {' nor '.join(OPPONENTS)}, an endpoint (http://host:port/v1) nor "
             "a model this machine can read (a folder with a config.json, a cached hub id, a built-in name)"]
-
-
-def judge_world_problems(cfg) -> list[str]:
-    """The --judge's rubric file reads and parses, its client is installed and the API key it names is set."""
-    from nanorllm.rewards.judge import GEMINI_PREFIX
-    from nanorllm.rewards.rubric import RubricError, load_rubric
-
-    if not cfg.judge:
-        return []
-    p = []
-    if cfg.judge_rubric is not None:
-        try:
-            load_rubric(cfg.judge_rubric)
-        except RubricError as e:
-            p.append(f"judge_rubric: {e}")
-    if cfg.judge.startswith(GEMINI_PREFIX) and not os.environ.get("GEMINI_API_KEY"):
-        p.append("judge: a gemini: judge needs the GEMINI_API_KEY environment variable")
-    if importlib.util.find_spec("httpx") is None:
-        p.append("judge: the judge's client needs httpx (pip install -e .[agents])")
-    if cfg.judge_api_key_env and not os.environ.get(cfg.judge_api_key_env):
-        p.append(f"judge_api_key_env: the environment variable {cfg.judge_api_key_env} is not set")
-    return p
