@@ -726,8 +726,8 @@ class Program:
 
 
 @dataclass
-class TrainConfig(Program, Faults, RunFolder, Processes, DapoSettings, MemoryPlanning, LearnerForward, TaskSampling, Lora,
-                  Objective, Update, DecodeBatch, Episodes, EvalSettings, JudgeSettings, Alarms, Sources):
+class TrainConfig(Program, Faults, RunFolder, Processes, DapoSettings, MemoryPlanning, LearnerForward, TaskSampling,
+                  Lora, Objective, Update, DecodeBatch, Episodes, EvalSettings, JudgeSettings, Alarms, Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
     Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.
