@@ -51,6 +51,10 @@ def test_a_missing_eval_file_or_field_is_refused_naming_it(tmp_path):
         rows_of(SeedTableConfig(runs=(run,), field=("mean_reward",)))
     with pytest.raises(SeedTableError, match="no scalar loss/x"):
         rows_of(SeedTableConfig(runs=(run,), scalar=("loss/x",)))
+
+
+@pytest.mark.slow
+def test_the_program_exits_2_naming_a_run_without_its_eval_file(tmp_path):
     (tmp_path / "c-0").mkdir()
     proc = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), str(tmp_path / "c-0")],
                       capture_output=True, text=True, cwd=ROOT)
