@@ -227,9 +227,11 @@ def test_the_memory_plan_counts_a_model_opponent_where_rollouts_run():
         parts.devices = DeviceMap(learners=["cpu"], workers=["cpu", "cpu"])
         return {p.name: [part.name for part in p.parts] for p in plan_run(parts, free={"cpu": 10**12}).processes}
 
-    frozen = plan(opponent="tiny-random")
+    frozen = plan(opponent="tiny-random", eval_opponent="random")
     assert "opponent" not in frozen["learner"] and all("opponent" in frozen[f"worker {i}"] for i in (0, 1))
-    assert not any("opponent" in names for names in plan().values())
+    assert not any("opponent" in names for names in plan(eval_opponent="random").values())
+    assert plan()["learner"].count("eval opponent") == 1  # the base, frozen, where held-out evaluation runs
+    assert not any("eval opponent" in names for names in plan(eval_opponent="self").values())
 
 
 def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path, capsys):
@@ -257,6 +259,31 @@ def test_held_out_evaluation_plays_the_fixed_eval_opponent():
     assert "selfplay/win_rate/seat0" in res or "selfplay/win_rate/seat1" in res
 
 
+def test_held_out_evaluation_plays_the_frozen_base_by_default_one_policy_seat_a_game(tiny_policy_factory):
+    from nanorllm.config import TrainConfig
+    from nanorllm.trainer.training_engine import eval_opponent_model
+
+    env = load_env(DUEL, EpisodeSettings(max_turns=8), ["lenient=true"])  # the random model's moves count
+    assert env.settings.eval_opponent == "base" and TrainConfig().eval_opponent == "base"
+    policy = by_seat({0: "1", 1: "1"})
+    policy.device = "cpu"
+    base = eval_opponent_model(policy, TrainConfig(model="tiny-random", env=DUEL), env)
+    assert base is not None and not any(p.requires_grad for p in base.model.parameters())
+    assert eval_opponent_model(policy, TrainConfig(model="tiny-random", env=DUEL, eval_opponent="self"), env) is None
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4, 5, 6)]
+    res = evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=4), env=env, opponent_policy=base)
+    assert res["n"] + res["failed"] == 4  # one policy seat a game, the base frozen in the other
+    with pytest.raises(ValueError, match="is a model: pass it as opponent_policy"):
+        evaluate(policy, tasks, sampling=SamplingParams(), env=env)
+
+
+def test_an_eval_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path, capsys):
+    assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--eval-opponent", "./no-such-model",
+                 "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "eval_opponent: './no-such-model' is neither self nor random, base, an endpoint" in err
+
+
 def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():
     from nanorllm.trainer.evaluate import evaluate_sampled
 
@@ -281,7 +308,8 @@ def test_an_opponent_that_is_no_choice_and_no_model_is_refused_naming_the_choice
 def test_the_random_opponent_is_refused_for_a_game_without_legal_moves():
     bundle = type("BareDuel", (type(duel()),), {"env_class": type("Bare", (), {}), "name": "bare"})
     with pytest.raises(EnvSpecError, match="--eval-opponent random: bare's env has no legal_moves"):
-        bundle(EpisodeSettings())
+        bundle(EpisodeSettings(eval_opponent="random"))
+    bundle(EpisodeSettings())  # held-out evaluation's default opponent, the base model, needs no move list
     with pytest.raises(EnvSpecError, match="--opponent random: bare's env"):
         bundle(EpisodeSettings(opponent="random", eval_opponent="self"))
     bundle(EpisodeSettings(eval_opponent="self"))
@@ -347,8 +375,9 @@ def test_the_random_opponent_is_refused_for_a_game_whose_moves_are_not_listed():
         load_env("textarena:SimpleNegotiation-v0", EpisodeSettings(opponent="random"))
     assert "--opponent random" in str(err.value) and "lists no legal moves" in str(err.value)
     with pytest.raises(EnvSpecError, match="--eval-opponent random"):
-        load_env("textarena:SimpleNegotiation-v0", EpisodeSettings())  # held-out evaluation's default
+        load_env("textarena:SimpleNegotiation-v0", EpisodeSettings(eval_opponent="random"))
     load_env("textarena:SimpleNegotiation-v0", EpisodeSettings(eval_opponent="self"))
+    load_env("textarena:SimpleNegotiation-v0", EpisodeSettings())  # the default: the base model, frozen
 
 
 # ---- training ------------------------------------------------------------------------------------------------

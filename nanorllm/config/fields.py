@@ -307,10 +307,11 @@ class EpisodeShape(Turns, FirstPrompt):
     host:port/v1[#MODEL]: a model behind an OpenAI-compatible endpoint; any other value is a model (a folder, a hub
     id, a built-in name) played frozen at its weights, sampling at --temperature.
     Against an opponent the policy plays one seat a game, turn about over a task's games."""
-    eval_opponent: Literal["random", "self"] = "random"
-    """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): random, a fixed
-    opponent the eval number does not move with (the game must list its legal moves); self: the policy itself. (The
-    frozen base model as evaluation's opponent is not built.)"""
+    eval_opponent: str = "base"
+    """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): base, the model
+    the run started from (--model), frozen: an opponent the eval number does not move with, as the policy's own seats
+    improve; random: a random legal move (the game must list them); self: the policy itself; or, as --opponent, an
+    endpoint or any other model, frozen."""
 
 
 @dataclass

@@ -139,7 +139,7 @@ class EpisodeSettings:
     # sizes an agent episode at.
     max_row_tokens: int | None = None
     opponent: str = "self"  # --opponent: who plays a game's seats the policy does not (rollout/games.py)
-    eval_opponent: str = "random"  # --eval-opponent: who plays them in held-out evaluation
+    eval_opponent: str = "base"  # --eval-opponent: who plays them in held-out evaluation ("base": --model, frozen)
 
 
 class EnvBundle:

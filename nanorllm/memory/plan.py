@@ -309,6 +309,14 @@ def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
     return 2 * config.num_hidden_layers * (slots + 1) * kv_heads * width * head_dim * dtype_bytes
 
 
+def eval_opponent_config(cfg):
+    """The model config of a model --eval-opponent (base: --model); None for self, random or an endpoint."""
+    from nanorllm.policy.chat_endpoint import is_endpoint
+
+    name = cfg.model if cfg.eval_opponent == "base" else cfg.eval_opponent
+    return None if name in ("self", "random") or is_endpoint(name) else model_config(name)
+
+
 def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
              tasks: TaskShape | None = None) -> MemoryPlan | None:
     """The plan of the run assembled as `parts` (its config, devices and LoRA spec, trainer/parts.py); None
@@ -388,6 +396,11 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
                                                                        dtype_bytes=compute)
         for proc in processes[1:] or [learner]:
             proc.parts.append(Part("opponent", frozen, f"{cfg.opponent}, frozen"))
+    if getattr(parts.env, "seats", 1) > 1 and eval_episodes and (opp := eval_opponent_config(cfg)) is not None:
+        # a game's model --eval-opponent (base: --model), frozen in the learner, which evaluates
+        eval_rows = min(cfg.max_batch_episodes, eval_episodes) + 1
+        learner.parts.append(Part("eval opponent", parameter_counts(opp, None)[0] * compute + kv_bytes(
+            opp, slots=eval_rows, width=width, dtype_bytes=compute), f"{cfg.eval_opponent}, frozen"))
     host_source = "given"
     if free is None:
         free, host_source = read_free({"cpu"} | {p.device for p in processes})

@@ -132,17 +132,24 @@ def teacher_problems(cfg: TrainConfig) -> list[str]:
 
 
 def opponent_problems(cfg: TrainConfig) -> list[str]:
-    """A model --opponent is one whose config this machine reads (before any weights load); an endpoint's URL has a
-    host."""
+    """A model --opponent or --eval-opponent is one whose config this machine reads (before any weights load); an
+    endpoint's URL has a host. --eval-opponent base is --model, checked as the run's model is."""
+    p = opponent_problem("opponent", cfg.opponent)
+    return p + (opponent_problem("eval_opponent", cfg.eval_opponent) if cfg.eval_opponent != "base" else [])
+
+
+def opponent_problem(field: str, name: str) -> list[str]:
+    """Why the opponent `name` given for `field` cannot play (one line), or []."""
     from urllib.parse import urlparse
 
     from nanorllm.memory.plan import model_config
     from nanorllm.policy.chat_endpoint import is_endpoint
     from nanorllm.rollout.games import OPPONENTS
 
-    if is_endpoint(cfg.opponent):
-        return [] if urlparse(cfg.opponent).hostname else [f"opponent: {cfg.opponent!r} names no host"]
-    if cfg.opponent in OPPONENTS or model_config(cfg.opponent) is not None:
+    if is_endpoint(name):
+        return [] if urlparse(name).hostname else [f"{field}: {name!r} names no host"]
+    if name in OPPONENTS or model_config(name) is not None:
         return []
-    return [f"opponent: {cfg.opponent!r} is neither {' nor '.join(OPPONENTS)}, an endpoint (http://host:port/v1) nor "
-            "a model this machine can read (a folder with a config.json, a cached hub id, a built-in name)"]
+    return [f"{field}: {name!r} is neither {' nor '.join(OPPONENTS)}{', base' if field == 'eval_opponent' else ''}, an "
+            "endpoint (http://host:port/v1) nor a model this machine can read (a folder with a config.json, a cached "
+            "hub id, a built-in name)"]

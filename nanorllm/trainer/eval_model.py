@@ -23,6 +23,7 @@ from nanorllm.config.specs import env_spec
 from nanorllm.envs.registry import load_bundle, load_env_tasks
 from nanorllm.policy.base import SamplingParams
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled
+from nanorllm.trainer.training_engine import eval_opponent_model
 from nanorllm.utils.devices import configure_threads
 
 
@@ -136,15 +137,16 @@ def evaluate_model(cfg: EvalConfig) -> dict:
     sets = {name: (check_task_rows(load_env_tasks(env, s, cfg.eval_limit), s), s)
             for name, _, s in (item.partition("=") for item in cfg.eval_set)}
     policy = load_policy(cfg)
+    opponent = eval_opponent_model(policy, cfg, env)  # a game's model --eval-opponent (base: --model), frozen
     sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens)
 
     def one(rows: list[dict], spec: str) -> dict:
-        res = {"spec": spec, **evaluate(policy, rows, sampling=sampling, env=env,
+        res = {"spec": spec, **evaluate(policy, rows, sampling=sampling, env=env, opponent_policy=opponent,
                                         max_batch_episodes=cfg.max_batch_episodes)}
         if cfg.eval_samples:
             res.update(evaluate_sampled(policy, rows, sampling=replace(sampling, temperature=cfg.eval_temperature),
                                         env=env, samples=cfg.eval_samples, ks=cfg.eval_k, seed=cfg.seed,
-                                        max_batch_episodes=cfg.max_batch_episodes))
+                                        max_batch_episodes=cfg.max_batch_episodes, opponent_policy=opponent))
         return res
 
     out = one(tasks, spec)

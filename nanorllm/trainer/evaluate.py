@@ -31,14 +31,15 @@ from nanorllm.trainer.watchdog import Watchdog
 
 
 def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle,
-             max_batch_episodes: int = 64, hang_timeout_s: float = 600.0) -> dict:
+             max_batch_episodes: int = 64, hang_timeout_s: float = 600.0, opponent_policy: Policy | None = None) -> dict:
     """{"success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
     "first_timeout_task"} plus the env's own metrics (`env.metrics`) and a game's selfplay/* (its policy seats
-    against `--eval-opponent`: a fixed opponent by default), on the program's own `env` (its turns and grader limit
-    with it): the rates over the `n` scored episodes, `failed` the episodes left out (module docstring;
-    every rate is nan when none was scored)."""
+    against `--eval-opponent`, `opponent_policy` when that is a model: a fixed opponent by default), on the program's
+    own `env` (its turns and grader limit with it): the rates over the `n` scored episodes, `failed` the episodes left
+    out (module docstring; every rate is nan when none was scored)."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
-                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent)
+                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent,
+                           opponent_policy=opponent_policy)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
         dog.follow(engine, tasks)
         try:
@@ -101,7 +102,7 @@ def per_task(results: list[RolloutResult], tasks: list[dict], samples: int) -> l
 
 def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env: EnvBundle, samples: int,
                      ks: tuple[int, ...] = (), seed: int = 0, max_batch_episodes: int = 64,
-                     hang_timeout_s: float = 600.0) -> dict:
+                     hang_timeout_s: float = 600.0, opponent_policy: Policy | None = None) -> dict:
     """{"pass@k" for each k, "mean@n", "sampled_failed"}: `samples` episodes a task at `sampling`'s temperature,
     counted over each task's scored samples (module docstring). The policy's
     sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step draws
@@ -110,7 +111,8 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
     generator = getattr(policy, "generator", None)
     saved = generator.get_state() if generator is not None else None
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=False), env=env,
-                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent)
+                           max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent,
+                           opponent_policy=opponent_policy)
     try:
         with Watchdog("held-out evaluation (sampled)", hang_timeout_s, env_name=env.spec) as dog:
             dog.follow(engine, tasks)

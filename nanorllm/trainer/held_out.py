@@ -4,6 +4,7 @@ scalars and printed in one line, the first and the last recorded in the run fold
 import json
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -12,6 +13,7 @@ from nanorllm.config.specs import sampling_params
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.trainer.evaluate import evaluate, evaluate_sampled, json_ready, success_gain
+from nanorllm.trainer.training_engine import eval_opponent_model
 from nanorllm.utils.files import write_atomic
 from nanorllm.utils.logger import RunLogger
 
@@ -29,6 +31,12 @@ class HeldOutEval:
     say: Callable[[str], None]
 
     HANG_S = 600.0  # held-out eval without progress this long is hung, unless --worker-timeout-s says
+
+    @cached_property
+    def opponent(self):
+        """A game's --eval-opponent when it is a model (the base by default), frozen, loaded at the first evaluation
+        and kept: None for self, random or a one-player env."""
+        return eval_opponent_model(self.policy, self.cfg, self.env)
 
     def before(self, start_step: int) -> None:
         """Held-out eval at step 0 (not again on resume), recorded in eval.json."""
@@ -58,11 +66,11 @@ class HeldOutEval:
         """Greedy results on `tasks`, with --eval-samples the sampled pass@k and mean@n beside them."""
         cfg, hang_s = self.cfg, self.cfg.worker_timeout_s or self.HANG_S
         res = evaluate(self.policy, tasks, sampling=sampling_params(cfg), env=self.env,
-                       max_batch_episodes=cfg.max_batch_episodes, hang_timeout_s=hang_s)
+                       max_batch_episodes=cfg.max_batch_episodes, hang_timeout_s=hang_s, opponent_policy=self.opponent)
         if cfg.eval_samples:
             res.update(evaluate_sampled(self.policy, tasks, env=self.env, samples=cfg.eval_samples,
                                         sampling=replace(sampling_params(cfg), temperature=cfg.eval_temperature),
-                                        ks=cfg.eval_k, seed=cfg.seed,
+                                        ks=cfg.eval_k, seed=cfg.seed, opponent_policy=self.opponent,
                                         max_batch_episodes=cfg.max_batch_episodes, hang_timeout_s=hang_s))
         return res
 

@@ -16,20 +16,31 @@ def training_engine(policy, cfg, env: EnvBundle | None = None) -> RolloutEngine:
                          opponent_policy=opponent_model(policy, cfg, env))
 
 
-def opponent_model(policy, cfg, env: EnvBundle):
-    """The frozen model `--opponent` names, for a game (None: self, random, or a one-player env)."""
+def opponent_model(policy, cfg, env: EnvBundle, name: str | None = None):
+    """The frozen model `name` (default: --opponent) names, for a game (None: self, random, or a one-player env)."""
     from nanorllm.rollout.games import OPPONENTS
 
-    if getattr(env, "seats", 1) == 1 or cfg.opponent in OPPONENTS:
+    name = cfg.opponent if name is None else name
+    if getattr(env, "seats", 1) == 1 or name in OPPONENTS:
         return None
     from nanorllm.policy.chat_endpoint import ChatEndpointPolicy, is_endpoint
     from nanorllm.policy.hf_causal import HFCausalPolicy
 
-    if is_endpoint(cfg.opponent):
-        return ChatEndpointPolicy(cfg.opponent)
+    if is_endpoint(name):
+        return ChatEndpointPolicy(name)
 
-    model = HFCausalPolicy.from_name(cfg.opponent, device=str(policy.device), dtype=cfg.dtype, replica=True,
-                                     seed=cfg.seed)
+    device = str(getattr(policy, "device", "cpu"))  # an API policy has none: the opponent runs on the CPU
+    model = HFCausalPolicy.from_name(name, device=device, dtype=cfg.dtype, replica=True, seed=cfg.seed)
     model.model.requires_grad_(False)
-    model.graphs_enabled = cfg.cuda_graphs  # as the policy's (its graphs are captured on first use)
+    model.graphs_enabled = getattr(cfg, "cuda_graphs", False)  # as the policy's (captured on first use)
     return model
+
+
+def eval_opponent_name(cfg) -> str:
+    """What --eval-opponent names: `base` is the model the run started from (--model)."""
+    return cfg.model if cfg.eval_opponent == "base" else cfg.eval_opponent
+
+
+def eval_opponent_model(policy, cfg, env: EnvBundle):
+    """Held-out evaluation's frozen opponent model for a game (None: self, random, or a one-player env)."""
+    return opponent_model(policy, cfg, env, name=eval_opponent_name(cfg))
