@@ -142,3 +142,12 @@ class SignalSampler(TaskStream):
 def make_stream(tasks: list[dict], *, seed: int, spec: SamplerSpec | None) -> TaskStream:
     """The run's task order: the uniform TaskStream (spec None) or a SignalSampler with `spec`."""
     return TaskStream(tasks, seed=seed) if spec is None else SignalSampler(tasks, spec=spec, seed=seed)
+
+
+def group_outcomes(results) -> list[tuple[str, list[bool]]]:
+    """A step's episodes (RolloutResult) as `SignalSampler.observe` takes them: (task_id, its scored episodes'
+    successes) per group, failed episodes left out."""
+    groups: dict[str, list] = {}
+    for r in results:
+        groups.setdefault(r.group_id, []).append(r)
+    return [(rs[0].task_id, [r.succeeded for r in rs if not r.failed]) for rs in groups.values()]

@@ -31,7 +31,7 @@ from nanorllm.config import TrainConfig, format_config
 from nanorllm.config.fields import DTYPE_CHOICE
 from nanorllm.config.specs import sampler_spec
 from nanorllm.core.types import RolloutResult
-from nanorllm.datasets.sampler import SignalSampler, make_stream
+from nanorllm.datasets.sampler import SignalSampler, group_outcomes, make_stream
 from nanorllm.datasets.stream import TaskStream
 from nanorllm.envs.registry import describe
 from nanorllm.policy.hf_causal import HFCausalPolicy
@@ -50,7 +50,7 @@ from nanorllm.trainer.setup_checks import check_prompt_lengths, check_resumable
 from nanorllm.trainer.signals import StopState
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.trainer.step import train_step
-from nanorllm.trainer.step_metrics import derived_metrics
+from nanorllm.trainer.step_metrics import console_line, derived_metrics
 from nanorllm.trainer.teacher import Teacher, load_teacher
 from nanorllm.trainer.train_checks import check_finite_weights, check_trained, count_untrained
 from nanorllm.trainer.trainable import load_trainable
@@ -265,13 +265,7 @@ class TrainingRun:
     def observe(self, results: list[RolloutResult]) -> dict:
         """The signal sampler's estimates take the step's groups (failed episodes left out); its sampler/* scalars.
         Only a committed step's: a step abandoned before its update is drawn again on resume, from these."""
-        if not isinstance(self.stream, SignalSampler):
-            return {}
-        groups: dict[str, list[RolloutResult]] = {}
-        for r in results:
-            groups.setdefault(r.group_id, []).append(r)
-        return self.stream.observe([(rs[0].task_id, [r.succeeded for r in rs if not r.failed])
-                                    for rs in groups.values()])
+        return self.stream.observe(group_outcomes(results)) if isinstance(self.stream, SignalSampler) else {}
 
     def record(self, step: int, results: list[RolloutResult], metrics: dict, t0: float, bar) -> None:
         """Step `step` on record: the run's totals, the derived scalars, the logs, the console line and a
@@ -317,13 +311,4 @@ class TrainingRun:
     def cleanup(self) -> None:
         if self.folder is not None:
             self.folder.close()  # the sinks, then the lock: the run's final writes happen under it
-
-
-def console_line(step: int, max_steps: int, m: dict) -> str:
-    line = (f"step {step}/{max_steps} | reward {m.get('reward/mean', 0):.2f} | success "
-            f"{m.get('success_rate', 0):.2f} | first {m.get('success_rate/first_turn', 0):.2f} | "
-            f"loss {m.get('loss/policy', 0):+.4f} | ")
-    if "pipeline/policy_lag_mean" in m:
-        line += f"lag {m['pipeline/policy_lag_mean']:.1f} | "
-    return line + f"{m['perf/step_s']:.1f} s"
 

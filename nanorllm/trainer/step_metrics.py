@@ -113,3 +113,13 @@ def merge_updates(ns: list[dict[str, float]]) -> dict[str, float]:
         out["perf/gather_s"] = sum(n.get("perf/gather_s", 0.0) for n in ns)
     out["optimizer_steps"] = float(sum(1 for n in ns if "grad_norm" in n and not n["skipped_nan"]))
     return out
+
+
+def console_line(step: int, max_steps: int, m: dict) -> str:
+    """A step's line on the console, from its scalars."""
+    line = (f"step {step}/{max_steps} | reward {m.get('reward/mean', 0):.2f} | success "
+            f"{m.get('success_rate', 0):.2f} | first {m.get('success_rate/first_turn', 0):.2f} | "
+            f"loss {m.get('loss/policy', 0):+.4f} | ")
+    if "pipeline/policy_lag_mean" in m:
+        line += f"lag {m['pipeline/policy_lag_mean']:.1f} | "
+    return line + f"{m['perf/step_s']:.1f} s"
