@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers, read_rollouts
+from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers, new_shm, read_rollouts
 from nanorllm.faultsuite.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
 from nanorllm.faultsuite.proc_scan import shm_entries
 from nanorllm.faultsuite.proxy_trap import ProxyTrap
@@ -59,6 +59,8 @@ HEADER = ("| fault | detected in s | recovered | groups lost | groups doubled | 
 
 def _finish(o: Outcome, run: TrainProcess, run_dir: Path, shm_before: set[str]) -> Outcome:
     o.procs_left, o.shm_left, _ = leftovers(run.token, shm_before)
+    if o.shm_left:  # named, so a leftover can be traced to what made it (a torch segment carries its maker's pid)
+        o.notes.append(f"/dev/shm left: {', '.join(sorted(new_shm(shm_before))[:5])}")
     o.lost, o.doubled, steps = groups_of(run_dir)
     o.notes.append(f"{steps} steps trained")
     o.output = run.output()
