@@ -43,6 +43,14 @@ def test_a_held_folder_is_refused_and_a_new_run_refuses_another_runs_folder(tmp_
     open_new(tmp_path, "other").close()  # refusing released the lock: nothing stays held
 
 
+def test_runs_started_in_the_same_second_under_the_default_name_get_a_folder_each(tmp_path):
+    first = RunFolder.open(str(tmp_path), None, resume=None, default_name="grpo__0__20261206-051500", say=print)
+    second = RunFolder.open(str(tmp_path), None, resume=None, default_name="grpo__0__20261206-051500", say=print)
+    assert [first.path.name, second.path.name] == ["grpo__0__20261206-051500", "grpo__0__20261206-051500-2"]
+    first.close(), second.close()
+    assert list(tmp_path.iterdir()) == []  # neither wrote anything
+
+
 def test_the_default_name_carries_its_parts_and_the_start_time():
     name = run_name_now("math", "grpo", 3)
     assert name.startswith("math__grpo__3__") and len(name.rsplit("__", 1)[1]) == len("20261206-051500")

@@ -13,6 +13,7 @@ the newest checkpoint that passes its manifest (trainer/checkpoint.py); a new ru
 already holds something, so no run writes over another's checkpoints and event files.
 """
 
+import itertools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,20 @@ def first_choice(run_dir: Path, dtype: str) -> str | None:
     return saved.get(DTYPE_CHOICE) if isinstance(saved, dict) and saved.get("dtype") == dtype else None
 
 
+def make(path: Path, *, claim: bool) -> tuple[Path, list[Path]]:
+    """`path` made (absolute: a chdir moves none of it) with its missing parents, and the folders made, deepest first.
+    `claim`: a folder that exists already is another run's, so `path-2`, `path-3`... is tried until one is made."""
+    path = path.absolute()
+    for n in itertools.count(1):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        created = [p for p in [candidate, *candidate.parents] if not p.exists()]
+        try:
+            candidate.mkdir(parents=True, exist_ok=not claim)
+            return candidate, created
+        except FileExistsError:
+            continue
+
+
 class RunFolder:
     def __init__(self, path: Path, lock: RunLock, *, created: list[Path]):
         self.path = path
@@ -52,15 +67,17 @@ class RunFolder:
     @classmethod
     def open(cls, output_dir: str, run_name: str | None, *, resume: str | None, default_name: str,
              say=print) -> "RunFolder":
-        """The run's folder, made and locked: `resume` when given, else `output_dir/run_name` (or `default_name`).
-        Raises ConfigError when it cannot be made, RunFolderInUse when another process holds it, FileExistsError
-        when a new run's folder is not empty, CheckpointError when a resume finds no checkpoint that loads."""
-        path = Path(resume or Path(output_dir) / (run_name or default_name)).absolute()  # a chdir moves none of it
-        created = [p for p in [path, *path.parents] if not p.exists()]
+        """The run's folder, made and locked: `resume` when given, else `output_dir/run_name`, else `default_name`
+        under `output_dir` (`-2`, `-3`... appended when a run started in the same second took it: each name is
+        claimed by the mkdir that makes it). Raises ConfigError when it cannot be made, RunFolderInUse when another
+        process holds it, FileExistsError when a new run's folder is not empty, CheckpointError when a resume finds
+        no checkpoint that loads."""
+        given = resume or (Path(output_dir) / run_name if run_name else None)
+        target = Path(given or Path(output_dir) / default_name).absolute()
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path, created = make(target, claim=not given)
         except OSError as e:
-            raise ConfigError([f"output_dir: cannot create {path} ({type(e).__name__}: {e.strerror or e})"],
+            raise ConfigError([f"output_dir: cannot create {target} ({type(e).__name__}: {e.strerror or e})"],
                               "--output-dir / --run-name") from None
         folder = cls(path, RunLock(path).acquire(), created=created)
         try:
