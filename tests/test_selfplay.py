@@ -238,7 +238,7 @@ def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path,
     assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--opponent", str(tmp_path / "no-model"),
                  "--output-dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "opponent: " in err and "is neither self nor random, an endpoint" in err
+    assert "opponent: " in err and "is neither self, random, pool, an endpoint" in err
 
 
 def test_a_game_the_env_breaks_ends_every_policy_seat_as_an_env_error(monkeypatch):
@@ -273,7 +273,7 @@ def test_held_out_evaluation_plays_the_frozen_base_by_default_one_policy_seat_a_
     tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4, 5, 6)]
     res = evaluate(policy, tasks, sampling=SamplingParams(max_new_tokens=4), env=env, opponent_policy=base)
     assert res["n"] + res["failed"] == 4  # one policy seat a game, the base frozen in the other
-    with pytest.raises(ValueError, match="is a model: pass it as opponent_policy"):
+    with pytest.raises(ValueError, match="is a model or the snapshot pool: pass it as opponent_policy"):
         evaluate(policy, tasks, sampling=SamplingParams(), env=env)
 
 
@@ -281,7 +281,7 @@ def test_an_eval_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path,
     assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--eval-opponent", "./no-such-model",
                  "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "eval_opponent: './no-such-model' is neither self nor random, base, an endpoint" in err
+    assert "eval_opponent: './no-such-model' is neither self, random, base, an endpoint" in err
 
 
 def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():

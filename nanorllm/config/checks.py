@@ -80,7 +80,7 @@ def config_problems(cfg) -> list[str]:
     p += bound_problems(cfg, {  # micro_batch_tokens None: sized at run time
         **dict.fromkeys(["max_turns", "max_new_tokens", "max_steps", "tasks_per_step", "num_samples_per_task",
                          "micro_batch_tokens", "max_batch_episodes", "num_workers", "queue_size", "keep_checkpoints",
-                         "grader_timeout_s", "rollout_dump_size"], ">= 1"),
+                         "grader_timeout_s", "rollout_dump_size", "pool_every", "pool_size"], ">= 1"),
         **dict.fromkeys(["eval_every", "sample_every", "save_every", "max_policy_lag", "kl_coef", "weight_decay",
                          "save_every_minutes", "restart_backoff_s", "max_restarts_per_worker",
                          "max_restarts_per_run"], ">= 0"),

@@ -306,12 +306,25 @@ class EpisodeShape(Turns, FirstPrompt):
     policy plays every seat and every seat trains; random: a random legal move (the game must list them); http(s)://
     host:port/v1[#MODEL]: a model behind an OpenAI-compatible endpoint; any other value is a model (a folder, a hub
     id, a built-in name) played frozen at its weights, sampling at --temperature.
+    pool: the policy's own earlier weights, a snapshot every --pool-every steps, the last --pool-size kept, each game's
+    opponent drawn from them (rollout/opponent_pool.py).
     Against an opponent the policy plays one seat a game, turn about over a task's games."""
     eval_opponent: str = "base"
     """Two-player games: who plays held-out evaluation's other seat (the run's and launch/eval.py's): base, the model
     the run started from (--model), frozen: an opponent the eval number does not move with, as the policy's own seats
     improve; random: a random legal move (the game must list them); self: the policy itself; or, as --opponent, an
     endpoint or any other model, frozen."""
+
+
+@dataclass
+class SnapshotPool:
+    """`--opponent pool`: which of the policy's earlier weights play a game's other seats (docs/self-play.md)."""
+
+    pool_every: int = 4
+    """--opponent pool: the policy's weights join the pool every this many steps (step 0's are --model)."""
+    pool_size: int = 3
+    """--opponent pool: the pool is the last this many snapshots; each game's opponent is one of them, and each
+    process that rolls out holds them all (the memory plan counts them)."""
 
 
 @dataclass
@@ -728,7 +741,8 @@ class Program:
 
 @dataclass
 class TrainConfig(Program, Faults, RunFolder, Processes, DapoSettings, MemoryPlanning, LearnerForward, TaskSampling,
-                  Lora, Objective, Update, DecodeBatch, Episodes, EvalSettings, JudgeSettings, Alarms, Sources):
+                  Lora, Objective, Update, DecodeBatch, SnapshotPool, Episodes, EvalSettings, JudgeSettings, Alarms,
+                  Sources):
     """The one source of truth for a run: every field documented, a flag and a config-file key each.
 
     Defaults here -> overridden by `--config FILE` (JSON or YAML) -> overridden by command-line flags.

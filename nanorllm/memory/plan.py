@@ -390,12 +390,17 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         for proc in scorers:
             proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
                                    f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
-    if getattr(cfg, "opponent", "self") not in ("self", "random") and (opp := model_config(cfg.opponent)) is not None:
-        # a game's model --opponent (trainer/training_engine.py): frozen weights and its own KV slots where rollouts run
+    opponent = getattr(cfg, "opponent", "self")
+    copies, what = (cfg.pool_size, f"pool: {cfg.pool_size} snapshots of {cfg.model}, frozen") if opponent == "pool" \
+        else (1, f"{opponent}, frozen")
+    opp = model_config(cfg.model if opponent == "pool" else opponent) if opponent not in ("self", "random") else None
+    if opp is not None:
+        # a game's model --opponent (trainer/training_engine.py), or each snapshot of the pool
+        # (rollout/opponent_pool.py): frozen weights and its own KV slots where rollouts run
         frozen = parameter_counts(opp, None)[0] * compute + kv_bytes(opp, slots=rollout_rows, width=width,
                                                                        dtype_bytes=compute)
         for proc in processes[1:] or [learner]:
-            proc.parts.append(Part("opponent", frozen, f"{cfg.opponent}, frozen"))
+            proc.parts.append(Part("opponent", frozen * copies, what))
     if getattr(parts.env, "seats", 1) > 1 and eval_episodes and (opp := eval_opponent_config(cfg)) is not None:
         # a game's model --eval-opponent (base: --model), frozen in the learner, which evaluates
         eval_rows = min(cfg.max_batch_episodes, eval_episodes) + 1

@@ -21,6 +21,7 @@ class WorkerStart:
     cfg: object  # the run's TrainConfig (its task specs resolved)
     env: EnvSpec
     lora: LoraSpec | None  # None: a full fine-tune
+    pool_dir: str | None = None  # --opponent pool: the run's snapshots (rollout/opponent_pool.py)
 
 
 @dataclass

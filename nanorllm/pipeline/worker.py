@@ -117,7 +117,7 @@ def _serve(wid: int, start: WorkerStart, device: str, threads, num_processes: in
     # the replica's published parameters (all, or its LoRA adapters) as one block: a load is one copy
     block = weights.attach(policy.model, params=trainable_parameters(policy.model))
     policy.version, load_s = weights.load_into(block)  # in place: captured graphs read the new weights
-    engine = training_engine(policy, cfg, load_bundle(start.env))
+    engine = training_engine(policy, cfg, load_bundle(start.env), pool_dir=start.pool_dir)
     engine.on_step = lambda: hb.beat(wid)  # progress inside a long generation
     hb.doing(wid, "capturing decode graphs")
     capture_s = engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task,  # at most one step a job

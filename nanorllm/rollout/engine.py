@@ -42,7 +42,7 @@ from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.agent_runner import AgentRunner
-from nanorllm.rollout.games import OPPONENTS, GameRunner
+from nanorllm.rollout.games import GameRunner
 from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
 from nanorllm.utils.faults import env_response
 
@@ -110,14 +110,15 @@ class RolloutEngine:
                  opponent_policy: Policy | None = None):
         """`env`: the episodes' bundle; without one, the default bundle with `max_turns`. `opponent`: who plays a
         game's other seats (rollout/games.py); None: the env's settings' (--opponent). A model opponent is
-        `opponent_policy`, frozen (trainer/training_engine.py loads it)."""
+        `opponent_policy`, frozen (trainer/training_engine.py loads it), as is the snapshot pool of "pool"
+        (rollout/opponent_pool.py)."""
         self.policy = policy
         self.sampling = sampling
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
         self.opponent = opponent or self.env.settings.opponent
         self.opponent_policy = opponent_policy
-        if getattr(self.env, "seats", 1) > 1 and self.opponent not in OPPONENTS and opponent_policy is None:
-            raise ValueError(f"opponent {self.opponent!r} is a model: pass it as opponent_policy")
+        if getattr(self.env, "seats", 1) > 1 and self.opponent not in ("self", "random") and opponent_policy is None:
+            raise ValueError(f"opponent {self.opponent!r} is a model or the snapshot pool: pass it as opponent_policy")
         self.env.use_tokenizer(getattr(policy, "tokenizer", None))  # a bundle that reads the model's tool-call format
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer
         self.row_tokens = row_tokens(policy, self.env.settings.max_row_tokens)  # rollout/row_bound.py

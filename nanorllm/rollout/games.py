@@ -13,14 +13,17 @@ who plays the rest:
 - a model (the engine's `opponent_policy`, loaded frozen by trainer/training_engine.py): it plays the other seats as the
   policy plays its own, in a decode batch of its own beside the policy's; its turns never train. An API model (an
   OpenAI-compatible endpoint, policy/chat_endpoint.py) answers a step's waiting turns in one `generate` call between
-  the policy's decode steps; a call that fails ends its games as env errors.
+  the policy's decode steps; a call that fails ends its games as env errors;
+- "pool": the policy's own earlier snapshots (rollout/opponent_pool.py, the engine's `opponent_policy`): each game's
+  other seats are played by one of them, as a model opponent's, each snapshot in a decode batch of its own.
 
 The decode batch holds the next turn of every live game at once: a seat's turn joins it when the game is its move
 (the opponents' moves in between are played at once), so many games keep the batch full though each game's turns
 alternate. A seat holds no KV slot while the others move: its next turn joins from the shared prompt prefix and
 prefills its own history again (games are short; a slot per seat would double the cache the memory plan sizes).
-Each seat draws its own sampling stream in game order (the episodes' rule, engine.py), and the random opponent its
-own `random.Random` of (seed, game): a fixed seed plays the same games serial or in the pipeline.
+Each seat draws its own sampling stream in game order (the episodes' rule, engine.py), a model opponent from its own
+generator seeded by the call's seed and the opponent's name, and the random opponent its own `random.Random` of
+(seed, game): a fixed seed plays the same games serial or in the pipeline, on any worker and after a resume.
 
 A game ends when the env says done, when its mover has had `--max-turns` turns ("max_turns": each seat's rewards so
 far, a draw), when a seat's next turn would pass the row's bound ("truncated"), or when the env raises or breaks
@@ -39,9 +42,10 @@ from nanorllm.core.types import RolloutResult, StepSample, Trajectory, ending
 from nanorllm.envs.base import Agent, EnvProtocolError, check_reset, check_step
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.slot_batch import new_stats
+from nanorllm.rollout.opponent_pool import PREFIX, pick
 from nanorllm.utils.faults import env_response
 
-OPPONENTS = ("self", "random")
+OPPONENTS = ("self", "random", "pool")  # the named ones; any other name is a model
 NO_MESSAGE = "(No new message. Make your move.)"
 MOVE_KEYS = ("action", "extracted", "invalid_move", "turn")  # a step's info about its move, not about the game
 
@@ -71,6 +75,8 @@ class Game:
     index: int  # the task's k-th game
     task_index: int
     env: object
+    opponent: object = None  # the model that plays its other seats (None: the policy itself, or random moves)
+    opponent_name: str = ""  # what the game's episodes record as their opponent
     plays: dict[int, SeatPlay] = field(default_factory=dict)  # the seats a model plays
     rng: random.Random | None = None  # the random opponent's
     results: list[RolloutResult] = field(default_factory=list)
@@ -133,22 +139,33 @@ class GameRunner:
         self.shared_prefix, self.min_shared, self.report_error = shared_prefix, min_shared, report_error
         self.seats, self.opponent = engine.env.seats, engine.opponent
         self.opponent_policy = engine.opponent_policy if self.opponent not in OPPONENTS else None
+        self.pool = engine.opponent_policy if self.opponent == "pool" else None
         self.params = engine.sampling
 
     def run(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
             seed: int | None) -> tuple[list[RolloutResult], int, float, dict]:
         """(the policy seats' episodes in task, game, seat order; tokens generated; generate seconds; counters)."""
         self.params = params
+        members = self.pool.members(getattr(self.policy, "version", 0)) if self.pool is not None else []
         games = []
         for i, (task, gid) in enumerate(zip(tasks, group_ids)):
             for k in range(num_samples):
                 game = Game(task=task, group_id=gid, index=k, task_index=i, env=self.bundle.make_env(),
-                            rng=random.Random(f"{seed or 0}:{gid}#{k}"))
+                            rng=random.Random(f"{seed or 0}:{gid}#{k}"), opponent=self.opponent_policy,
+                            opponent_name=self.opponent)
+                if members:
+                    step, game.opponent = members[pick(len(members), gid, k)]
+                    game.opponent_name = f"pool:{PREFIX}{step}"
                 mine = policy_seats(self.opponent, self.seats, task["task_id"], k)
                 game.plays = {s: self.seat_play(game, s, gid, k, trains=s in mine) for s in range(self.seats)
-                              if s in mine or self.opponent_policy is not None}
+                              if s in mine or game.opponent is not None}
                 games.append(game)
-        for model in {id(p.model): p.model for g in games for p in g.plays.values()}.values():
+        models = list({id(p.model): p.model for g in games for p in g.plays.values()}.values())
+        models = [self.policy] + [m for m in models if m is not self.policy]
+        names = {id(g.opponent): g.opponent_name for g in games}
+        for model in models:
+            if model is not self.policy and seed is not None:  # an opponent's streams: the call's seed and its name,
+                model.seed(zlib.crc32(f"{seed}:{names[id(model)]}".encode()))  # whichever process plays the call
             plays = [p for g in games for p in g.plays.values() if p.model is model]
             if hasattr(model, "row_generators"):  # each model's own streams, drawn in game order
                 for p, rng in zip(plays, model.row_generators(len(plays))):
@@ -157,24 +174,23 @@ class GameRunner:
         if not ready:
             n_generated, gen_s, stats = 0, 0.0, {}
         elif hasattr(self.policy, "decode_batch"):
-            n_generated, gen_s, stats = self.in_flight(ready)
+            n_generated, gen_s, stats = self.in_flight(ready, models)
         else:
             n_generated, gen_s, stats = self.turn_by_turn(ready)
         return [r for g in games for r in g.results], n_generated, gen_s, stats
 
     def seat_play(self, game: Game, seat: int, group_id: str, k: int, *, trains: bool) -> SeatPlay:
         return SeatPlay(game=game, seat=seat, episode_id=f"{group_id}#{k}/seat{seat}", agent=self.bundle.make_agent(),
-                        model=self.policy if trains else self.opponent_policy, trains=trains)
+                        model=self.policy if trains else game.opponent, trains=trains)
 
     # ---- the decode loops -------------------------------------------------------------------
-    def in_flight(self, ready: deque) -> tuple[int, float, dict]:
-        """Every live game's next turn in one running decode batch per model (the policy's; a model opponent's);
-        the counters and tokens are the policy's."""
+    def in_flight(self, ready: deque, models: list) -> tuple[int, float, dict]:
+        """Every live game's next turn in one running decode batch per model of `models` (the policy's first; a
+        model opponent's, each pool snapshot's); the counters and tokens are the policy's."""
         engine, n_generated, stats = self.engine, 0, new_stats()
         t0 = time.perf_counter()
         rows = min(engine.max_batch_episodes, len(ready))  # a game has one turn in a batch at a time
         width = engine.slot_width(max(len(p.prompt_ids) for p in ready), self.params)
-        models = [self.policy] + ([self.opponent_policy] if self.opponent_policy is not None else [])
         with contextlib.ExitStack() as stack:
             lanes = [Lane(m, stack.enter_context(m.decode_batch(self.params, stats=stats if m is self.policy else None,
                                                                 slots=rows + 1, width=width))
@@ -359,7 +375,7 @@ class GameRunner:
         for s in play.samples:
             s.reward = traj.final_reward
         game.results.append(RolloutResult(trajectory=traj, step_samples=play.samples, group_id=game.group_id,
-                                          seat=play.seat, opponent=self.opponent))
+                                          seat=play.seat, opponent=game.opponent_name))
 
     def env_call(self, game: Game, where: str, call):
         """`call()` heard as "grading" by the hang watch; an exception ends the game as an env error."""

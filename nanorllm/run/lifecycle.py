@@ -37,6 +37,7 @@ from nanorllm.pipeline.learner import PipelineSource
 from nanorllm.pipeline.messages import WorkerStart
 from nanorllm.policy.lora import LoraError
 from nanorllm.ranks.group import under_torchrun
+from nanorllm.rollout.opponent_pool import POOL_DIR
 from nanorllm.run.args import parse_train_args
 from nanorllm.run.assembly import assemble
 from nanorllm.run.ranks import follow_torchrun, start_learner
@@ -78,9 +79,11 @@ class RunOutcome:
 
 def make_source(run: TrainingRun) -> RolloutSource:
     """The one place that picks where episodes come from: this process (--serial) or the workers."""
+    pool_dir = run.run_dir / POOL_DIR  # --opponent pool's snapshots
     if run.cfg.serial:
-        return SerialSource(run.cfg, run.policy, run.stream, run.env)
-    start = WorkerStart(run.cfg, run.parts.env_spec, run.parts.lora)  # the workers build the same env and adapters
+        return SerialSource(run.cfg, run.policy, run.stream, run.env, pool_dir=pool_dir)
+    start = WorkerStart(run.cfg, run.parts.env_spec, run.parts.lora,  # the workers build the same env and adapters
+                        pool_dir=str(pool_dir))
     return PipelineSource(start, run.policy, run.optimizer, stream=run.stream, workers=run.devices.workers,
                           ranks=run.ranks, start_step=run.start_step, stop=lambda: run.stop.requested)
 

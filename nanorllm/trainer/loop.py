@@ -180,7 +180,8 @@ class TrainingRun:
         if not state:
             self.logger.text("hyperparameters", format_config(cfg), 0)
         self.saver = CheckpointSaver(cfg, self.run_dir, self.policy, self.optimizer, self.ranks, self.stream,
-                                     self.task_order, self.totals, self.say)
+                                     self.task_order, self.totals, self.say,
+                                     checkpoint_step=self.start_step if state else None)
         self.held_out = HeldOutEval(cfg, self.policy, self.env, self.eval_tasks, self.parts.eval_sets, self.logger,
                                     self.run_dir, self.say)
         saved = {**cfg.saved(), DTYPE_CHOICE: first_choice(self.run_dir, cfg.dtype) or self.parts.precision}
@@ -257,9 +258,11 @@ class TrainingRun:
         return metrics
 
     def publish(self, step: int, results: list[RolloutResult]) -> dict:
-        """From here the step is being committed: the task sampler learns its outcomes, then the source does its
-        work after an update (publishing the weights; the pipeline draws later steps, from the new estimates)."""
+        """From here the step is being committed: the task sampler learns its outcomes, the new weights join the
+        opponent pool when due, then the source does its work after an update (publishing the weights; the pipeline
+        draws later steps, from the new estimates)."""
         self.stop.committing = True  # already set by the optimizer's hook, unless the update was skipped
+        self.saver.pool_snapshot(step + 1)  # before any rollout can sample at the new version
         return {**self.observe(results), **self.source.after_update(step)}
 
     def observe(self, results: list[RolloutResult]) -> dict:

@@ -71,8 +71,9 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
 
 def selfplay_metrics(results: list[RolloutResult]) -> dict:
     """A game's policy seats (rollout/games.py; {} for one-player episodes), against the run's opponent: each seat's
-    share of wins, the share of draws, and the share of episodes with a move that broke the game's rules. Over the
-    scored episodes (an env error says nothing of the play)."""
+    share of wins (and under --opponent pool against each snapshot the step's games met, newest first), the share
+    of draws, and the share of episodes with a move that broke the game's rules. Over the scored episodes (an env
+    error says nothing of the play)."""
     played = [r for r in results if r.seat is not None and not r.failed]
     if not played:
         return {}
@@ -81,6 +82,11 @@ def selfplay_metrics(results: list[RolloutResult]) -> dict:
     for seat in sorted({r.seat for r in played}):
         mine = [o for r, o in zip(played, outcomes) if r.seat == seat]
         m[f"selfplay/win_rate/seat{seat}"] = sum(o == "win" for o in mine) / len(mine)
+    snapshots = sorted({r.opponent for r in played if (r.opponent or "").startswith("pool:")},
+                       key=lambda name: -int(name.rsplit("_", 1)[1]))  # --opponent pool's, newest first
+    for age, name in enumerate(snapshots):
+        mine = [o for r, o in zip(played, outcomes) if r.opponent == name]
+        m[f"selfplay/win_rate/vs_pool{age}"] = sum(o == "win" for o in mine) / len(mine)
     m["selfplay/draw_rate"] = sum(o == "draw" for o in outcomes) / len(played)
     m["selfplay/invalid_move_rate"] = sum(any(s.info.get("invalid_move") for s in r.trajectory.steps)
                                           for r in played) / len(played)

@@ -1,5 +1,6 @@
 """When and what a training run saves: a checkpoint every --save-every steps or --save-every-minutes, the last
-completed step's at shutdown, and final_model/ at the end; trainer/checkpoint.py writes and reads them."""
+completed step's at shutdown, final_model/ at the end, and under --opponent pool the policy's snapshots
+(rollout/opponent_pool.py); trainer/checkpoint.py writes and reads the checkpoints."""
 
 import errno
 import time
@@ -14,6 +15,7 @@ from nanorllm.datasets.stream import TaskStream
 from nanorllm.policy.hf_causal import HFCausalPolicy
 from nanorllm.policy.lora import save_merged
 from nanorllm.ranks.group import LearnerRanks, ShardsUnavailable
+from nanorllm.rollout.opponent_pool import POOL_DIR, drop_after, kept_steps, prune, write_snapshot
 from nanorllm.trainer import checkpoint
 from nanorllm.trainer.source import RolloutSource
 from nanorllm.utils.faults import fault
@@ -33,7 +35,12 @@ class CheckpointSaver:
     totals: dict
     say: Callable[[str], None]
     source: RolloutSource | None = None  # while training: asked for the stream position of a step
+    checkpoint_step: int | None = None  # the last checkpoint's (a resume's own, then each one written)
     last_save_t: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self):
+        if self.checkpoint_step is not None and self.cfg.opponent == "pool":  # a resume: the stopped run's snapshots
+            drop_after(self.run_dir / POOL_DIR, self.checkpoint_step)  # past its checkpoint are not this run's
 
     def save(self, step: int) -> Path:
         optimizer_state = self.ranks.optimizer_state(self.policy, self.optimizer)  # first: it may be refused
@@ -43,8 +50,28 @@ class CheckpointSaver:
                                stream_origin=self.stream.origin, task_order=self.task_order, totals=self.totals,
                                sampler=self.stream.state())
         self.last_save_t = time.monotonic()
+        self.checkpoint_step = step
         self.say(f"[checkpoint] {path}")
         return path
+
+    def pool_snapshot(self, version: int) -> None:
+        """--opponent pool: the policy's weights at `version` join the pool when due, before they reach any rollout,
+        and the snapshots no rollout and no resume can still ask for go."""
+        cfg = self.cfg
+        if cfg.opponent != "pool" or version % cfg.pool_every:
+            return
+        folder = self.run_dir / POOL_DIR
+        write_snapshot(folder, version, self.write_model)
+        prune(folder, kept_steps(version, lag=0 if cfg.serial else cfg.max_policy_lag,
+                                 checkpoint_step=self.checkpoint_step, every=cfg.pool_every, size=cfg.pool_size))
+
+    def write_model(self, path: Path) -> None:
+        """The policy as a plain model folder any process loads with --model's loader (LoRA merged)."""
+        if self.policy.peft is not None:
+            save_merged(self.policy.model, self.policy.tokenizer, path)
+        else:
+            self.policy.model.save_pretrained(str(path))
+            self.policy.tokenizer.save_pretrained(str(path))
 
     def when_due(self, step: int) -> None:
         """A checkpoint every --save-every steps, or when --save-every-minutes passed since the last one."""

@@ -6,6 +6,7 @@ the workers' queue. lifecycle.py's `make_source` picks one.
 """
 
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from nanorllm.algos.advantages import silent_groups
@@ -100,9 +101,11 @@ class RolloutSource(Protocol):
 class SerialSource:
     """Rollouts in the training process: generate, then train, one after the other."""
 
-    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, stream: TaskStream, env: EnvBundle):
+    def __init__(self, cfg: TrainConfig, policy: HFCausalPolicy, stream: TaskStream, env: EnvBundle, *,
+                 pool_dir: Path | None = None):
+        """`pool_dir`: --opponent pool's snapshots (<run>/pool)."""
         self.cfg, self.policy, self.stream = cfg, policy, stream
-        self.engine = training_engine(policy, cfg, env)
+        self.engine = training_engine(policy, cfg, env, pool_dir=pool_dir)
         # the KV cache's size printed (or refused) and, on a GPU, its graphs captured
         self.capture_s = self.engine.prepare(EXAMPLE_TASK, cfg.tasks_per_step * cfg.num_samples_per_task) or 0.0
         self.drawn_at = (None, None)  # (step, task-stream position before its tasks were drawn)
