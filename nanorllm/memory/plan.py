@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.memory.tasks import TaskShape, task_shape
+from nanorllm.rollout.games import MODEL_FREE
 from nanorllm.trainer.logprobs import rows_per_block
 from nanorllm.trainer.micro_batches import CPU_MICRO_BATCH_TOKENS
 from nanorllm.trainer.parts import RunParts
@@ -314,7 +315,7 @@ def eval_opponent_config(cfg):
     from nanorllm.policy.chat_endpoint import is_endpoint
 
     name = cfg.model if cfg.eval_opponent == "base" else cfg.eval_opponent
-    return None if name in ("self", "random") or is_endpoint(name) else model_config(name)
+    return None if name in MODEL_FREE or is_endpoint(name) else model_config(name)
 
 
 def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None, shm_free: int | None = None,
@@ -393,7 +394,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     opponent = getattr(cfg, "opponent", "self")
     copies, what = (cfg.pool_size, f"pool: {cfg.pool_size} snapshots of {cfg.model}, frozen") if opponent == "pool" \
         else (1, f"{opponent}, frozen")
-    opp = model_config(cfg.model if opponent == "pool" else opponent) if opponent not in ("self", "random") else None
+    opp = model_config(cfg.model if opponent == "pool" else opponent) if opponent not in MODEL_FREE else None
     if opp is not None:
         # a game's model --opponent (trainer/training_engine.py), or each snapshot of the pool
         # (rollout/opponent_pool.py): frozen weights and its own KV slots where rollouts run

@@ -42,7 +42,7 @@ from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.agent_runner import AgentRunner
-from nanorllm.rollout.games import GameRunner
+from nanorllm.rollout.games import MODEL_FREE, GameRunner
 from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
 from nanorllm.utils.faults import env_response
 
@@ -117,7 +117,7 @@ class RolloutEngine:
         self.env = env or load_env(DEFAULT_ENV, EpisodeSettings(max_turns=max_turns))
         self.opponent = opponent or self.env.settings.opponent
         self.opponent_policy = opponent_policy
-        if getattr(self.env, "seats", 1) > 1 and self.opponent not in ("self", "random") and opponent_policy is None:
+        if getattr(self.env, "seats", 1) > 1 and self.opponent not in MODEL_FREE and opponent_policy is None:
             raise ValueError(f"opponent {self.opponent!r} is a model or the snapshot pool: pass it as opponent_policy")
         self.env.use_tokenizer(getattr(policy, "tokenizer", None))  # a bundle that reads the model's tool-call format
         self.max_turns = self.env.settings.max_turns  # a cap for any env: none runs longer

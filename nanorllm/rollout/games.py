@@ -45,7 +45,8 @@ from nanorllm.policy.slot_batch import new_stats
 from nanorllm.rollout.opponent_pool import PREFIX, pick
 from nanorllm.utils.faults import env_response
 
-OPPONENTS = ("self", "random", "pool")  # the named ones; any other name is a model
+MODEL_FREE = ("self", "random")  # opponents that need no model beside the policy
+OPPONENTS = (*MODEL_FREE, "pool")  # the named ones; any other name is a model
 NO_MESSAGE = "(No new message. Make your move.)"
 MOVE_KEYS = ("action", "extracted", "invalid_move", "turn")  # a step's info about its move, not about the game
 

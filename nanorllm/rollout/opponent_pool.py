@@ -62,8 +62,7 @@ def snapshot_steps(folder: Path) -> list[int]:
 def write_snapshot(folder: Path, step: int, save: Callable[[Path], None]) -> Path:
     """`save(path)` writes the policy's weights as a model folder; written whole or not at all."""
     path = snapshot_dir(folder, step)
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    write_folder_atomic(path, save)
+    write_folder_atomic(path, save)  # makes the folder
     return path
 
 
@@ -72,7 +71,7 @@ def prune(folder: Path, keep: set[int]) -> list[int]:
     gone = [s for s in snapshot_steps(folder) if s not in keep]
     for s in gone:
         shutil.rmtree(snapshot_dir(folder, s), ignore_errors=True)
-    for tmp in Path(folder).glob("*.tmp") if Path(folder).is_dir() else ():
+    for tmp in Path(folder).glob("*.tmp"):
         shutil.rmtree(tmp, ignore_errors=True)
     return gone
 

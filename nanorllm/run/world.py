@@ -144,7 +144,7 @@ def opponent_problem(field: str, name: str) -> list[str]:
 
     from nanorllm.memory.plan import model_config
     from nanorllm.policy.chat_endpoint import is_endpoint
-    from nanorllm.rollout.games import OPPONENTS
+    from nanorllm.rollout.games import MODEL_FREE, OPPONENTS
     from nanorllm.rollout.opponent_pool import NOT_FOR_EVAL
 
     if is_endpoint(name):
@@ -153,7 +153,7 @@ def opponent_problem(field: str, name: str) -> list[str]:
         return [NOT_FOR_EVAL]
     if name in OPPONENTS or model_config(name) is not None:
         return []
-    choices = ("self", "random", "base") if field == "eval_opponent" else OPPONENTS
+    choices = (*MODEL_FREE, "base") if field == "eval_opponent" else OPPONENTS
     return [f"{field}: {name!r} is neither {', '.join(choices)}, an "
             "endpoint (http://host:port/v1) nor a model this machine can read (a folder with a config.json, a cached "
             "hub id, a built-in name)"]

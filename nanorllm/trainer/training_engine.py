@@ -22,8 +22,10 @@ def training_engine(policy, cfg, env: EnvBundle | None = None, *, pool_dir: Path
 def opponent_model(policy, cfg, env: EnvBundle, name: str | None = None, *, pool_dir: Path | None = None):
     """The frozen model `name` (default: --opponent) names, for a game, or the snapshot pool of `pool`
     (None: self, random, or a one-player env)."""
+    from nanorllm.rollout.games import MODEL_FREE
+
     name = cfg.opponent if name is None else name
-    if getattr(env, "seats", 1) == 1 or name in ("self", "random"):
+    if getattr(env, "seats", 1) == 1 or name in MODEL_FREE:
         return None
     if name == "pool":
         from nanorllm.rollout.opponent_pool import OpponentPool
