@@ -287,3 +287,19 @@ def test_a_registered_reward_source_scores_through_the_env_assembly_with_the_bui
     assert [r.reward for r in scored] == [1.0 + 0.5 * 7, 0.0 + 0.5 * 2]
     with pytest.raises(TypeError, match="no reward source is registered for a float"):
         load_bundle(EnvSpec(reward_sources=(1.0,)))
+
+
+def test_each_source_says_what_its_scorers_are_called_for_a_hang_report():
+    from nanorllm.pipeline.heartbeat import REWARD, Heartbeat
+    from nanorllm.rewards.functions import RewardFunctionsSpec
+    from nanorllm.rewards.judge import JudgeSpec
+    from nanorllm.rewards.model import RewardModelSpec
+    from nanorllm.rewards.sources import reward_source_names
+
+    specs = (RewardFunctionsSpec(specs=("a.py:f", "b.py:g")), RewardModelSpec(path="/rm"),
+             JudgeSpec(target="http://judge:8000/v1"))
+    names = reward_source_names(specs)
+    assert names == ["a.py:f", "b.py:g", "/rm", "http://judge:8000/v1"]  # in the order they score
+    beat = Heartbeat(1, env_name="math", reward_names=tuple(names))
+    beat.doing(0, f"{REWARD} http://judge:8000/v1")  # what the engine's watch hears while the judge scores
+    assert beat.describe(0) == f"{REWARD} http://judge:8000/v1"

@@ -117,6 +117,38 @@ def test_the_memory_plan_counts_the_reward_model_in_each_process_that_scores(rm_
     assert parts(TrainConfig(model="tiny-random"), DeviceMap(["cpu"], ["cpu"]))["worker 0"] == []
 
 
+def test_a_registered_sources_held_model_is_counted_as_the_built_in_reward_model_is(rm_dir, monkeypatch):
+    from dataclasses import dataclass, replace
+
+    from nanorllm.config import TrainConfig
+    from nanorllm.memory.plan import model_config, plan_run
+    from nanorllm.memory.tasks import TaskShape
+    from nanorllm.rewards import sources
+    from nanorllm.utils.devices import DeviceMap
+    from tests.test_memory import on
+
+    monkeypatch.setattr(sources, "REWARD_SOURCES", dict(sources.REWARD_SOURCES))
+
+    @dataclass(frozen=True)
+    class CriticSpec:
+        path: str
+
+    sources.register_reward_source("critic", CriticSpec, lambda spec: [], held=lambda spec: [
+        sources.HeldModel("critic", spec.path, batch_tokens=2 * 16, dtype_bytes=2, device=None, note="bf16")])
+    built_in = on(TrainConfig(model="tiny-random", reward_model=rm_dir, reward_model_batch_size=2,
+                              reward_model_max_tokens=16, reward_model_dtype="bfloat16"), DeviceMap(["cpu"], ["cpu"]))
+    user = on(TrainConfig(model="tiny-random"), DeviceMap(["cpu"], ["cpu"]))
+    user.env_spec = replace(user.env_spec, reward_sources=(CriticSpec(rm_dir),))
+
+    def held(parts, name):
+        plan = plan_run(parts, config=model_config("tiny-random"), free={"cpu": 10**12}, shm_free=10**12,
+                        tasks=TaskShape(first=64, shared=0, eval_tasks=0))
+        return [x.nbytes for x in plan.processes[1].parts if x.name == name]
+
+    rm = held(built_in, "reward model")
+    assert len(rm) == 1 and held(user, "critic") == rm  # the same model, batch and dtype: the same bytes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--serial"], ["--num-workers", "1"]], ids=["serial", "worker"])
 def test_a_run_scored_by_a_reward_model_in_place_of_the_env_trains(rm_dir, tmp_path, mode):

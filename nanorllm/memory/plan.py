@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanorllm.memory.tasks import TaskShape, task_shape
+from nanorllm.rewards.sources import HeldModel, reward_source_models
 from nanorllm.rollout.games import MODEL_FREE
 from nanorllm.trainer.logprobs import rows_per_block
 from nanorllm.trainer.micro_batches import CPU_MICRO_BATCH_TOKENS
@@ -385,12 +386,13 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
             Part("weights", replica),
             Part("kv", kv_bytes(config, slots=rollout_rows, width=width, dtype_bytes=compute)),
             *process_overheads(dev)]))
-    if cfg.reward_model is not None and (rm := reward_model_bytes(cfg)) is not None:
+    for held in reward_source_models(parts.env_spec.reward_sources):
+        if (rm := held_model_bytes(held)) is None:
+            continue
         # one copy in each process that scores: every worker, and the learner when it rolls out or evaluates
         scorers = processes[1:] + ([learner] if cfg.serial or eval_episodes or not devices.workers else [])
         for proc in scorers:
-            proc.parts.append(Part("reward model", rm, f"{cfg.reward_model_batch_size} x "
-                                   f"{cfg.reward_model_max_tokens} tokens", device=cfg.reward_model_device))
+            proc.parts.append(Part(held.label, rm, held.note, device=held.device))
     opponent = getattr(cfg, "opponent", "self")
     copies, what = (cfg.pool_size, f"pool: {cfg.pool_size} snapshots of {cfg.model}, frozen") if opponent == "pool" \
         else (1, f"{opponent}, frozen")
@@ -428,21 +430,19 @@ def teacher_bytes(cfg, mb: MicroBatch, learner_device: str) -> int | None:
                                                                    copies=1))
 
 
-def reward_model_bytes(cfg) -> int | None:
-    """The --reward-model's weights in --reward-model-dtype plus one batch's forward (no gradients: one layer's
-    activations alive at a time, and the logits), from its config alone; None where that cannot be read."""
+def held_model_bytes(held: HeldModel) -> int | None:
+    """A reward source's frozen model (rewards/sources.py HeldModel): its weights plus one batch's forward (no
+    gradients: one layer's activations alive at a time, and the logits), from its config alone; None where that
+    cannot be read."""
     from transformers import AutoModelForSequenceClassification
 
-    config = model_config(cfg.reward_model)
+    config = model_config(held.path)
     if config is None:
         return None
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(config)
-    dtype_bytes = 2 if cfg.reward_model_dtype == "bfloat16" else 4
-    weights = sum(p.numel() for p in model.parameters()) * dtype_bytes
-    tokens = cfg.reward_model_batch_size * cfg.reward_model_max_tokens
-    layer = layer_bytes(config, dtype_bytes)
-    return int(weights + tokens * layer)
+    weights = sum(p.numel() for p in model.parameters()) * held.dtype_bytes
+    return int(weights + held.batch_tokens * layer_bytes(config, held.dtype_bytes))
 
 
 def process_overheads(device: str) -> list[Part]:

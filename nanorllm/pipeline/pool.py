@@ -19,6 +19,7 @@ from nanorllm.pipeline.channel import Inbox, Outbox
 from nanorllm.pipeline.heartbeat import Heartbeat
 from nanorllm.pipeline.messages import Job, Stop, WorkerMessage, WorkerStart
 from nanorllm.pipeline.worker import worker_main
+from nanorllm.rewards.sources import reward_source_names
 from nanorllm.utils.children import process
 
 
@@ -35,8 +36,8 @@ class WorkerPool:
         self.start, self.cfg, self.weights, self.devices = start, start.cfg, weights, devices
         self.threads, self.num_processes = threads, num_processes
         self.stop_flag = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env, reward_names=(*self.cfg.reward, *(
-            [self.cfg.reward_model] if self.cfg.reward_model else [])))
+        self.heartbeat = Heartbeat(len(devices), env_name=self.cfg.env,
+                                   reward_names=tuple(reward_source_names(start.env.reward_sources)))
         self.procs, self.outbox, self.inbox = {}, {}, {}
         self.started = {wid: 0 for wid in range(len(devices))}  # processes started per slot
         self.start_at: dict[int, float] = {}  # slots waiting out a back-off: wid -> when to start

@@ -173,7 +173,7 @@ def functions_problems(spec: RewardFunctionsSpec) -> list[str]:
 
 register_reward_source("functions", RewardFunctionsSpec,
                        lambda spec: load_reward_functions(spec.specs, spec.weights, spec.timeout_s),
-                       functions_problems)
+                       functions_problems, names=lambda spec: list(spec.specs))
 
 
 def checked_values(source, out: object, n: int) -> list[float | None]:

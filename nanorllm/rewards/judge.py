@@ -284,7 +284,8 @@ def judge_world_problems(spec: JudgeSpec) -> list[str]:
     return p
 
 
-register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)], judge_world_problems)
+register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)], judge_world_problems,
+                       names=lambda spec: [spec.target])
 
 
 def _text(data: bytes) -> str:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.rewards.norm import RunningNorm, mean_std, normalise
-from nanorllm.rewards.sources import register_reward_source
+from nanorllm.rewards.sources import HeldModel, register_reward_source
 
 SEQUENCE_CLASSIFIER = "ForSequenceClassification"
 
@@ -222,5 +222,13 @@ class RewardModel:
         return {"reward/model_mean": mean, "reward/model_std": std}
 
 
+def held_reward_model(spec: RewardModelSpec) -> list[HeldModel]:
+    """The reward model each scoring process holds: one batch of --reward-model-batch-size x --reward-model-max-tokens."""
+    return [HeldModel("reward model", spec.path, spec.batch_size * spec.max_tokens,
+                      2 if spec.dtype in ("bfloat16", "bf16") else 4, spec.device,
+                      f"{spec.batch_size} x {spec.max_tokens} tokens")]
+
+
 register_reward_source("reward_model", RewardModelSpec, lambda spec: [RewardModel(**asdict(spec))],
-                       lambda spec: reward_model_problems(spec.path))
+                       lambda spec: reward_model_problems(spec.path), names=lambda spec: [spec.path],
+                       held=held_reward_model)
