@@ -284,6 +284,15 @@ def test_an_eval_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path,
     assert "eval_opponent: './no-such-model' is neither self, random, base, an endpoint" in err
 
 
+def test_launch_eval_refuses_an_eval_opponent_it_cannot_read_in_one_line(capsys, monkeypatch):
+    from nanorllm.run import evaluation
+
+    monkeypatch.setattr(evaluation, "evaluate_model", lambda cfg: pytest.fail("the model loaded"))
+    assert evaluation.main(["--model", "tiny-random", "--env", DUEL, "--eval-opponent", "./no-such-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: eval_opponent: './no-such-model' is neither self, random")
+
+
 def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():
     from nanorllm.trainer.evaluate import evaluate_sampled
 
