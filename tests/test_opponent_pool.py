@@ -30,9 +30,11 @@ def test_a_rollout_draws_from_the_last_pool_size_snapshots_up_to_its_version():
 
 
 def test_the_learner_keeps_what_a_lagging_worker_or_a_resume_may_still_ask_for():
-    assert kept_steps(12, lag=0, checkpoint_step=None, every=4, size=2) == {8, 12}
-    assert kept_steps(12, lag=1, checkpoint_step=None, every=4, size=2) == {4, 8, 12}  # version 11's pool: 4, 8
-    assert kept_steps(12, lag=0, checkpoint_step=5, every=4, size=2) == {0, 4, 8, 12}  # a resume at 5 draws 0, 4
+    assert kept_steps(12, lag=0, checkpoints=[], every=4, size=2) == {8, 12}
+    assert kept_steps(12, lag=1, checkpoints=[], every=4, size=2) == {4, 8, 12}  # version 11's pool: 4, 8
+    assert kept_steps(12, lag=0, checkpoints=[5], every=4, size=2) == {0, 4, 8, 12}  # a resume at 5 draws 0, 4
+    # every checkpoint kept on disk: a resume falls back to an older one where the newest does not load
+    assert kept_steps(20, lag=0, checkpoints=[5, 10], every=4, size=2) == {0, 4, 8, 16, 20}
 
 
 def test_each_game_meets_the_snapshot_its_group_and_index_pick_and_every_snapshot_plays():
@@ -154,9 +156,10 @@ def test_a_serial_pool_run_plays_its_snapshots_and_a_resumed_one_ends_with_the_u
     full = read_rollouts(tmp_path / "full")
     by_step = {s: {e["opponent"] for e in full if e["step"] == s} for s in range(1, 5)}
     assert by_step[1] == {"pool:step_0"} and by_step[4] <= {"pool:step_2", "pool:step_3"} and by_step[4]
-    # version 4's pool, and version 3's, the last checkpoint's (step 4's is written after the snapshot)
-    assert sorted(p.name for p in (tmp_path / "full" / "pool").iterdir()) == ["step_2", "step_3", "step_4"]
-    assert sorted(p.name for p in (tmp_path / "part" / "pool").iterdir()) == ["step_2", "step_3", "step_4"]
+    # version 4's pool, and the pools of the checkpoints on disk then, 1-3 (step 4's is written after the snapshot)
+    kept = ["step_1", "step_2", "step_3", "step_4"]
+    assert sorted(p.name for p in (tmp_path / "full" / "pool").iterdir()) == kept
+    assert sorted(p.name for p in (tmp_path / "part" / "pool").iterdir()) == kept
     key = lambda e: (e["step"], e["group_id"], e["seat"])  # noqa: E731
     assert [(e["opponent"], e["final_reward"]) for e in sorted(full, key=key)] == \
            [(e["opponent"], e["final_reward"]) for e in sorted(read_rollouts(tmp_path / "part"), key=key)]
@@ -164,6 +167,20 @@ def test_a_serial_pool_run_plays_its_snapshots_and_a_resumed_one_ends_with_the_u
             for r in ("full", "part"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resume_that_falls_back_to_an_older_checkpoint_finds_that_checkpoints_pool(tmp_path, capsys):
+    args = [*TINY_ARGS, *POOL_RUN, "--pool-size", "1", "--serial", "--save-every", "1", "--seed", "2",
+            "--output-dir", str(tmp_path), "--run-name", "r"]
+    assert main([*args, "--max-steps", "3"]) == 0
+    run = tmp_path / "r"
+    for newest in ("step_3", "step_2"):  # the two newest do not load: the resume starts from step 1's
+        (run / "checkpoints" / newest / "trainer_state.json").write_text("{cut short")
+    assert main(["--resume", str(run), "--max-steps", "3"]) == 0
+    assert "[resume] from" in capsys.readouterr().out
+    replayed = [e for e in read_rollouts(run) if e["step"] == 2]
+    assert replayed and {e["opponent"] for e in replayed} == {"pool:step_1"}  # version 1's pool, kept for it
 
 
 @pytest.mark.slow

@@ -38,11 +38,6 @@ def groups_of(run_dir: Path) -> tuple[int, int, int]:
     return (*account(Counter(r["group_id"] for r in recs), steps), steps)
 
 
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    d = Path(run_dir) / "checkpoints"
-    return sorted(int(p.name[5:]) for p in d.glob("step_*") if p.name[5:].isdigit()) if d.exists() else []
-
-
 def leftovers(token: str, shm_before: set[str], wait_s: float = 60.0) -> tuple[int, int, float]:
     """(processes left, /dev/shm entries left, when the last process was gone: time.monotonic()).
 

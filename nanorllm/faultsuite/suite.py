@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers, new_shm, read_rollouts
+from nanorllm.faultsuite.ledger import groups_of, leftovers, new_shm, read_rollouts
 from nanorllm.faultsuite.process import PIPELINE, SAMPLES, TASKS_PER_STEP, TrainProcess
 from nanorllm.faultsuite.proc_scan import shm_entries
 from nanorllm.faultsuite.proxy_trap import ProxyTrap
 from nanorllm.faultsuite.stub_judge import StubJudge, lying_score
+from nanorllm.trainer.checkpoint import complete_steps
 
 
 @dataclass
@@ -300,7 +301,7 @@ def worker_start_fails(out: Path) -> list[Outcome]:
     rc = run.wait()
     text = run.output()
     stopped = (rc == 1 and "failures in a row" in text and "injected fault: worker_start" in text
-               and checkpoint_steps(out / "worker_start") == [0])
+               and complete_steps(out / "worker_start") == [0])
     o = Outcome("worker fails at every start", time.monotonic() - run.t0, stopped)
     o.notes.append(f"{text.count('restarting it in')} restarts before the stop")
     return [_finish(o, run, out / "worker_start", shm)]
@@ -331,7 +332,7 @@ def learner_kill(out: Path) -> list[Outcome]:
     resumed = TrainProcess(["--resume", str(out / "learner_kill")], out, token=run.token)
     rc = resumed.wait()
     o = Outcome("resume after a hard kill", None, rc == 0 and "step 30/30" in resumed.output())
-    o.notes.append(f"killed {time.monotonic() - t:.0f} s before; checkpoints then {checkpoint_steps(out / 'learner_kill')}")
+    o.notes.append(f"killed {time.monotonic() - t:.0f} s before; checkpoints then {complete_steps(out / 'learner_kill')}")
     return [killed, _finish(o, resumed, out / "learner_kill", shm)]
 
 
@@ -349,8 +350,8 @@ def _stop_by_signals(out: Path, name: str, label: str, first: int, then: int, th
     took = time.monotonic() - t
     run.wait()
     last = groups_of(out / name)[2]
-    o = Outcome(label, took, rc == expect_rc and took < 10 and last in checkpoint_steps(out / name))
-    o.notes.append(f"exit {rc} after {took:.1f} s; checkpoints {checkpoint_steps(out / name)}")
+    o = Outcome(label, took, rc == expect_rc and took < 10 and last in complete_steps(out / name))
+    o.notes.append(f"exit {rc} after {took:.1f} s; checkpoints {complete_steps(out / name)}")
     return [_finish(o, run, out / name, shm)]
 
 
@@ -385,7 +386,7 @@ def second_owner(out: Path) -> list[Outcome]:
     rc = run.wait()
     last = groups_of(out / "owned")[2]
     o = Outcome("resume while the run is alive", took, rc_intruder == 2 and going_on and rc == 143
-                and last in checkpoint_steps(out / "owned")
+                and last in complete_steps(out / "owned")
                 and f"in use by another run (pid {run.proc.pid})" in intruder.output())
     o.notes.append(f"second process exit {rc_intruder} after {took:.1f} s; owner exit {rc}")
     o = _finish(o, run, out / "owned", shm)
@@ -422,7 +423,7 @@ def _hung_grader(out: Path, name: str, label: str, extra: list[str], report: str
     rc = run.wait()
     t_seen = run.seen(report)
     o = Outcome(label, t_seen and t_seen - run.t0, rc == 1 and t_seen is not None
-                and checkpoint_steps(out / name) == [0] and "[done]" not in run.output())
+                and complete_steps(out / name) == [0] and "[done]" not in run.output())
     return [_finish(o, run, out / name, shm)]
 
 
@@ -448,7 +449,7 @@ def disk_full(out: Path) -> list[Outcome]:
     rc = run.wait()
     d = out / "disk_full" / "checkpoints"
     o = Outcome("disk full at a periodic save", None, rc == 0 and "step 2 not written" in run.output()
-                and checkpoint_steps(out / "disk_full") == [4, 6] and not list(d.glob("*tmp*")))
+                and complete_steps(out / "disk_full") == [4, 6] and not list(d.glob("*tmp*")))
     return [_finish(o, run, out / "disk_full", shm)]
 
 
@@ -460,7 +461,7 @@ def learner_exception(out: Path) -> list[Outcome]:
     run_dir = out / "exc"
     summary = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
     t_err = run.seen("injected fault: learner_step 6")
-    ok = (rc == 1 and "Traceback" in run.output() and t_err is not None and checkpoint_steps(run_dir) == [5]
+    ok = (rc == 1 and "Traceback" in run.output() and t_err is not None and complete_steps(run_dir) == [5]
           and "after" not in summary and not (run_dir / "final_model").exists())
     o = Outcome("learner exception", t_err and time.monotonic() - t_err, ok)
     return [_finish(o, run, run_dir, shm)]
@@ -639,7 +640,7 @@ def serial_env_hang(out: Path) -> list[Outcome]:
     t_seen = run.seen("serial rollout hung: no progress")
     o = Outcome("serial rollout hung in the env", t_seen and t_seen - run.t0,
                 rc == 1 and t_seen is not None and f"in the env {env}" in run.output()
-                and checkpoint_steps(out / "serial_env_hang") == [0] and "[done]" not in run.output())
+                and complete_steps(out / "serial_env_hang") == [0] and "[done]" not in run.output())
     return [_finish(o, run, out / "serial_env_hang", shm)]
 
 
@@ -667,7 +668,7 @@ def _stop_a_rank(out: Path, name: str, label: str, sig: int, report: str, extra:
     rc = run.wait()
     seen, text = run.seen(report, after=t), run.output()
     trained = max((int(line[5:].split("/")[0]) for line in text.splitlines() if line.startswith("step ")), default=0)
-    saved = checkpoint_steps(out / name)
+    saved = complete_steps(out / name)
     stopped = Outcome(label, seen and seen - t, rc == 1 and seen is not None and saved[-1:] == [trained] and trained < 8,
                       output=text)
     stopped.procs_left, stopped.shm_left, _ = leftovers(run.token, shm)

@@ -7,7 +7,7 @@ weights go to the workers; version 0 is --model itself. Which a rollout draws fr
 against `pool_steps(v)`, the last --pool-size of 0, N, 2N, ... up to v; each game's opponent is one of them,
 picked by the game's group id and index (`pick`), so the same game meets the same snapshot serial or pipelined and
 after a resume. The learner keeps on disk what a rollout or a resume may still ask for (`kept_steps`): the pools of
-the versions its workers may still sample at and of its last checkpoint; a resumed run removes the snapshots past
+the versions its workers may still sample at and of each checkpoint it keeps; a resumed run removes the snapshots past
 its checkpoint (the stopped run's future, written again as the run gets there).
 
 Each process that rolls out holds the current pool's models, frozen (`OpponentPool`): --pool-size models at most,
@@ -32,11 +32,11 @@ def pool_steps(version: int, every: int, size: int) -> list[int]:
     return list(range(0, version + 1, every))[-size:]
 
 
-def kept_steps(version: int, *, lag: int, checkpoint_step: int | None, every: int, size: int) -> set[int]:
+def kept_steps(version: int, *, lag: int, checkpoints: list[int], every: int, size: int) -> set[int]:
     """The snapshots still wanted after the learner made `version`: a worker may still sample at any version from
-    version - lag, and a resume starts at the last checkpoint's."""
-    versions = list(range(max(version - lag, 0), version + 1))
-    versions += [checkpoint_step] if checkpoint_step is not None else []
+    version - lag, and a resume starts at one of the `checkpoints` on disk (an older one where the newest does not
+    load)."""
+    versions = list(range(max(version - lag, 0), version + 1)) + list(checkpoints)
     return {s for v in versions for s in pool_steps(v, every, size)}
 
 

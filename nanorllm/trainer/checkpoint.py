@@ -64,6 +64,11 @@ def list_complete(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
+def complete_steps(run_dir: Path) -> list[int]:
+    """The steps of the complete-looking checkpoints, oldest first."""
+    return [int(p.name[len(PREFIX):]) for p in list_complete(run_dir)]
+
+
 def clean_stale(run_dir: Path) -> list[Path]:
     """Remove what a process that died mid-write left in `run_dir`: `checkpoints/step_<N>.tmp` folders (and
     `.tmp-*`, the name older versions wrote them under) and `*.tmp` files and folders. Only the holder of the run

@@ -63,7 +63,8 @@ class CheckpointSaver:
         folder = self.run_dir / POOL_DIR
         write_snapshot(folder, version, self.write_model)
         prune(folder, kept_steps(version, lag=0 if cfg.serial else cfg.max_policy_lag,
-                                 checkpoint_step=self.checkpoint_step, every=cfg.pool_every, size=cfg.pool_size))
+                                 checkpoints=checkpoint.complete_steps(self.run_dir), every=cfg.pool_every,
+                                 size=cfg.pool_size))
 
     def write_model(self, path: Path) -> None:
         """The policy as a plain model folder any process loads with --model's loader (LoRA merged)."""
