@@ -187,8 +187,7 @@ class TaskSampling:
     sampler_band: tuple[float, float] = (0.2, 0.8)
     """signal: the band [low, high] of pass-rate estimates m drawn by m(1 - m); outside it by --sampler-revisit."""
     sampler_explore: float = 0.25
-    """signal: the chance each pick is a task not seen yet, while any is left (the other picks go to seen tasks
-    while one lies in the band)."""
+    """signal: the chance each pick is a task not seen yet, while any is left."""
     sampler_revisit: float = 0.05
     """signal: the draw weight of a task outside the band (solved or hopeless), as a share of the weight at 0.5."""
 

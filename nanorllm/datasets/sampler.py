@@ -9,13 +9,10 @@ as prime-rl's curricula and online difficulty filtering do:
   (the `kind` field, else `level`, `type`, `subject` or `dataset`; one pool without), worth PRIOR_EPISODES
   episodes, so a task seen little leans on the tasks like it.
 - drawing: a task's weight is m(1 - m) of its estimate m while m lies in the band, else `revisit` x 0.25
-  (solved and hopeless tasks come back rarely, in case the policy moved). While unseen tasks remain, each
-  pick is one of them (uniformly) with chance `explore`, so a kind that looks hopeless is still explored.
-  The other picks go to the seen tasks by weight while one of them lies in the band, and unseen tasks enter
-  only when none does (then an unseen task's m is its kind's pooled rate). Unseen tasks never compete with
-  the band by weight: with many more tasks than draws they would outnumber it and the order would stay
-  uniform. A draw takes no task twice, nor one of `avoid` (the step's own tasks, for fill_batch's rounds),
-  unless the tasks run out.
+  (solved and hopeless tasks come back rarely, in case the policy moved); an unseen task's m is its kind's
+  pooled rate. While unseen tasks remain, each pick is one of them (uniformly) with chance `explore` on top,
+  so a kind that looks hopeless is still explored. A draw takes no task twice, nor one of `avoid` (the
+  step's own tasks, for fill_batch's rounds), unless the tasks run out.
 - determinism: the draw at stream position p uses an RNG seeded by (seed, p), so what is drawn depends only
   on the position and the estimates then. The estimates move only in `observe`, once a step is committed,
   and they are the checkpoint's `state()`: a resumed run draws what the uninterrupted one drew.
@@ -95,22 +92,19 @@ class SignalSampler(TaskStream):
         for _ in range(n):
             if not free:  # fewer tasks than picks: they come round again
                 free = list(range(len(self.tasks)))
-            i = self._pick(rng, free, [means[j] for j in free], [weights[j] for j in free])
+            i = self._pick(rng, free, [means[j] is None for j in free], [weights[j] for j in free])
             free.remove(i)
             task = self.tasks[i]
             out.append((task, f"{task['task_id']}@{self.position}"))
             self.position += 1
         return out
 
-    def _pick(self, rng: random.Random, free: list[int], means: list[float | None], weights: list[float]) -> int:
-        """One task of `free`: with chance `explore` an unseen one (uniformly); else, while a free seen task
-        lies in the band, a seen one by weight; else any free one by weight (an unseen task's is its kind's
-        pooled rate's); uniformly when no weight is positive."""
-        fresh = [i for i, m in zip(free, means) if m is None]
+    def _pick(self, rng: random.Random, free: list[int], unseen: list[bool], weights: list[float]) -> int:
+        """One task of `free`: with chance `explore` an unseen one (uniformly), else one by weight (an unseen
+        task's is its kind's pooled rate's), uniformly when no weight is positive."""
+        fresh = [i for i, u in zip(free, unseen) if u]
         if fresh and rng.random() < self.spec.explore:
             return fresh[rng.randrange(len(fresh))]
-        if any(m is not None and self.in_band(m) for m in means):
-            free, weights = zip(*[(i, w) for i, m, w in zip(free, means, weights) if m is not None])
         if sum(weights) <= 0:
             return free[rng.randrange(len(free))]
         return rng.choices(free, weights=weights)[0]
