@@ -318,5 +318,5 @@ def sampler_problems(cfg) -> list[str]:
     if not 0 <= cfg.sampler_explore <= 1:
         p.append(f"sampler_explore: must be a chance in [0, 1], got {cfg.sampler_explore}")
     if not 0 <= cfg.sampler_revisit <= 1:
-        p.append(f"sampler_revisit: must be in [0, 1], got {cfg.sampler_revisit}")
+        p.append(f"sampler_revisit: must be a chance in [0, 1], got {cfg.sampler_revisit}")
     return p

@@ -189,7 +189,7 @@ class TaskSampling:
     sampler_explore: float = 0.25
     """signal: the chance each pick is a task not seen yet, while any is left."""
     sampler_revisit: float = 0.05
-    """signal: the draw weight of a task outside the band (solved or hopeless), as a share of the weight at 0.5."""
+    """signal: the chance a pick goes back to a task outside the band (solved or hopeless), whatever their number."""
 
 
 @dataclass

@@ -8,10 +8,11 @@ as prime-rl's curricula and online difficulty filtering do:
 - estimate: a task's s successes in n episodes give a Beta posterior whose prior is its kind's pooled rate
   (the `kind` field, else `level`, `type`, `subject` or `dataset`; one pool without), worth PRIOR_EPISODES
   episodes, so a task seen little leans on the tasks like it.
-- drawing: a task's weight is m(1 - m) of its estimate m while m lies in the band, else `revisit` x 0.25
-  (solved and hopeless tasks come back rarely, in case the policy moved); an unseen task's m is its kind's
-  pooled rate. While unseen tasks remain, each pick is one of them (uniformly) with chance `explore` on top,
-  so a kind that looks hopeless is still explored. A draw takes no task twice, nor one of `avoid` (the
+- drawing: a task's weight is m(1 - m) of its estimate m while m lies in the band; an unseen task's m is its
+  kind's pooled rate. While unseen tasks remain, each pick is one of them (uniformly) with chance `explore`,
+  so a kind that looks hopeless is still explored; else, with chance `revisit`, one of the tasks outside the
+  band (uniformly: solved and hopeless tasks come back rarely, in case the policy moved, at a share that does
+  not grow with their number); else one by weight. A draw takes no task twice, nor one of `avoid` (the
   step's own tasks, for fill_batch's rounds), unless the tasks run out.
 - determinism: the draw at stream position p uses an RNG seeded by (seed, p), so what is drawn depends only
   on the position and the estimates then. The estimates move only in `observe`, once a step is committed,
@@ -29,7 +30,6 @@ from nanorllm.datasets.stream import TaskStream
 
 KIND_FIELDS = ("kind", "level", "type", "subject", "dataset")  # the first one a task has names its kind
 PRIOR_EPISODES = 2.0  # episodes the kind's pooled rate counts for: one group of 4 alike leaves the band
-PEAK = 0.25  # m(1 - m) at m = 0.5: the weight `revisit` is a share of
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SamplerSpec:
 
     band: tuple[float, float] = (0.2, 0.8)
     explore: float = 0.25
-    revisit: float = 0.05
+    revisit: float = 0.05  # the chance a pick goes back to a task outside the band
 
 
 def task_kind(task: dict) -> str:
@@ -78,8 +78,8 @@ class SignalSampler(TaskStream):
         return low <= m <= high
 
     def weight(self, m: float) -> float:
-        """A seen task's draw weight: m(1 - m) inside the band, revisit x PEAK outside."""
-        return m * (1 - m) if self.in_band(m) else self.spec.revisit * PEAK
+        """A task's draw weight: m(1 - m) inside the band, 0 outside (those come back through `revisit`)."""
+        return m * (1 - m) if self.in_band(m) else 0.0
 
     # ---- drawing -------------------------------------------------------------------------------
     def take(self, n: int, *, avoid: frozenset[str] | set[str] = frozenset()) -> list[tuple[dict, str]]:
@@ -100,11 +100,15 @@ class SignalSampler(TaskStream):
         return out
 
     def _pick(self, rng: random.Random, free: list[int], unseen: list[bool], weights: list[float]) -> int:
-        """One task of `free`: with chance `explore` an unseen one (uniformly), else one by weight (an unseen
-        task's is its kind's pooled rate's), uniformly when no weight is positive."""
+        """One task of `free`: with chance `explore` an unseen one, else with chance `revisit` one outside the band
+        (uniformly, each), else one by weight (an unseen task's is its kind's pooled rate's); uniformly when no
+        weight is positive."""
         fresh = [i for i, u in zip(free, unseen) if u]
         if fresh and rng.random() < self.spec.explore:
             return fresh[rng.randrange(len(fresh))]
+        out = [i for i, w in zip(free, weights) if w <= 0]
+        if out and rng.random() < self.spec.revisit:
+            return out[rng.randrange(len(out))]
         if sum(weights) <= 0:
             return free[rng.randrange(len(free))]
         return rng.choices(free, weights=weights)[0]
