@@ -15,11 +15,12 @@ import pytest
 import torch.multiprocessing as mp
 
 from nanorllm.faultsuite import suite
-from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, read_rollouts
+from nanorllm.faultsuite.ledger import groups_of, read_rollouts
 from nanorllm.faultsuite.process import TrainProcess
 from nanorllm.faultsuite.proc_scan import processes_with_token, shm_entries, shm_held
 from nanorllm.pipeline.channel import Inbox, Outbox, frame
 from nanorllm.pipeline.heartbeat import Heartbeat
+from nanorllm.trainer.checkpoint import complete_steps
 from nanorllm.utils.logger import RunLogger
 from tests.helpers import WAIT_S, wait_until
 from tests.procs import ROOT, read_scalars
@@ -350,7 +351,7 @@ def test_serial_stop_mid_rollout_then_resume_trains_every_group_once(tmp_path):
     run.wait_for("step 4/")
     run.signal(signal.SIGINT)
     assert run.wait() == 130, run.output()
-    saved = checkpoint_steps(tmp_path / "serial_stop")
+    saved = complete_steps(tmp_path / "serial_stop")
     assert saved and saved[-1] >= 4, saved
     end = saved[-1] + 8
     resumed = TrainProcess(["--resume", str(tmp_path / "serial_stop"), "--max-steps", str(end)], tmp_path,

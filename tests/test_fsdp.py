@@ -11,11 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nanorllm.bench.learner_ranks import steps_on_ranks
-from nanorllm.faultsuite.ledger import checkpoint_steps, groups_of, leftovers
+from nanorllm.faultsuite.ledger import groups_of, leftovers
 from nanorllm.faultsuite.process import PIPELINE, TrainProcess
 from nanorllm.faultsuite.proc_scan import shm_entries
 from nanorllm.config import TrainConfig
 from nanorllm.run.ranks import start_ranks
+from nanorllm.trainer.checkpoint import complete_steps
 from nanorllm.utils.devices import DeviceError, resolve_devices
 from tests.procs import read_scalars
 from tests.test_train_step import build_results, config
@@ -64,7 +65,7 @@ def test_a_sharded_run_saves_the_full_state_and_resumes_on_one_ddp_rank(tmp_path
     assert run.wait(timeout=900) == 0, run.output()[-3000:]
     run_dir = tmp_path / "fsdp"
     assert "step 3/3" in run.output() and "[ranks] 2 learner ranks" in run.output()
-    assert checkpoint_steps(run_dir) == [2, 3]
+    assert complete_steps(run_dir) == [2, 3]
     ckpt = run_dir / "checkpoints" / "step_3"
     model = AutoModelForCausalLM.from_pretrained(ckpt / "model")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final_model")
@@ -103,7 +104,7 @@ def test_a_killed_sharded_rank_stops_the_run_and_writes_no_partial_checkpoint(tm
     assert f"RankError: learner rank 1 on cpu (pid {pid}) killed by SIGKILL" in out, out[-3000:]
     assert leftovers(run.token, shm)[:2] == (0, 0)
     trained = max(int(s) for s in re.findall(r"^step (\d+)/8", out, re.M))
-    saved = checkpoint_steps(tmp_path / "fsdp_kill")
+    saved = complete_steps(tmp_path / "fsdp_kill")
     assert saved and all(s % 2 == 0 for s in saved) and saved[-1] <= trained
     assert not list((tmp_path / "fsdp_kill" / "checkpoints").glob("*tmp*"))
     if saved[-1] < trained:  # the last completed step could not be saved: said so, with the one that stands
