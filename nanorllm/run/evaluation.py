@@ -8,7 +8,7 @@ import sys
 import tyro
 
 from nanorllm.datasets.tasks import TaskFileError
-from nanorllm.run.world import opponent_problem
+from nanorllm.run.world import eval_opponent_problems
 from nanorllm.trainer.eval_model import EvalConfig, evaluate_model, given_fields, with_run_settings
 from nanorllm.trainer.evaluate import json_ready
 from nanorllm.utils.modules import EnvSpecError
@@ -20,7 +20,7 @@ def main(argv: list[str], description: str | None = None) -> int:
     if line:
         print(line, file=sys.stderr)
     try:
-        if cfg.eval_opponent != "base" and (problems := opponent_problem("eval_opponent", cfg.eval_opponent)):
+        if problems := eval_opponent_problems(cfg):
             raise ValueError("; ".join(problems))  # a model it cannot read: before --model loads
         result = evaluate_model(cfg)
     except (TaskFileError, EnvSpecError, ValueError) as e:  # bad task spec or env: before the model loads

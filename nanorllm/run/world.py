@@ -134,8 +134,12 @@ def teacher_problems(cfg: TrainConfig) -> list[str]:
 def opponent_problems(cfg: TrainConfig) -> list[str]:
     """A model --opponent or --eval-opponent is one whose config this machine reads (before any weights load); an
     endpoint's URL has a host. --eval-opponent base is --model, checked as the run's model is."""
-    p = opponent_problem("opponent", cfg.opponent)
-    return p + (opponent_problem("eval_opponent", cfg.eval_opponent) if cfg.eval_opponent != "base" else [])
+    return opponent_problem("opponent", cfg.opponent) + eval_opponent_problems(cfg)
+
+
+def eval_opponent_problems(cfg) -> list[str]:
+    """Why --eval-opponent cannot play (one line), or []: `base` is --model, checked as the run's model is."""
+    return opponent_problem("eval_opponent", cfg.eval_opponent) if cfg.eval_opponent != "base" else []
 
 
 def opponent_problem(field: str, name: str) -> list[str]:
