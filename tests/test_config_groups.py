@@ -13,13 +13,14 @@ import tyro
 from nanorllm.config import TrainConfig, parse_config
 from nanorllm.config import fields as groups
 from nanorllm.config.fields import Objective
-from nanorllm.config.specs import env_spec, judge_spec, lora_spec, reward_functions_spec, reward_model_spec
+from nanorllm.config.specs import env_spec, lora_spec
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec
 from nanorllm.policy.lora import LoraSpec
-from nanorllm.rewards.functions import RewardFunctionsSpec
-from nanorllm.rewards.judge import JudgeSpec
-from nanorllm.rewards.model import RewardModelSpec
+from nanorllm.rewards.functions import RewardFunctionsSpec, reward_functions_spec
+from nanorllm.rewards.judge import JudgeSpec, judge_spec
+from nanorllm.rewards.model import RewardModelSpec, reward_model_spec
+from nanorllm.rewards.sources import REWARD_SOURCES
 from nanorllm.trainer.eval_model import EvalConfig
 from nanorllm.trainer.loss import compute_policy_loss
 
@@ -45,7 +46,9 @@ SAVED_KEYS = """
 
 
 def group_classes() -> list[type]:
-    return [c for c in vars(groups).values() if dataclasses.is_dataclass(c) and c.__module__ == groups.__name__]
+    """The groups fields.py declares and the reward sources' own (each declared in its module in rewards/)."""
+    declared = [c for c in vars(groups).values() if dataclasses.is_dataclass(c) and c.__module__ == groups.__name__]
+    return declared + [kind.settings for kind in REWARD_SOURCES.values() if kind.settings is not None]
 
 
 def test_no_field_is_declared_in_two_groups_or_again_by_a_program():

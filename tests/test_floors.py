@@ -1,6 +1,7 @@
 """The floors below the trainer take small typed specs, never the whole TrainConfig: an untyped `cfg.field`
 read in policy/, envs/, rewards/, rollout/, core/, datasets/ or algos/ would tie a lower floor to the config's field
-names with no import to show it (the specs are read off the config in one place, nanorllm/config/specs.py)."""
+names with no import to show it (the specs are read off the config in one place, nanorllm/config/specs.py; a reward
+source reads its spec off its own flags' group, declared beside it in its module, rewards/sources.py)."""
 
 import ast
 from dataclasses import fields

@@ -19,10 +19,10 @@ import pytest
 
 from nanorllm.faultsuite.stub_judge import StubJudge, length_score, nonce_of, reply_body
 from nanorllm.config import ConfigError, parse_config
-from nanorllm.config.specs import env_spec, judge_spec
+from nanorllm.config.specs import env_spec
 from nanorllm.core.types import RolloutResult, Step, StepSample, Trajectory
 from nanorllm.envs.registry import load_bundle
-from nanorllm.rewards.judge import Judge, JudgeSpec
+from nanorllm.rewards.judge import Judge, JudgeSpec, judge_spec
 from nanorllm.rewards.rubric import (RubricError, ScoreError, parse_group_scores, parse_rubric, parse_score,
                                      single_messages)
 from nanorllm.run.lifecycle import main

@@ -303,3 +303,41 @@ def test_each_source_says_what_its_scorers_are_called_for_a_hang_report():
     beat = Heartbeat(1, env_name="math", reward_names=tuple(names))
     beat.doing(0, f"{REWARD} http://judge:8000/v1")  # what the engine's watch hears while the judge scores
     assert beat.describe(0) == f"{REWARD} http://judge:8000/v1"
+
+
+def test_a_source_with_its_own_config_group_is_read_off_any_program_that_composes_it(monkeypatch):
+    from dataclasses import dataclass
+
+    import tyro
+
+    from nanorllm.config import TrainConfig
+    from nanorllm.rewards import sources
+    from nanorllm.rewards.functions import RewardFunctionsSpec
+    from nanorllm.rewards.judge import JudgeSpec
+    from nanorllm.trainer.eval_model import EvalConfig
+
+    monkeypatch.setattr(sources, "REWARD_SOURCES", dict(sources.REWARD_SOURCES))
+
+    @dataclass
+    class LengthSettings:
+        length_weight: float = 0.0
+        """Weight of a response's length in the reward (0: off)."""
+
+    @dataclass(frozen=True)
+    class LengthSpec:
+        weight: float
+
+    sources.register_reward_source("length", LengthSpec, lambda spec: [], settings=LengthSettings,
+                                   from_settings=lambda s: LengthSpec(s.length_weight) if s.length_weight else None)
+
+    @dataclass
+    class LengthConfig(TrainConfig, LengthSettings):  # the last base's fields come first
+        pass
+
+    cfg = tyro.cli(LengthConfig, args=["--length-weight", "0.5", "--reward", "f.py:g", "--judge", "http://j/v1"])
+    assert [type(s) for s in sources.reward_source_specs(cfg)] == [LengthSpec, RewardFunctionsSpec, JudgeSpec]
+    assert sources.reward_source_specs(cfg)[0] == LengthSpec(0.5)
+    assert [type(s) for s in sources.reward_source_specs(LengthConfig(reward=("f.py:g",)))] == [RewardFunctionsSpec]
+    # a program that does not compose a group names none of its source, even given a field of the same name
+    assert sources.reward_source_specs(EvalConfig(judge="http://j/v1")) == (JudgeSpec(target="http://j/v1"),)
+    assert sources.reward_source_specs(TrainConfig()) == ()

@@ -3,8 +3,8 @@ evaluation, supervised fine-tuning) takes from here, so `--reward f.py:fn` witho
 one-turn episodes wherever it is given."""
 
 from nanorllm.config.fields import AllOf, EnvSource, JudgeSettings, RewardFunctions
-from nanorllm.config.specs import reward_source_specs
 from nanorllm.envs.registry import DEFAULT_ENV
+from nanorllm.rewards.sources import reward_source_specs
 
 
 def episode_env(cfg: AllOf[EnvSource, RewardFunctions, JudgeSettings], *, env_given: bool) -> str:

@@ -18,6 +18,7 @@ A new program composes its own the same way, adding only the fields no group hol
 
 (the last base class's fields come first in its flags and in config.json). `Program` gives every program the
 same reading of a file's lists. Checks live in checks.py, the file loader in files.py, the command line in cli.py.
+A reward source's flags are declared in its own module in rewards/ (rewards/sources.py) and composed here.
 """
 
 import types
@@ -28,9 +29,12 @@ import tyro
 
 from nanorllm.algos.advantages import ESTIMATORS
 from nanorllm.core.limits import (AGENT_TIMEOUT_S, ENV_TIMEOUT_S, GRADER_TIMEOUT_S, MAX_TOOL_CALLS,
-                                  REWARD_TIMEOUT_S, TOOL_TIMEOUT_S)
+                                  TOOL_TIMEOUT_S)
 from nanorllm.envs.registry import DEFAULT_ENV
 from nanorllm.policy.tool_calls import PARSERS
+from nanorllm.rewards.functions import RewardFunctions
+from nanorllm.rewards.judge import JudgeSettings
+from nanorllm.rewards.model import RewardModelSettings
 
 
 @dataclass
@@ -113,45 +117,6 @@ class ToolSettings(ToolFunctions):
     the call's result is an error text (counted in rollout/tool_errors)."""
 
 
-@dataclass
-class RewardFunctions:
-    """Reward functions as reward sources (docs/rewards.md)."""
-
-    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
-    list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
-    single-turn (--env single) and they give the only reward; with one, see --reward-mode."""
-    reward_weights: tuple[float, ...] = ()
-    """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
-    reward_mode: Literal["add", "replace"] = "add"
-    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
-    reward_timeout_s: float = REWARD_TIMEOUT_S
-    """Wall-clock limit (seconds, at most a day) of one call of a --reward function; past it the scores of the batch it was given
-    failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
-
-
-@dataclass
-class RewardModelSettings:
-    """A reward model as a reward source (docs/rewards.md)."""
-
-    reward_model: str | None = None
-    """A local HF sequence-classifier folder (num_labels 1: the score; 2: logit[1] - logit[0]) that scores each
-    episode's (prompt, last response) as a reward source beside the --reward functions (docs/rewards.md); fit one
-    with launch/train_reward_model.py. Loaded once in each process that scores (every rollout worker), frozen."""
-    reward_model_weight: float = 1.0
-    """The --reward-model score's weight in the reward (added to, or with --reward-mode replace instead of, the env's)."""
-    reward_model_norm: Literal["none", "group", "running"] = "none"
-    """none: the raw score; group: z-scored within the episode's group; running: z-scored by a running mean/std of
-    every score so far in the scoring process (per process, not checkpointed)."""
-    reward_model_batch_size: int = 8
-    """(prompt, response) pairs per --reward-model forward."""
-    reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The --reward-model's weights and compute dtype."""
-    reward_model_device: str | None = None
-    """Where the --reward-model runs (cpu, cuda, cuda:N). None: the device of the process that scores (a rollout
-    worker's, or --serial's learner's)."""
-    reward_model_max_tokens: int = 1024
-    """Longest rendered (prompt, response) the --reward-model reads; a longer one loses its first tokens."""
 
 
 @dataclass
@@ -211,38 +176,6 @@ class Alarms:
     half as many effective answers as their tasks' golds (a few guesses whatever the question), one warning names
     the answers and their shares (docs/metrics.md). Counted afresh after a resume. 0: off."""
 
-
-@dataclass
-class JudgeSettings:
-    """An LLM judge as one more reward source (docs/rewards.md, nanorllm/rewards/judge.py); `launch/eval.py` takes
-    the same fields."""
-
-    judge: str | None = None
-    """The judge: an OpenAI-compatible base URL (http://host:port/v1; launch/serve.py serves a frozen model as one)
-    or gemini:<model> (needs GEMINI_API_KEY). It scores each episode's last response in [0, 1], weighted by
-    --judge-weight, like a --reward function; without --env the run is single-turn (--env single)."""
-    judge_model: str = "default"
-    """The model name an OpenAI-compatible judge is asked for."""
-    judge_api_key_env: str | None = None
-    """The environment variable holding the judge's API key (None: no key)."""
-    judge_rubric: str | None = None
-    """A text/markdown rubric file: free text, its first line (or a --- front matter) 'score: LOW-HIGH' (default
-    0-10). None: a short built-in rubric (correct, complete, concise)."""
-    judge_mode: Literal["single", "group"] = "single"
-    """'single': one request per episode, the reply's last 'SCORE[<nonce>]: <number>' line (the request's nonce);
-    'group': one request per group, a {"nonce": ..., "scores": [...]} reply in [0, 1], all or none (OpenPipe's
-    RULER)."""
-    judge_weight: float = 1.0
-    """The judge's weight in the reward sources' weighted sum."""
-    judge_concurrency: int = 8
-    """Judge requests in flight at once (per process)."""
-    judge_retries: int = 2
-    """Retries of a request that timed out, could not connect or got a 5xx/429, with exponential backoff; after
-    them its score is failed (NaN), never 0."""
-    judge_timeout_s: float = 60.0
-    """Deadline (seconds) of one judge request, from connecting to the reply's last byte (not per read)."""
-    judge_max_tokens: int = 512
-    """Longest judge reply (it runs at temperature 0)."""
 
 
 @dataclass

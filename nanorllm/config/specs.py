@@ -5,22 +5,20 @@ A floor below the trainer never reads a TrainConfig field: the policy gets a `Lo
 So policy/, envs/ and rollout/ depend on the types they are handed, which an import shows, not on the
 config's field names, which nothing would. Each builder takes the config groups it reads (fields.py): one
 group's type, or `AllOf[...]` the groups it needs all of; their defaults are the specs' (tests/test_config_groups.py
-checks every one); a group a program does not compose (an evaluation has no reward model) gives no part.
+checks every one); a group a program does not compose (an evaluation has no reward model) gives no part. The reward
+sources' specs are each read off its own group by its module (rewards/sources.py `reward_source_specs`).
 """
 
 from dataclasses import replace
 
-from nanorllm.config.fields import (AllOf, EnvOptions, EnvSource, Episodes, EpisodeShape, FirstPrompt, JudgeSettings,
-                                    LoraAdapters, PromptLimit, RewardFunctions, RewardModelSettings, Sampling,
-                                    TaskSampling, ToolSettings, Turns)
+from nanorllm.config.fields import (AllOf, EnvOptions, EnvSource, Episodes, EpisodeShape, FirstPrompt, LoraAdapters,
+                                    PromptLimit, RewardFunctions, Sampling, TaskSampling, ToolSettings, Turns)
 from nanorllm.datasets.sampler import SamplerSpec
 from nanorllm.envs.base import EpisodeSettings
 from nanorllm.envs.registry import EnvSpec
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.lora import LoraSpec, effective_alpha
-from nanorllm.rewards.functions import RewardFunctionsSpec
-from nanorllm.rewards.judge import JudgeSpec
-from nanorllm.rewards.model import RewardModelSpec
+from nanorllm.rewards.sources import reward_source_specs
 
 
 def lora_spec(cfg: LoraAdapters) -> LoraSpec | None:
@@ -81,38 +79,6 @@ def env_spec(cfg: AllOf[EnvSource, ToolSettings, RewardFunctions, EpisodeShape])
                    tool_parser=cfg.tool_parser, reward_sources=reward_source_specs(cfg), reward_mode=cfg.reward_mode,
                    tools=cfg.tools, max_tool_calls=cfg.max_tool_calls, tool_timeout_s=cfg.tool_timeout_s,
                    settings=episode_settings(cfg))
-
-
-def reward_source_specs(cfg) -> tuple:
-    """The run's reward sources as specs, in the order they score (rewards/sources.py builds each): the --reward
-    functions, the --reward-model, the --judge; a source the config does not name (or whose group its program does
-    not compose) gives none. A new source adds its spec builder here."""
-    return tuple(s for s in (reward_functions_spec(cfg), reward_model_spec(cfg), judge_spec(cfg)) if s is not None)
-
-
-def reward_functions_spec(cfg: RewardFunctions) -> RewardFunctionsSpec | None:
-    """The run's --reward functions, their weights and one call's limit; None without any."""
-    if not cfg.reward:
-        return None
-    return RewardFunctionsSpec(specs=cfg.reward, weights=cfg.reward_weights, timeout_s=cfg.reward_timeout_s)
-
-
-def reward_model_spec(cfg) -> RewardModelSpec | None:
-    """The run's --reward-model and its settings; None without one (or in a program without the group)."""
-    if not isinstance(cfg, RewardModelSettings) or cfg.reward_model is None:
-        return None
-    return RewardModelSpec(path=cfg.reward_model, weight=cfg.reward_model_weight, norm=cfg.reward_model_norm,
-                           batch_size=cfg.reward_model_batch_size, dtype=cfg.reward_model_dtype,
-                           device=cfg.reward_model_device, max_tokens=cfg.reward_model_max_tokens)
-
-
-def judge_spec(cfg: JudgeSettings) -> JudgeSpec | None:
-    """The run's LLM judge (the judge_* fields); None without --judge (or in a program without the group)."""
-    if not isinstance(cfg, JudgeSettings) or not cfg.judge:
-        return None
-    return JudgeSpec(target=cfg.judge, rubric=cfg.judge_rubric, model=cfg.judge_model, api_key_env=cfg.judge_api_key_env,
-                     mode=cfg.judge_mode, concurrency=cfg.judge_concurrency, retries=cfg.judge_retries,
-                     timeout_s=cfg.judge_timeout_s, max_tokens=cfg.judge_max_tokens, weight=cfg.judge_weight)
 
 
 def run_bundle(cfg, env=None):

@@ -41,7 +41,9 @@ import numbers
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Annotated, Callable, Literal
+
+import tyro
 
 from nanorllm.core.limits import REWARD_TIMEOUT_S
 from nanorllm.core.types import RolloutResult, ending
@@ -150,6 +152,23 @@ def load_reward_functions(specs: tuple[str, ...], weights: tuple[float, ...] = (
     return fns
 
 
+@dataclass
+class RewardFunctions:
+    """Reward functions as reward sources (docs/rewards.md)."""
+
+    reward: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Reward functions, path/to/file.py:fn or module.path:fn, one flag each: TRL's fn(completions, **columns) ->
+    list[float] or verl's compute_score(data_source, solution_str, ground_truth, extra_info). Without --env the run is
+    single-turn (--env single) and they give the only reward; with one, see --reward-mode."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward (empty: 1 each); an episode's reward from them is the weighted sum."""
+    reward_mode: Literal["add", "replace"] = "add"
+    """With an env: 'add' the functions' weighted sum to the env's reward, or 'replace' it."""
+    reward_timeout_s: float = REWARD_TIMEOUT_S
+    """Wall-clock limit (seconds, at most a day) of one call of a --reward function; past it the scores of the batch it was given
+    failed (left out of their groups, reward/failed/<name>), one line names the function, and the call is abandoned."""
+
+
 @dataclass(frozen=True)
 class RewardFunctionsSpec:
     """The --reward functions as data (a reward source's spec, rewards/sources.py): their specs, one weight each
@@ -158,6 +177,14 @@ class RewardFunctionsSpec:
     specs: tuple[str, ...] = ()
     weights: tuple[float, ...] = ()
     timeout_s: float = REWARD_TIMEOUT_S
+
+
+def reward_functions_spec(settings: RewardFunctions) -> RewardFunctionsSpec | None:
+    """The --reward functions, their weights and one call's limit; None without any."""
+    if not settings.reward:
+        return None
+    return RewardFunctionsSpec(specs=settings.reward, weights=settings.reward_weights,
+                               timeout_s=settings.reward_timeout_s)
 
 
 def functions_problems(spec: RewardFunctionsSpec) -> list[str]:
@@ -173,7 +200,8 @@ def functions_problems(spec: RewardFunctionsSpec) -> list[str]:
 
 register_reward_source("functions", RewardFunctionsSpec,
                        lambda spec: load_reward_functions(spec.specs, spec.weights, spec.timeout_s),
-                       functions_problems, names=lambda spec: list(spec.specs))
+                       functions_problems, names=lambda spec: list(spec.specs), settings=RewardFunctions,
+                       from_settings=reward_functions_spec)
 
 
 def checked_values(source, out: object, n: int) -> list[float | None]:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
+from typing import Literal
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
@@ -53,6 +54,39 @@ MAX_REPLY_BYTES = 1 << 20  # a reply is a few KB; a larger one is no reply (a fl
 _reported: set[tuple] = set()
 
 
+@dataclass
+class JudgeSettings:
+    """An LLM judge as one more reward source (docs/rewards.md, nanorllm/rewards/judge.py); `launch/eval.py` takes
+    the same fields."""
+
+    judge: str | None = None
+    """The judge: an OpenAI-compatible base URL (http://host:port/v1; launch/serve.py serves a frozen model as one)
+    or gemini:<model> (needs GEMINI_API_KEY). It scores each episode's last response in [0, 1], weighted by
+    --judge-weight, like a --reward function; without --env the run is single-turn (--env single)."""
+    judge_model: str = "default"
+    """The model name an OpenAI-compatible judge is asked for."""
+    judge_api_key_env: str | None = None
+    """The environment variable holding the judge's API key (None: no key)."""
+    judge_rubric: str | None = None
+    """A text/markdown rubric file: free text, its first line (or a --- front matter) 'score: LOW-HIGH' (default
+    0-10). None: a short built-in rubric (correct, complete, concise)."""
+    judge_mode: Literal["single", "group"] = "single"
+    """'single': one request per episode, the reply's last 'SCORE[<nonce>]: <number>' line (the request's nonce);
+    'group': one request per group, a {"nonce": ..., "scores": [...]} reply in [0, 1], all or none (OpenPipe's
+    RULER)."""
+    judge_weight: float = 1.0
+    """The judge's weight in the reward sources' weighted sum."""
+    judge_concurrency: int = 8
+    """Judge requests in flight at once (per process)."""
+    judge_retries: int = 2
+    """Retries of a request that timed out, could not connect or got a 5xx/429, with exponential backoff; after
+    them its score is failed (NaN), never 0."""
+    judge_timeout_s: float = 60.0
+    """Deadline (seconds) of one judge request, from connecting to the reply's last byte (not per read)."""
+    judge_max_tokens: int = 512
+    """Longest judge reply (it runs at temperature 0)."""
+
+
 @dataclass(frozen=True)
 class JudgeSpec:
     """The judge's settings, as data: they travel to a spawned worker, which builds the same judge."""
@@ -68,6 +102,17 @@ class JudgeSpec:
     max_tokens: int = 512
     weight: float = 1.0
     backoff_s: float = BACKOFF_S
+
+
+def judge_spec(settings: JudgeSettings) -> JudgeSpec | None:
+    """The LLM judge the judge_* settings name; None without --judge."""
+    if not settings.judge:
+        return None
+    return JudgeSpec(target=settings.judge, rubric=settings.judge_rubric, model=settings.judge_model,
+                     api_key_env=settings.judge_api_key_env, mode=settings.judge_mode,
+                     concurrency=settings.judge_concurrency, retries=settings.judge_retries,
+                     timeout_s=settings.judge_timeout_s, max_tokens=settings.judge_max_tokens,
+                     weight=settings.judge_weight)
 
 
 DEFAULT_RUBRIC = Rubric(text="A good response answers the prompt correctly, completely and concisely; a wrong, "
@@ -285,7 +330,7 @@ def judge_world_problems(spec: JudgeSpec) -> list[str]:
 
 
 register_reward_source("judge", JudgeSpec, lambda spec: [Judge(spec)], judge_world_problems,
-                       names=lambda spec: [spec.target])
+                       names=lambda spec: [spec.target], settings=JudgeSettings, from_settings=judge_spec)
 
 
 def _text(data: bytes) -> str:

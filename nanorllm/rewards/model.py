@@ -22,12 +22,37 @@ do not match, a tokenizer with more tokens than the model has embeddings, a scor
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from nanorllm.core.types import RolloutResult
 from nanorllm.rewards.norm import RunningNorm, mean_std, normalise
 from nanorllm.rewards.sources import HeldModel, register_reward_source
 
 SEQUENCE_CLASSIFIER = "ForSequenceClassification"
+
+
+@dataclass
+class RewardModelSettings:
+    """A reward model as a reward source (docs/rewards.md)."""
+
+    reward_model: str | None = None
+    """A local HF sequence-classifier folder (num_labels 1: the score; 2: logit[1] - logit[0]) that scores each
+    episode's (prompt, last response) as a reward source beside the --reward functions (docs/rewards.md); fit one
+    with launch/train_reward_model.py. Loaded once in each process that scores (every rollout worker), frozen."""
+    reward_model_weight: float = 1.0
+    """The --reward-model score's weight in the reward (added to, or with --reward-mode replace instead of, the env's)."""
+    reward_model_norm: Literal["none", "group", "running"] = "none"
+    """none: the raw score; group: z-scored within the episode's group; running: z-scored by a running mean/std of
+    every score so far in the scoring process (per process, not checkpointed)."""
+    reward_model_batch_size: int = 8
+    """(prompt, response) pairs per --reward-model forward."""
+    reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The --reward-model's weights and compute dtype."""
+    reward_model_device: str | None = None
+    """Where the --reward-model runs (cpu, cuda, cuda:N). None: the device of the process that scores (a rollout
+    worker's, or --serial's learner's)."""
+    reward_model_max_tokens: int = 1024
+    """Longest rendered (prompt, response) the --reward-model reads; a longer one loses its first tokens."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +67,16 @@ class RewardModelSpec:
     dtype: str = "float32"
     device: str | None = None  # None: the scoring process's policy device
     max_tokens: int = 1024
+
+
+def reward_model_spec(settings: RewardModelSettings) -> RewardModelSpec | None:
+    """The --reward-model and its settings; None without one."""
+    if settings.reward_model is None:
+        return None
+    return RewardModelSpec(path=settings.reward_model, weight=settings.reward_model_weight,
+                           norm=settings.reward_model_norm, batch_size=settings.reward_model_batch_size,
+                           dtype=settings.reward_model_dtype, device=settings.reward_model_device,
+                           max_tokens=settings.reward_model_max_tokens)
 
 
 def reward_model_problems(path: str) -> list[str]:
@@ -231,4 +266,4 @@ def held_reward_model(spec: RewardModelSpec) -> list[HeldModel]:
 
 register_reward_source("reward_model", RewardModelSpec, lambda spec: [RewardModel(**asdict(spec))],
                        lambda spec: reward_model_problems(spec.path), names=lambda spec: [spec.path],
-                       held=held_reward_model)
+                       held=held_reward_model, settings=RewardModelSettings, from_settings=reward_model_spec)

@@ -1,22 +1,24 @@
-"""The reward sources a run can name, one registry: each source is one module in rewards/ that holds its spec (a
+"""The reward sources a run can name, one registry: each source is one module in rewards/ that holds its flags (a
+config group, a dataclass of fields: config/fields.py composes it into every program that scores), its spec (a
 frozen dataclass: data, so it travels to a spawned worker, which builds the same source from it) and registers it
-once, `register_reward_source(name, SpecType, build, problems, names=, held=)`: build(spec) -> the source objects
-RewardSources scores with (rewards/functions.py: a name, a spec, a weight, a call), problems(spec) -> what stops it
-on this machine, one line each naming the field (its file does not import, its folder is no reward model, its key is
-not set), checked before a run starts; names(spec) -> what a hang report calls each source it builds (their `spec`);
-held(spec) -> the models it holds in every process that scores (`HeldModel`), which the memory plan counts. The env
-assembly (envs/registry.py `load_bundle`) builds whichever specs a run's `EnvSpec.reward_sources` holds, in their
-order; the run's start-up checks (run/world.py), the memory plan (memory/plan.py) and the workers' heartbeat
-(pipeline/pool.py) ask each for the rest: none of them names a source. The config's groups become those specs in one
-place (config/specs.py `reward_source_specs`).
+once, `register_reward_source(name, SpecType, build, problems, names=, held=, settings=, from_settings=)`:
+build(spec) -> the source objects RewardSources scores with (rewards/functions.py: a name, a spec, a weight, a call),
+problems(spec) -> what stops it on this machine, one line each naming the field (its file does not import, its
+folder is no reward model, its key is not set), checked before a run starts; names(spec) -> what a hang report calls
+each source it builds (their `spec`); held(spec) -> the models it holds in every process that scores (`HeldModel`),
+which the memory plan counts; settings, its config group, and from_settings(group) -> the spec its flags name, or
+None when they name none. The config reads every registered source's spec off itself in one place
+(`reward_source_specs` below, in the order the config declares their groups); the env assembly
+(envs/registry.py `load_bundle`) builds whichever specs a run's `EnvSpec.reward_sources` holds, in that order; the
+run's start-up checks (run/world.py), the memory plan (memory/plan.py) and the workers' heartbeat (pipeline/pool.py)
+ask each for the rest: none of them names a source. A source registered from user code without `settings` has no
+flags; its spec goes into an `EnvSpec` by hand.
 
-A spec's class is its module's, so a spec that exists has had its module imported and its source registered
-(unpickling one in a worker imports the module too): each source's file is still imported only when a run names
-it. Registered here: "functions" (--reward, functions.py), "reward_model" (--reward-model, model.py) and "judge"
-(--judge, judge.py).
+Registered here: "functions" (--reward, functions.py), "reward_model" (--reward-model, model.py) and "judge"
+(--judge, judge.py); the config imports each for its group.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 
@@ -37,7 +39,7 @@ class HeldModel:
 @dataclass(frozen=True)
 class RewardSourceKind:
     """One registered reward source: its name, the type of its spec, how a spec becomes its sources, what stops one,
-    what its sources are called and which models they hold."""
+    what its sources are called, which models they hold, and its config group with the spec that group names."""
 
     name: str
     spec_type: type
@@ -45,6 +47,8 @@ class RewardSourceKind:
     problems: Callable[[Any], list[str]]
     names: Callable[[Any], list[str]]
     held: Callable[[Any], list[HeldModel]]
+    settings: type | None
+    from_settings: Callable[[Any], Any]
 
 
 REWARD_SOURCES: dict[str, RewardSourceKind] = {}
@@ -53,16 +57,18 @@ REWARD_SOURCES: dict[str, RewardSourceKind] = {}
 def register_reward_source(name: str, spec_type: type, build: Callable[[Any], list],
                            problems: Callable[[Any], list[str]] = lambda spec: [], *,
                            names: Callable[[Any], list[str]] = lambda spec: [],
-                           held: Callable[[Any], list[HeldModel]] = lambda spec: []) -> None:
+                           held: Callable[[Any], list[HeldModel]] = lambda spec: [],
+                           settings: type | None = None,
+                           from_settings: Callable[[Any], Any] = lambda settings: None) -> None:
     """Register a reward source: specs of `spec_type` become `build(spec)`'s sources, `problems(spec)` says what
-    stops one at start, `names(spec)` what its sources are called and `held(spec)` the models they hold. A name or
-    spec type taken by another source is refused (registering the same pair again, as a module reloaded does, is
-    not)."""
+    stops one at start, `names(spec)` what its sources are called and `held(spec)` the models they hold;
+    `from_settings(group)` is the spec its config group `settings` names (None: none). A name or spec type taken by
+    another source is refused (registering the same pair again, as a module reloaded does, is not)."""
     for kind in REWARD_SOURCES.values():
         if (kind.name == name or kind.spec_type is spec_type) and (kind.name, kind.spec_type) != (name, spec_type):
             raise ValueError(f"reward source {name!r} ({spec_type.__name__}): {kind.name!r} "
                              f"({kind.spec_type.__name__}) is registered already")
-    REWARD_SOURCES[name] = RewardSourceKind(name, spec_type, build, problems, names, held)
+    REWARD_SOURCES[name] = RewardSourceKind(name, spec_type, build, problems, names, held, settings, from_settings)
 
 
 def kind_of(spec) -> RewardSourceKind:
@@ -92,3 +98,13 @@ def reward_source_names(specs: tuple | list) -> list[str]:
 def reward_source_models(specs: tuple | list) -> list[HeldModel]:
     """The models the sources the specs name hold in each process that scores, in their order."""
     return [m for spec in specs for m in kind_of(spec).held(spec)]
+
+
+def reward_source_specs(cfg) -> tuple:
+    """A config's reward sources as specs, in the order they score: the spec each registered source's group names
+    in `cfg` (its module's `from_settings`), for every group `cfg` composes, in the order `cfg` declares the groups'
+    fields (--reward, --reward-model, --judge); a program without a source's group names none of it."""
+    position = {f.name: i for i, f in enumerate(fields(cfg))}
+    kinds = [k for k in REWARD_SOURCES.values() if k.settings is not None and isinstance(cfg, k.settings)]
+    kinds.sort(key=lambda k: position[fields(k.settings)[0].name])
+    return tuple(spec for k in kinds if (spec := k.from_settings(cfg)) is not None)

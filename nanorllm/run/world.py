@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nanorllm.config import TrainConfig
-from nanorllm.config.specs import env_spec, reward_source_specs
+from nanorllm.config.specs import env_spec
 from nanorllm.envs.base import EnvBundle
 from nanorllm.envs.registry import load_bundle
 from nanorllm.run.assembly import run_devices
@@ -96,7 +96,7 @@ def _starts_children(cfg: TrainConfig) -> bool:
 def source_problems(cfg: TrainConfig) -> list[str]:
     """Each reward source's own start-up checks (rewards/sources.py: a --reward file loads, the --reward-model folder
     is a sequence classifier, the --judge can be asked), and the --tools functions have schemas."""
-    from nanorllm.rewards.sources import reward_source_problems
+    from nanorllm.rewards.sources import reward_source_problems, reward_source_specs
 
     p = reward_source_problems(reward_source_specs(cfg))
     if cfg.tools and not cfg.agent:
