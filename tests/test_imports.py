@@ -4,11 +4,17 @@ Its folders do too: each subpackage (and each top-level module) is one node, so 
 and changed knowing only the folders below it; the wiring that uses them all sits on top, in run/."""
 
 import ast
+import functools
 from pathlib import Path
 
 import nanorllm
 
 PACKAGE = Path(nanorllm.__file__).resolve().parent
+
+
+@functools.cache  # each file parsed once a process, for every check here
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def module_name(path: Path) -> str:
@@ -21,7 +27,7 @@ def imported(path: Path, modules: set[str]) -> set[str]:
     here = module_name(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -39,6 +45,7 @@ def imported(path: Path, modules: set[str]) -> set[str]:
     return out
 
 
+@functools.cache  # parsing every module is the test's cost: once a process (callers only read it)
 def import_graph() -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
@@ -117,9 +124,9 @@ def test_no_import_cycle_between_the_package_folders():
 def imports_launch(path: Path) -> bool:
     """Whether `path` imports a launch/ script (`import launch.eval`, `from launch import eval`, ...), or puts
     launch/ on the import path to import one by its bare name (`monkeypatch.syspath_prepend(ROOT / "launch")`)."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("syspath_prepend", "insert", "append") \
-                and any("launch" in ast.unparse(a) for a in node.args) and "path" in ast.unparse(node.func):
+                and "path" in ast.unparse(node.func) and any("launch" in ast.unparse(a) for a in node.args):
             return True
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tyro
 
 from nanorllm.bench.seed_table import (SeedTableConfig, SeedTableError, rows_of, run_seed_table, summary,
                                      with_default_field)
@@ -71,15 +72,13 @@ def test_a_field_null_in_eval_json_is_refused_with_the_reason_written_beside_it(
         rows_of(SeedTableConfig(runs=(run,), field=("success_rate",)))
 
 
-def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path):
+def test_fields_named_on_the_command_line_replace_the_default_once_each(tmp_path, capsys):
     run = _run(tmp_path, "e-0", 0, 0.5, 0.75, [1.0])
-    proc = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), run, "--field", "n", "--field",
-                       "success_rate"], capture_output=True, text=True, cwd=ROOT)
-    head = proc.stdout.splitlines()[0]
-    assert head == "| run | seed | n before -> after (gain) | success_rate before -> after (gain) |", proc.stderr
-    bare = forked.run([sys.executable, str(ROOT / "launch/seed_table.py"), run], capture_output=True, text=True,
-                      cwd=ROOT)
-    assert bare.stdout.splitlines()[0] == "| run | seed | success_rate before -> after (gain) |"
+    run_seed_table(tyro.cli(SeedTableConfig, args=[run, "--field", "n", "--field", "success_rate"]))
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == "| run | seed | n before -> after (gain) | success_rate before -> after (gain) |"
+    run_seed_table(tyro.cli(SeedTableConfig, args=[run]))
+    assert capsys.readouterr().out.splitlines()[0] == "| run | seed | success_rate before -> after (gain) |"
 
 
 def test_one_run_has_no_sd(tmp_path):
