@@ -67,7 +67,8 @@ def reward_model(out: Path) -> dict:
     rows.write_text("".join(json.dumps({"prompt": f"is {i} even?", "response": "yes" if i % 2 else "no",
                                         "label": i % 2}) + "\n" for i in range(16)))
     assert quiet(main, ["--data", str(rows), "--model", "tiny-random", "--out", str(out / "rm"), "--epochs", "2",
-                        "--lr", "1e-2", "--batch-size", "8", "--eval-frac", "0.25", "--max-tokens", "32"]) == 0
+                        "--lr", "1e-2", "--batch-size", "8", "--eval-frac", "0.25", "--max-tokens", "32",
+                        "--output-dir", str(out / "runs")]) == 0
     return fingerprint(out / "rm")
 
 
