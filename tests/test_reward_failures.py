@@ -108,7 +108,7 @@ def test_a_group_with_three_failed_of_four_is_dropped_and_min_group_size_raises_
 
 def test_min_group_size_is_a_flag_checked_to_be_at_least_two_and_at_most_the_group():
     assert parse_config(["--min-group-size", "3"]).min_group_size == 3
-    for bad, why in [("1", "must be >= 2"), ("5", r"is more than num_samples_per_task \(4\)")]:
+    for bad, why in [("1", "must be >= 2"), ("9", r"is more than num_samples_per_task \(8\)")]:
         with pytest.raises(Exception, match=why):
             parse_config(["--min-group-size", bad])
 
