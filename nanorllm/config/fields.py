@@ -387,8 +387,8 @@ class GroupShape:
     tasks_per_step: int = 4
     """Groups (distinct tasks) per update."""
     num_samples_per_task: int = 8
-    """Episodes per task: the GRPO group size. 8 of 4 tasks beat 4 of 8 on the main job (docs/learning.md): more
-    groups with mixed rewards for the same 32 episodes."""
+    """Episodes per task: the GRPO group size. 8 of 4 tasks beat 4 of 8 on the main job (docs/learning.md): fewer
+    groups, but more of the same 32 episodes in groups with mixed rewards."""
     min_group_size: int = 2
     """A group left with fewer episodes than this after its failed ones (env errors, reward scores that could not be
     computed) leave it is dropped whole (rollout/groups_dropped); with at least this many it trains on them."""
