@@ -21,6 +21,18 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.fixture(autouse=True)
+def first_imports_frozen():
+    """What a test imports first (an integration's library: verifiers, OpenEnv's server with gradio) joins that
+    permanent generation when the test ends, its garbage collected first: left in view, OpenEnv's 170,000
+    objects alone cost every later `gc.collect()` 80 ms."""
+    before = len(sys.modules)
+    yield
+    if len(sys.modules) > before:
+        gc.collect()
+        gc.freeze()
+
+
 # the sets behind the package's "printed once per process" error lines, by module
 PRINTED_ONCE = {"nanorllm.rollout.engine": "_reported_errors", "nanorllm.rollout.agent_runner": "_reported",
                 "nanorllm.rewards.functions": "_reported", "nanorllm.rewards.judge": "_reported"}

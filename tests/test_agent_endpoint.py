@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 
-import openai
 import pytest
 
 from helpers import doc_example
@@ -196,6 +195,7 @@ def test_the_endpoint_returns_tool_calls_to_the_openai_client_through_the_fallba
     """The tiny template (SmolLM2's ChatML) reads no tools: they are rendered in the Hermes block, and a reply's
     <tool_call> blocks come back as OpenAI tool_calls (the model's text scripted: a random model writes none)."""
     import nanorllm.rollout.agent_runner as runner
+    import openai
 
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
     real = runner.cut_response
@@ -226,6 +226,7 @@ def fallback_tools(task, client):
 # ---- the HTTP contract ----------------------------------------------------------------------------
 
 def test_the_endpoint_refuses_what_it_cannot_serve_naming_the_field_and_401s_without_the_token(tiny_policy, agent_file):
+    import openai
     agent_file.write_text(agent_file.read_text() + '''
 import json, urllib.request, urllib.error
 def contract(task, client):

@@ -23,18 +23,18 @@ from nanorllm.envs.openenv_serve import Served, serve_environment, stop_servers 
 from nanorllm.envs.registry import EnvSpecError, load_env  # noqa: E402
 from nanorllm.policy.base import SamplingParams  # noqa: E402
 from nanorllm.rollout.engine import RolloutEngine  # noqa: E402
-from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
-from openenv.core.env_server import CallToolAction, CallToolObservation, MCPEnvironment  # noqa: E402
 from tests import forked  # noqa: E402
-from tests.openenv_example import GuessEnv  # noqa: E402
 from tests.procs import ROOT, child_env, read_rollouts, read_scalars, run_train  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 GUESS = f"openenv:{HERE / 'openenv_example.py'}:GuessEnv"
 FAULTS = HERE / "openenv_faults.py"
+ENVS = "tests.openenv_envs"  # imported when a test loads one: collecting this file imports no OpenEnv server code
 
 
 def _target(seed: int) -> int:
+    from tests.openenv_example import GuessEnv
+
     env = GuessEnv()
     env.reset(seed=seed)
     return env.target
@@ -50,46 +50,6 @@ def _bisect(call, row, messages):
         elif "lower" in m["content"]:
             high = guess - 1
     return f"I guess {(low + high) // 2}"
-
-
-class EchoAction(Action):
-    message: str
-
-
-class EchoObservation(Observation):
-    echoed: str = ""
-    length: int = 0
-
-
-class EchoEnv(Environment):
-    """Rewards 0.5 a step, ends on 'bye'; its observation's only text field is `echoed`."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def reset(self, seed=None, episode_id=None, **kwargs) -> EchoObservation:
-        return EchoObservation(echoed=f"seed {seed}")
-
-    def step(self, action: EchoAction, timeout_s=None, **kwargs) -> EchoObservation:
-        return EchoObservation(echoed=action.message, length=len(action.message), reward=0.5,
-                               done=action.message == "bye")
-
-    @property
-    def state(self):
-        return State()
-
-
-class TwoFieldAction(Action):
-    left: str
-    right: str = ""
-
-
-class TwoFieldEnv(EchoEnv):
-    def step(self, action: TwoFieldAction, timeout_s=None, **kwargs) -> EchoObservation:
-        return EchoObservation(echoed=action.left + action.right, reward=1.0, done=True)
-
-
-class LonelyEnv(EchoEnv):
-    SUPPORTS_CONCURRENT_SESSIONS = False
 
 
 class NotAnEnv:
@@ -153,7 +113,7 @@ def test_the_reset_gets_the_tasks_seed_and_training_and_held_out_seeds_never_ove
 
 
 def test_rewards_sum_over_steps_or_count_the_last_and_the_only_text_field_is_the_observation():
-    spec = f"openenv:{__name__}:EchoEnv"
+    spec = f"openenv:{ENVS}:EchoEnv"
     for mode, first, total in [("sum", 0.5, 1.0), ("last", 0.0, 0.5)]:
         env = load_env(spec, EpisodeSettings(max_turns=3), [f"reward={mode}"])
         assert (env.action_field, env.observation_field, env.opening) == ("message", "echoed", "seed 0")
@@ -167,7 +127,7 @@ def test_rewards_sum_over_steps_or_count_the_last_and_the_only_text_field_is_the
 
 
 def test_an_action_with_two_text_fields_takes_the_one_named():
-    spec = f"openenv:{__name__}:TwoFieldEnv"
+    spec = f"openenv:{ENVS}:TwoFieldEnv"
     with pytest.raises(EnvSpecError, match=r"the Action has 2 text fields \(left, right\); name the one"):
         load_env(spec)
     env = load_env(spec, env_args=["action_field=left"])
@@ -183,7 +143,7 @@ def test_an_action_with_two_text_fields_takes_the_one_named():
     (f"openenv:{__name__}:Missing", [], f"{__name__!r} has no 'Missing'"),
     (f"openenv:{__name__}:NotAnEnv", [], "NotAnEnv is not an OpenEnv Environment"),
     ("openenv:openenv.core.env_server:Environment", [], "Environment does not implement reset, state, step"),
-    (f"openenv:{__name__}:LonelyEnv", [], "LonelyEnv.SUPPORTS_CONCURRENT_SESSIONS is False"),
+    (f"openenv:{ENVS}:LonelyEnv", [], "LonelyEnv.SUPPORTS_CONCURRENT_SESSIONS is False"),
     ("openenv:ftp://127.0.0.1:21", [], "an OpenEnv server's URL is http://HOST:PORT"),
     ("openenv:ws://127.0.0.1:8000", [], "an OpenEnv server's URL is http://HOST:PORT"),
     ("openenv:", [], "expected openenv:TARGET"),
@@ -277,6 +237,8 @@ def test_a_server_on_this_machine_is_reached_without_the_proxy_variables_by_any_
 def _garbage_app():
     """An app with OpenEnv's /schema whose WebSocket answers each step with what the step's text asks for."""
     from fastapi import FastAPI, WebSocket
+
+    from tests.openenv_envs import EchoAction
 
     app = FastAPI()
     schema = {"action": EchoAction.model_json_schema(), "observation": {"properties": {"text": {"type": "string"}}}}
@@ -452,30 +414,10 @@ def test_a_run_on_an_env_with_nan_rewards_trains_and_evaluates_on_the_scored_epi
     assert "held-out success 1.000 -> 1.000 (+0.000) on 2 tasks (2 failed to score, left out)" in out
 
 
-class MCPEcho(MCPEnvironment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-
-class ToolCallEnv(Environment):
-    """An Environment whose Action is OpenEnv's CallToolAction (OpenEnv's echo example's server)."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def reset(self, seed=None, episode_id=None, **kwargs) -> CallToolObservation:
-        return CallToolObservation(tool_name="echo_message", result="ready")
-
-    def step(self, action: CallToolAction, timeout_s=None, **kwargs) -> CallToolObservation:
-        return CallToolObservation(tool_name=action.tool_name, result=action.arguments, done=True, reward=1.0)
-
-    @property
-    def state(self):
-        return State()
-
-
 @pytest.mark.parametrize("name", ["MCPEcho", "ToolCallEnv"])
 def test_an_mcp_environment_is_refused_by_name_with_advice_that_works(name):
     with pytest.raises(EnvSpecError) as err:
-        load_env(f"openenv:{__name__}:{name}")
+        load_env(f"openenv:{ENVS}:{name}")
     text = str(err.value)
     assert "an OpenEnv MCP environment (its Action is CallToolAction" in text and "\n" not in text
     assert "--tools file.py:fn" in text and "action_field" not in text  # no advice that cannot work
