@@ -46,7 +46,6 @@ class LonelyEnv(EchoEnv):
     SUPPORTS_CONCURRENT_SESSIONS = False
 
 
-
 class MCPEcho(MCPEnvironment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
