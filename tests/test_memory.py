@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 import torch
@@ -27,10 +26,8 @@ CPU = DeviceMap(learners=["cpu"], workers=["cpu"])
 
 
 def on(cfg: TrainConfig, devices: DeviceMap = CPU):
-    """`cfg` assembled as a run (its env, tasks and LoRA spec) on `devices`: what the plan is handed. `--dtype auto`
-    is counted as fp32 here, so the byte counts below are the same on a CPU with bf16 units (where auto is bf16;
-    tests/test_precision_choice.py tests the choice)."""
-    parts = assemble(replace(cfg, dtype="float32") if cfg.dtype == "auto" else cfg)
+    """`cfg` assembled as a run (its env, tasks and LoRA spec) on `devices`: what the plan is handed."""
+    parts = assemble(cfg)
     parts.devices = devices
     return parts
 

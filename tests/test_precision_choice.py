@@ -15,6 +15,8 @@ from nanorllm.utils.precision import choose_precision
 @pytest.fixture
 def cpu(monkeypatch):
     """Pretend this machine's CPU reports `flags` (x86)."""
+    monkeypatch.delenv(precision.AUTO_ENV, raising=False)  # the suite pins auto (tests/conftest.py): not here
+
     def set_flags(*flags: str) -> None:
         monkeypatch.setattr(precision, "cpu_flags", lambda: set(flags))
         monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
@@ -75,3 +77,13 @@ def test_a_resumed_run_keeps_the_reason_its_start_recorded(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16", DTYPE_CHOICE: "auto: the CPU has bf16 units"}))
     assert first_choice(tmp_path, "bfloat16") == "auto: the CPU has bf16 units"
     assert first_choice(tmp_path, "float32") is None and first_choice(tmp_path / "none", "bfloat16") is None
+
+
+def test_the_environment_can_name_what_auto_means_and_a_bad_name_is_refused(monkeypatch):
+    monkeypatch.setenv(precision.AUTO_ENV, "bf16")
+    chosen = choose_precision("auto", ["cpu"])
+    assert chosen.name == "bfloat16" and chosen.why == "auto: NANORLLM_AUTO_DTYPE=bf16"
+    assert choose_precision("fp32", ["cpu"]).name == "float32"  # a given dtype still wins
+    monkeypatch.setenv(precision.AUTO_ENV, "fp16")
+    with pytest.raises(ValueError, match="NANORLLM_AUTO_DTYPE='fp16': expected one of"):
+        choose_precision("auto", ["cpu"])

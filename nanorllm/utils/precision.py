@@ -8,6 +8,7 @@ AMD EPYC with AVX2 only: 0.6 against 20 GFLOP/s, 33x slower); a GPU from compute
 bf16 tensor cores, an older one emulates them.
 """
 
+import os
 import platform
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 
 NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # x86 /proc/cpuinfo flags; aarch64 calls its own "bf16"
+AUTO_ENV = "NANORLLM_AUTO_DTYPE"  # set (fp32, bf16, ...): what auto means on this machine, whatever its units
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,14 @@ class Precision:
 
 def choose_precision(spec: str, devices: list[str]) -> Precision:
     """`spec` ("auto", or a dtype name or alias that forces it) resolved for a run on `devices`: bf16 under auto
-    only when every device has bf16 units."""
+    only when every device has bf16 units, unless NANORLLM_AUTO_DTYPE names what auto means on this machine (a
+    site that wants every program's default in fp32, or a test suite whose figures must not follow the box)."""
     if spec != "auto":
         return Precision(NAMES[spec], f"--dtype {spec}")
+    if pinned := os.environ.get(AUTO_ENV):
+        if pinned not in NAMES:
+            raise ValueError(f"{AUTO_ENV}={pinned!r}: expected one of {', '.join(NAMES)}")
+        return Precision(NAMES[pinned], f"auto: {AUTO_ENV}={pinned}")
     missing = [(d, why) for d in dict.fromkeys(devices) if (why := missing_bf16_units(d)) is not None]
     if missing:
         return Precision("float32", f"auto: {missing[0][1]}; --dtype bf16 forces bf16")
