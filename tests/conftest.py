@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from nanorllm.faultsuite.process import TrainProcess
+from nanorllm.utils.precision import AUTO_ENV
 from tests import forked
 
 # `--dtype auto` means fp32 in every test and every process a test starts, whatever this CPU's units: the tests'
 # exact counts and byte-identical runs are fp32's; tests/test_precision_choice.py tests the hardware's choice
-os.environ.setdefault("NANORLLM_AUTO_DTYPE", "float32")
+os.environ.setdefault(AUTO_ENV, "float32")
 torch.set_flush_denormal(True)
 torch.set_num_threads(1)
 TrainProcess.popen = forked.Popen  # the fault rows' runs fork from a warm interpreter (tests/procs.py)
