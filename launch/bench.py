@@ -9,6 +9,7 @@
     python launch/bench.py packing [--quick]           # the RL and SFT updates, padded vs packed
     python launch/bench.py precision [--quick]         # fp32 vs bf16: matmul ceiling, update, rollout; --main-job
     python launch/bench.py sanity [--quick]            # train on the tasks the model solves 20-80%: to mastery?
+    python launch/bench.py baselines [--quick]         # RL vs distillation, RFT and SFT on gold: equal episodes, wall
     python launch/bench.py agents [--model tiny-random] # the --agent endpoint vs the same episodes as an --env
     python launch/bench.py adapters [--model tiny-random] # a reasoning-gym dataset via its adapter vs as a JSONL file
     python launch/bench.py MODE --help                 # that mode's flags
@@ -26,6 +27,7 @@ import tyro
 
 from nanorllm.bench.adapters import AdapterBenchConfig, run_adapter_bench
 from nanorllm.bench.agents import AgentBenchConfig, run_agent_bench
+from nanorllm.bench.baselines import BaselinesBenchConfig, run_baselines_bench
 from nanorllm.bench.config import BenchConfig
 from nanorllm.bench.gpu import GpuBenchConfig, run_gpu_bench
 from nanorllm.bench.learner_ranks import RanksBenchConfig, run_ranks_bench
@@ -45,6 +47,7 @@ MODES = {  # name: (its config, what runs it, one line for --help)
     "packing": (PackingBenchConfig, run_packing_bench, "the RL and SFT updates on padded vs packed micro-batches"),
     "precision": (PrecisionBenchConfig, run_precision_bench, "fp32 vs bf16 side by side, and what --dtype auto picks"),
     "sanity": (SanityBenchConfig, run_sanity_bench, "train only on the tasks the model solves 20-80% of the time"),
+    "baselines": (BaselinesBenchConfig, run_baselines_bench, "RL vs distillation, RFT and SFT on gold, each seed"),
     "agents": (AgentBenchConfig, run_agent_bench, "the --agent endpoint vs the same episodes as an --env, tokens/s"),
     "adapters": (AdapterBenchConfig, run_adapter_bench, "a reasoning-gym dataset via its adapter vs as a JSONL file"),
 }
