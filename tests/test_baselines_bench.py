@@ -77,12 +77,14 @@ def test_rls_success_at_a_baselines_seconds_is_linear_between_evaluations_and_it
 
 
 def test_the_table_has_a_row_per_method_with_gain_over_the_base_and_points_a_minute():
-    runs = {m: {0: {"after": a, "seconds": 120.0, "rl_at_seconds": 0.6}, 1: {"after": a, "seconds": 60.0,
-                                                                            "rl_at_seconds": 0.5}}
+    own = {"rl": (0.6, 0.6), "opd": (0.4, 0.5), "rft": (None, None), "gold": (None, None)}
+    runs = {m: {0: {"after": a, "seconds": 120.0, "rl_at_seconds": 0.6, "at_rl_seconds": own[m][0]},
+                1: {"after": a, "seconds": 60.0, "rl_at_seconds": 0.5, "at_rl_seconds": own[m][1]}}
             for m, a in (("rl", 0.6), ("opd", 0.55), ("rft", 0.5), ("gold", 0.45))}
     table = markdown({"base": 0.45, "runs": runs}).splitlines()
     assert len(table) == 6
-    assert table[2].startswith("| rl | 0.600 / 0.600 | 0.600 ± 0.000 | +15.0 | 90 | 10.00 | 0.550 |")
+    assert table[2] == "| rl | 0.600 / 0.600 | 0.600 ± 0.000 | +15.0 | 90 | 10.00 | 0.550 | 0.600 |"
+    assert table[3].endswith("| 0.450 |") and table[4].endswith("| - |")
     assert "| +0.0 |" in table[5]
 
 

@@ -169,8 +169,8 @@ def kept_episodes(out: Path, seed: int) -> int:
 
 
 def results(b: BaselinesBenchConfig, ledger: dict) -> dict:
-    """Each method's seeds: held-out success after, training seconds, RL's success at those seconds; RL's and
-    distillation's curves."""
+    """Each method's seeds: held-out success after, training seconds, RL's success at those seconds and (a method
+    with a curve) its own at RL's seconds; RL's and distillation's curves."""
     out, seeds = Path(b.out), [int(s) for s in b.seeds.split(",")]
     tasks, samples = budget(b.quick)
     base = eval_line(out, "base")["success_rate"]
@@ -184,7 +184,9 @@ def results(b: BaselinesBenchConfig, ledger: dict) -> dict:
         runs["gold"][s] = {"after": eval_line(out, f"gold-eval-{s}")["success_rate"],
                            "seconds": ledger[f"gold-{s}"]["wall_s"]}
         for m in METHODS:
-            runs[m][s]["rl_at_seconds"] = at_seconds(runs["rl"][s]["curve"], runs[m][s]["seconds"])
+            run, rl = runs[m][s], runs["rl"][s]
+            run["rl_at_seconds"] = at_seconds(rl["curve"], run["seconds"])
+            run["at_rl_seconds"] = at_seconds(run["curve"], rl["seconds"]) if "curve" in run else None
     return {"base": base, "episodes": tasks * samples, "env": b.env or "math", "runs": runs}
 
 
@@ -193,18 +195,20 @@ def spread(xs: list[float]) -> str:
 
 
 def markdown(res: dict) -> str:
-    """One row a method: held-out success per seed and its mean, the gain, training seconds, points a minute, and
-    RL's success at each seed's seconds."""
+    """One row a method: held-out success per seed and its mean, the gain, training seconds, points a minute, RL's
+    success at each seed's seconds, and the method's own at RL's seconds where it has a curve."""
     lines = ["| method | held-out after, per seed | mean ± sd | gain | training s, mean | points/min | "
-             "RL at those seconds, mean |", "|---|---|---|---|---|---|---|"]
+             "RL at those seconds, mean | it at RL's seconds, mean |", "|---|---|---|---|---|---|---|---|"]
     for m in METHODS:
         seeds = res["runs"][m]
         after = [r["after"] for r in seeds.values()]
         secs = [r["seconds"] for r in seeds.values()]
         gain = 100 * (statistics.fmean(after) - res["base"])
+        own = [r.get("at_rl_seconds") for r in seeds.values()]
+        own = "-" if None in own else f"{statistics.fmean(own):.3f}"
         lines.append(f"| {m} | {' / '.join(f'{a:.3f}' for a in after)} | {spread(after)} | {gain:+.1f} | "
                      f"{statistics.fmean(secs):.0f} | {gain / (statistics.fmean(secs) / 60):.2f} | "
-                     f"{statistics.fmean(r['rl_at_seconds'] for r in seeds.values()):.3f} |")
+                     f"{statistics.fmean(r['rl_at_seconds'] for r in seeds.values()):.3f} | {own} |")
     return "\n".join(lines)
 
 
