@@ -42,6 +42,19 @@ def test_distillation_learns_from_the_first_seeds_rl_model_which_alone_is_saved(
         names.index("rft-eval-3")
 
 
+def test_the_warm_start_trains_rl_from_the_same_seeds_gold_model_after_it_is_scored():
+    plan = programs(BaselinesBenchConfig(seeds="3,4", out="o"))
+    names = [n for n, _ in plan]
+    for s in (3, 4):
+        warm = argv_of(plan, f"gold-rl-{s}")
+        assert flag(warm, "--model") == f"o/gold-{s}-model" and flag(warm, "--seed") == str(s)
+        assert "--no-save-model" in warm and "--teacher" not in warm
+        rl = argv_of(plan, f"rl-{s}")
+        assert [a for a in warm if a not in (f"o/gold-{s}-model", f"gold-rl-{s}")] == \
+            [a for a in rl if a not in ("smollm2-135m-instruct", f"rl-{s}", "--no-save-model")] + ["--no-save-model"]
+        assert names.index(f"gold-{s}") < names.index(f"gold-eval-{s}") < names.index(f"gold-rl-{s}")
+
+
 def test_the_env_reaches_every_program_that_plays_or_scores_it():
     plan = programs(BaselinesBenchConfig(env="reasoning-gym:letter_counting", seeds="0", out="o"))
     for name, argv in plan:
@@ -67,6 +80,9 @@ def test_rls_curve_counts_start_up_first_then_each_steps_seconds(tmp_path):
     # 150 s of program: 30 s of evaluations, 100 s of steps, 20 s of start-up and write-out
     curve = rl_curve(tmp_path, "rl-0", {"wall_s": 150.0, "eval_s": 30.0})
     assert curve == [(0.0, 0.4), (50.0, 0.5), (120.0, 0.7)]
+    # a warm start's curve begins where the program that trained its model ended
+    assert rl_curve(tmp_path, "rl-0", {"wall_s": 150.0, "eval_s": 30.0}, start=100.0) == \
+        [(100.0, 0.4), (150.0, 0.5), (220.0, 0.7)]
 
 
 def test_rls_success_at_a_baselines_seconds_is_linear_between_evaluations_and_its_last_beyond():
@@ -74,18 +90,20 @@ def test_rls_success_at_a_baselines_seconds_is_linear_between_evaluations_and_it
     assert at_seconds(curve, 25.0) == pytest.approx(0.45)
     assert at_seconds(curve, 85.0) == pytest.approx(0.6)
     assert at_seconds(curve, 500.0) == 0.7
+    assert at_seconds([(100.0, 0.6), (150.0, 0.7)], 99.0) is None  # before a warm start's curve: unknown
 
 
 def test_the_table_has_a_row_per_method_with_gain_over_the_base_and_points_a_minute():
-    own = {"rl": (0.6, 0.6), "opd": (0.4, 0.5), "rft": (None, None), "gold": (None, None)}
+    own = {"rl": (0.6, 0.6), "opd": (0.4, 0.5), "rft": (None, None), "gold": (None, None), "gold-rl": (0.7, None)}
     runs = {m: {0: {"after": a, "seconds": 120.0, "rl_at_seconds": 0.6, "at_rl_seconds": own[m][0]},
                 1: {"after": a, "seconds": 60.0, "rl_at_seconds": 0.5, "at_rl_seconds": own[m][1]}}
-            for m, a in (("rl", 0.6), ("opd", 0.55), ("rft", 0.5), ("gold", 0.45))}
+            for m, a in (("rl", 0.6), ("opd", 0.55), ("rft", 0.5), ("gold", 0.45), ("gold-rl", 0.7))}
     table = markdown({"base": 0.45, "runs": runs}).splitlines()
-    assert len(table) == 6
+    assert len(table) == 7
     assert table[2] == "| rl | 0.600 / 0.600 | 0.600 ± 0.000 | +15.0 | 90 | 10.00 | 0.550 | 0.600 |"
     assert table[3].endswith("| 0.450 |") and table[4].endswith("| - |")
     assert "| +0.0 |" in table[5]
+    assert table[6].startswith("| gold-rl | 0.700 / 0.700 |") and table[6].endswith("| - |")  # a seed before
 
 
 @pytest.mark.slow
@@ -98,7 +116,9 @@ def test_the_quick_bench_runs_every_program_once_and_a_rerun_goes_on_from_the_le
     assert not (tmp_path / "b" / "rl-0" / "checkpoints").exists()
     assert (tmp_path / "b" / "rl-0" / "final_model").is_dir()
     figures = json.loads((tmp_path / "b.json").read_text())["figures"]
-    assert sorted(figures["runs"]) == ["gold", "opd", "rft", "rl"] and figures["episodes"] == 8
+    assert sorted(figures["runs"]) == ["gold", "gold-rl", "opd", "rft", "rl"] and figures["episodes"] == 8
+    warm = figures["runs"]["gold-rl"]["0"]
+    assert warm["curve"][0][0] == pytest.approx(ledger["gold-0"]["wall_s"])  # starts where gold SFT ended
     assert [x for x, _ in figures["runs"]["rl"]["0"]["curve"]][0] == 0.0
     capsys.readouterr()
     # the ledger holds every program: a rerun runs none and prints the same table

@@ -16,10 +16,13 @@ time is its own), from the same base model, scored on the same held-out set, gre
   launch/eval.py.
 - `gold`: launch/sft.py on as many of the env's own gold demonstrations as RL samples episodes
   (`--demos`), launch/eval.py.
+- `gold-rl`: RL (`rl`'s settings) from the same seed's `gold` model: the warm start. Its episodes and seconds are
+  gold's and RL's together; its curve starts where gold SFT ended.
 
-Equal episodes: every method sees RL's episode count. Equal wall: a method's training seconds (its programs' wall
-times, held-out evaluations excluded) beside RL's held-out success at that many seconds on the same seed's curve
-(linear between RL's evaluations; RL's last figure where the method took longer than RL).
+Equal episodes: every method but `gold-rl` (twice as many: gold's, then RL's) sees RL's episode count. Equal wall: a
+method's training seconds (its programs' wall times, held-out evaluations excluded) beside RL's held-out success at
+that many seconds on the same seed's curve (linear between RL's evaluations; RL's last figure where the method took
+longer than RL).
 
 Each program's argv, wall time and exit code go to <out>/ledger.json as it ends, its output to <out>/logs/; a rerun
 skips the programs the ledger holds as done, so a stopped bench goes on where it stopped. A program that fails stops
@@ -41,7 +44,7 @@ from nanorllm.config import TrainConfig
 from nanorllm.utils.files import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
-METHODS = ("rl", "opd", "rft", "gold")
+METHODS = ("rl", "opd", "rft", "gold", "gold-rl")
 QUICK = {"train": ["--max-steps", "2", "--tasks-per-step", "2", "--num-samples-per-task", "2", "--eval-limit", "4",
                    "--max-new-tokens", "8", "--max-turns", "1", "--serial"],
          "sample": ["--max-new-tokens", "8", "--max-turns", "1", "--min-reward", "0"],
@@ -88,9 +91,9 @@ def programs(b: BaselinesBenchConfig) -> list[tuple[str, list[str]]]:
     seeds = [int(s) for s in b.seeds.split(",")]
     tasks, samples = budget(b.quick)
     py = lambda script, *args, kind: [sys.executable, str(ROOT / "launch" / script), *args, *extra.get(kind, [])]  # noqa: E731
-    train = lambda s, name: py("train.py", "--model", model, *env, "--seed", str(s), "--output-dir", str(out),  # noqa: E731
-                               "--run-name", name, "--eval-every", str(b.eval_every), "--report-to",
-                               "tensorboard,jsonl", kind="train")
+    train = lambda s, name, start=model: py("train.py", "--model", start, *env, "--seed", str(s),  # noqa: E731
+                                            "--output-dir", str(out), "--run-name", name, "--eval-every",
+                                            str(b.eval_every), "--report-to", "tensorboard,jsonl", kind="train")
     sft = lambda s, name, *src: py("sft.py", "--model", model, *src, "--out", str(out / f"{name}-model"), "--seed",  # noqa: E731
                                    str(s), "--output-dir", str(out), "--run-name", name, "--report-to", "jsonl",
                                    kind="sft")
@@ -107,7 +110,8 @@ def programs(b: BaselinesBenchConfig) -> list[tuple[str, list[str]]]:
                  (f"rft-{s}", sft(s, f"rft-{s}", "--data", str(out / f"rft-{s}.jsonl"))),
                  (f"rft-eval-{s}", evaluate(f"rft-{s}")),
                  (f"gold-{s}", sft(s, f"gold-{s}", *env, "--demos", str(tasks * samples))),
-                 (f"gold-eval-{s}", evaluate(f"gold-{s}"))]
+                 (f"gold-eval-{s}", evaluate(f"gold-{s}")),
+                 (f"gold-rl-{s}", train(s, f"gold-rl-{s}", str(out / f"gold-{s}-model")) + ["--no-save-model"])]
     return plan
 
 
@@ -142,21 +146,25 @@ def eval_line(out: Path, name: str) -> dict:
     raise BaselinesError(f"{log}: no result line")
 
 
-def rl_curve(out: Path, name: str, entry: dict) -> list[tuple[float, float]]:
-    """(training seconds, held-out success) at each evaluation of a launch/train.py run: its program's time outside
-    evaluations and steps (start-up, the final write) counted first, then each step's seconds."""
+def rl_curve(out: Path, name: str, entry: dict, start: float = 0.0) -> list[tuple[float, float]]:
+    """(training seconds, held-out success) at each evaluation of a launch/train.py run, from `start` seconds (what
+    trained its --model): its program's time outside evaluations and steps (start-up, the final write) counted
+    first, then each step's seconds."""
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     step_s = [r.get("perf/step_s", 0.0) for r in rows]
     clock, points = entry["wall_s"] - entry["eval_s"] - sum(step_s), []
     for r, s in zip(rows, step_s):
         clock += s
         if "eval/success_rate" in r:
-            points.append((clock if r["step"] else 0.0, r["eval/success_rate"]))
+            points.append((start + (clock if r["step"] else 0.0), r["eval/success_rate"]))
     return points
 
 
-def at_seconds(curve: list[tuple[float, float]], seconds: float) -> float:
-    """The curve's success at `seconds`, linear between its points (its last beyond its end)."""
+def at_seconds(curve: list[tuple[float, float]], seconds: float) -> float | None:
+    """The curve's success at `seconds`, linear between its points (its last beyond its end; None before its
+    start: a warm start's curve begins where its first program ended)."""
+    if seconds < curve[0][0]:
+        return None
     for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
         if x0 <= seconds <= x1:
             return y0 + (y1 - y0) * (seconds - x0) / max(x1 - x0, 1e-9)
@@ -183,6 +191,8 @@ def results(b: BaselinesBenchConfig, ledger: dict) -> dict:
                           "seconds": ledger[f"rft-sample-{s}"]["wall_s"] + ledger[f"rft-{s}"]["wall_s"]}
         runs["gold"][s] = {"after": eval_line(out, f"gold-eval-{s}")["success_rate"],
                            "seconds": ledger[f"gold-{s}"]["wall_s"]}
+        curve = rl_curve(out, f"gold-rl-{s}", ledger[f"gold-rl-{s}"], start=runs["gold"][s]["seconds"])
+        runs["gold-rl"][s] = {"after": curve[-1][1], "seconds": curve[-1][0], "curve": curve}
         for m in METHODS:
             run, rl = runs[m][s], runs["rl"][s]
             run["rl_at_seconds"] = at_seconds(rl["curve"], run["seconds"])
@@ -218,7 +228,7 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     for m in METHODS:
         for i, r in enumerate(res["runs"][m].values()):
             label = m if i == 0 else None
