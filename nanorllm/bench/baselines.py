@@ -240,7 +240,7 @@ def plot(res: dict, path: Path) -> None:
                         alpha=0.8, label=label)
     ax.set_xlabel("training seconds (held-out evaluations excluded)")
     ax.set_ylabel("held-out greedy success")
-    ax.set_title(f"{res['env']}: {res['episodes']} episodes each, every seed")
+    ax.set_title(f"{res['env']}: {res['episodes']} episodes a method (gold-rl: gold's, then RL's), every seed")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
