@@ -124,9 +124,29 @@ def test_an_invalid_move_loses_the_game_and_counts_in_the_invalid_move_rate():
     assert m["success_rate"] == 0.5  # success is a win
 
 
-def test_a_seat_the_game_ended_before_it_moved_gives_no_episode():
-    (seat0,) = play(by_seat({0: "nonsense"}), [HEAP5])
+def test_a_seat_the_game_ended_before_it_moved_gives_no_episode_and_is_reported_unplayed_with_its_reward():
+    engine = RolloutEngine(by_seat({0: "nonsense"}), sampling=SamplingParams(), env=duel())
+    batch = engine.run([HEAP5], num_samples=1, seed=0)
+    (seat0,) = batch.results
     assert seat0.seat == 0 and seat0.reward == -1.0
+    assert batch.unplayed == [(1, 1.0)]  # seat 1 won on seat 0's invalid move, without a move of its own
+
+
+def test_held_out_evaluation_counts_the_games_the_opponent_lost_before_the_policy_moved():
+    """Against a frozen model that breaks the rules at once, the policy (which breaks them too) wins exactly the games
+    the opponent moves first in: they have no episode, and the win rate counts them."""
+    env = duel(5, eval_opponent="frozen-model")
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4, 5, 6, 7, 8)]
+    res = evaluate(by_seat({0: "nonsense", 1: "nonsense"}), tasks, sampling=SamplingParams(), env=env,
+                   opponent_policy=ScriptedPolicy(lambda call, row, messages: "nonsense"))
+    unplayed, played = res["unplayed"], res["n"]
+    assert unplayed > 0 and played > 0 and unplayed + played == 6  # the policy's seat goes turn about over tasks
+    assert res["success_rate"] == pytest.approx(unplayed / 6)  # was 0: the unplayed wins were not counted
+    assert res["mean_reward"] == pytest.approx((unplayed - played) / 6)
+    assert (res["selfplay/win_rate/seat0"], res["selfplay/win_rate/seat1"]) == (0.0, 1.0)
+    assert res["selfplay/invalid_move_rate"] == 1.0 and res["selfplay/draw_rate"] == 0.0  # over the games played
+    assert "unplayed" not in evaluate(by_seat({0: "1", 1: "1"}), tasks, sampling=SamplingParams(),
+                                      env=duel(5, eval_opponent="random"))
 
 
 def test_the_turn_limit_ends_a_game_as_a_draw_for_every_seat():

@@ -137,3 +137,6 @@ class RolloutBatch:
 
     results: list[RolloutResult]
     timings: dict = field(default_factory=dict)  # rollout_s, generate_s, gen_tokens + the decode engine's counters
+    unplayed: list[tuple[int, float]] = field(default_factory=list)
+    """A game's policy seats the game ended before they moved (the other seat broke the rules first): (seat, final
+    reward). No episode, as nothing was said to train on; what held-out evaluation counts as games played."""

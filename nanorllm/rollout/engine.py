@@ -194,7 +194,7 @@ class RolloutEngine:
         for r in results:
             r.policy_version = version
         return RolloutBatch(results, {"rollout_s": time.perf_counter() - t0, "generate_s": gen_s,
-                                      "gen_tokens": n_generated, **stats})
+                                      "gen_tokens": n_generated, **stats}, unplayed=runner.unplayed)
 
     def close(self) -> None:
         """Stop what the engine started beside the model: an --agent run's endpoint."""

@@ -28,7 +28,9 @@ generator seeded by the call's seed and the opponent's name, and the random oppo
 A game ends when the env says done, when its mover has had `--max-turns` turns ("max_turns": each seat's rewards so
 far, a draw), when a seat's next turn would pass the row's bound ("truncated"), or when the env raises or breaks
 the protocol: every policy seat of it then ends as an env error (left out of its group, counted in
-rollout/env_errors). A seat the game ended before it ever moved has nothing to train on and returns no episode.
+rollout/env_errors). A policy seat the game ended before it ever moved (its opponent lost on invalid moves first)
+has nothing to train on and returns no episode; its seat and final reward go to the call's `unplayed`, which
+held-out evaluation counts as a game played (trainer/evaluate.py).
 """
 
 import contextlib
@@ -142,6 +144,7 @@ class GameRunner:
         self.opponent_policy = engine.opponent_policy if self.opponent not in OPPONENTS else None
         self.pool = engine.opponent_policy if self.opponent == "pool" else None
         self.params = engine.sampling
+        self.unplayed: list[tuple[int, float]] = []
 
     def run(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
             seed: int | None) -> tuple[list[RolloutResult], int, float, dict]:
@@ -343,6 +346,8 @@ class GameRunner:
         self.close(game)
         for seat, play in game.plays.items():
             if not play.samples:
+                if play.trains:
+                    self.unplayed.append((seat, finals[seat]))
                 continue
             last_reward, last_info = play.pending
             said = {"seat": seat, "outcome": outcome(finals[seat]), "success": finals[seat] > 0}  # a win

@@ -36,29 +36,33 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     "first_timeout_task"} plus the env's own metrics (`env.metrics`) and a game's selfplay/* (its policy seats
     against `--eval-opponent`, `opponent_policy` when that is a model: a fixed opponent by default), on the program's
     own `env` (its turns and grader limit with it): the rates over the `n` scored episodes, `failed` the episodes left
-    out (module docstring; every rate is nan when none was scored)."""
+    out (module docstring; every rate is nan when none was scored). A game's policy seat that the game ended before it
+    moved (the opponent lost on its invalid moves first) has no episode but was a game played: "unplayed" counts
+    them, and success_rate, mean_reward and the selfplay/ win and draw rates count their outcomes."""
     engine = RolloutEngine(policy, sampling=replace(sampling, greedy=True), env=env,
                            max_batch_episodes=max_batch_episodes, opponent=env.settings.eval_opponent,
                            opponent_policy=opponent_policy)
     with Watchdog("held-out evaluation", hang_timeout_s, env_name=env.spec) as dog:
         dog.follow(engine, tasks)
         try:
-            results = engine.run(tasks, num_samples=1).results
+            batch = engine.run(tasks, num_samples=1)
         finally:
             engine.close()
+    results, unplayed = batch.results, batch.unplayed
     scored = [r for r in results if not r.failed]
     timeouts, first_timeout = grader_timeouts(results)
     return {
-        "success_rate": mean(r.succeeded for r in scored),
+        "success_rate": mean([*(r.succeeded for r in scored), *(reward > 0 for _, reward in unplayed)]),
         "first_turn_success": mean(r.first_turn_succeeded for r in scored),
-        "mean_reward": mean(r.reward for r in scored),  # where partial scores count, success alone says little
+        "mean_reward": mean([*(r.reward for r in scored), *(reward for _, reward in unplayed)]),  # partial scores
         "mean_turns": mean(r.trajectory.num_turns for r in scored),
         "n": len(scored),
         "failed": len(results) - len(scored),
+        **({"unplayed": len(unplayed)} if unplayed else {}),
         "grader_timeouts": timeouts,
         "first_timeout_task": first_timeout,
         **env_metrics(env, results, scored),
-        **selfplay_metrics(results),  # a game's: against --eval-opponent
+        **selfplay_metrics(results, unplayed),  # a game's: against --eval-opponent
     }
 
 

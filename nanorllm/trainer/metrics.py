@@ -4,6 +4,7 @@ from collections import Counter
 
 from nanorllm.algos.groups import group_by_task_id
 from nanorllm.core.types import RolloutResult
+from nanorllm.rollout.games import outcome
 from nanorllm.trainer.collapse import distinct_answers
 
 TERMINATION_REASONS = ("correct", "max_turns", "truncated", "error", "reward_failed")
@@ -69,27 +70,31 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     return m
 
 
-def selfplay_metrics(results: list[RolloutResult]) -> dict:
+def selfplay_metrics(results: list[RolloutResult], unplayed: list[tuple[int, float]] = ()) -> dict:
     """A game's policy seats (rollout/games.py; {} for one-player episodes), against the run's opponent: each seat's
     share of wins (and under --opponent pool against each snapshot the step's games met, newest first), the share
     of draws, and the share of episodes with a move that broke the game's rules. Over the scored episodes (an env
-    error says nothing of the play)."""
+    error says nothing of the play) and, for the win and draw shares, the `unplayed` seats (RolloutBatch.unplayed:
+    (seat, final reward) of a seat its game ended before it moved; held-out evaluation passes them)."""
     played = [r for r in results if r.seat is not None and not r.failed]
-    if not played:
+    if not played and not unplayed:
         return {}
+    seats = [r.seat for r in played] + [seat for seat, _ in unplayed]
     outcomes = [r.trajectory.steps[-1].info.get("outcome") if r.trajectory.steps else None for r in played]
+    outcomes += [outcome(reward) for _, reward in unplayed]
     m = {}
-    for seat in sorted({r.seat for r in played}):
-        mine = [o for r, o in zip(played, outcomes) if r.seat == seat]
+    for seat in sorted(set(seats)):
+        mine = [o for s, o in zip(seats, outcomes) if s == seat]
         m[f"selfplay/win_rate/seat{seat}"] = sum(o == "win" for o in mine) / len(mine)
     snapshots = sorted({r.opponent for r in played if (r.opponent or "").startswith("pool:")},
                        key=lambda name: -int(name.rsplit("_", 1)[1]))  # --opponent pool's, newest first
     for age, name in enumerate(snapshots):
         mine = [o for r, o in zip(played, outcomes) if r.opponent == name]
         m[f"selfplay/win_rate/vs_pool{age}"] = sum(o == "win" for o in mine) / len(mine)
-    m["selfplay/draw_rate"] = sum(o == "draw" for o in outcomes) / len(played)
-    m["selfplay/invalid_move_rate"] = sum(any(s.info.get("invalid_move") for s in r.trajectory.steps)
-                                          for r in played) / len(played)
+    m["selfplay/draw_rate"] = sum(o == "draw" for o in outcomes) / len(outcomes)
+    if played:  # a seat that never moved broke no rule: over the episodes played
+        m["selfplay/invalid_move_rate"] = sum(any(s.info.get("invalid_move") for s in r.trajectory.steps)
+                                              for r in played) / len(played)
     return m
 
 
