@@ -15,7 +15,7 @@ from nanorllm.memory.tasks import TaskShape, task_shape
 from nanorllm.policy.byte_tokenizer import tiny_tokenizer
 from nanorllm.policy.lora import LoraSpec, add_adapters, trainable_parameters
 from nanorllm.policy.models import tiny_model
-from nanorllm.policy.slot_cache import cache_bytes
+from nanorllm.policy.slot_cache import _LIBC, cache_bytes
 from nanorllm.run.assembly import assemble
 from nanorllm.utils.devices import DeviceMap
 from tests import forked
@@ -128,7 +128,23 @@ def test_the_largest_micro_batch_counts_the_shared_prefix_once_and_what_a_step_c
                      tasks=TaskShape(first=84, shared=0))
     act = {p.name: p.nbytes for p in big.processes[0].parts}["activations"]
     assert act < {p.name: p.nbytes for p in small.processes[0].parts}["activations"]
-    assert "14 x 276 tokens, 71 shared" in big.table()
+    assert "15 x 273 tokens, 71 shared" in big.table()  # the prompts start at 84: rows of 273 fill 4096 closer
+
+
+def test_shorter_rows_that_fill_the_budget_closer_than_the_longest_make_the_largest_pass():
+    # a game's rows: 1,071 tokens at most, 300 at least; 3 of the longest fill 3,213 of 4,096, 8 of 512 all of it
+    # (each with at most 212 response tokens after its 300-token prompt: more than 4 rows of 1,024 score)
+    cfg = TrainConfig(max_turns=5, max_new_tokens=64)
+    mb = largest_micro_batch(cfg, budget=4096, width=1071, shared=0, shortest=300)
+    assert (mb.rows, mb.width, mb.tokens, mb.scored) == (8, 512, 4096, 8 * 212)
+    assert largest_micro_batch(cfg, budget=4096, width=1071, shared=0).tokens == 3 * 1071  # without a shortest
+    short = largest_micro_batch(TrainConfig(max_turns=2, max_new_tokens=32), budget=4096, width=300, shared=0,
+                                shortest=100)
+    assert short.tokens <= 4096 and short.scored <= short.rows * 64  # no row scores more than its turns' tokens
+    # a step of 2 games x 2 samples under self-play has 8 episodes (one a seat), not 4
+    few = TrainConfig(tasks_per_step=2, num_samples_per_task=2)
+    assert largest_micro_batch(few, budget=4096, width=256, shared=0, seats=2).rows == 8
+    assert largest_micro_batch(few, budget=4096, width=256, shared=0).rows == 4
 
 
 def test_a_small_dev_shm_is_named_with_the_container_setting():
@@ -270,3 +286,25 @@ def test_an_agent_runs_rows_are_planned_at_the_endpoints_bound_not_at_the_tasks_
     unbounded = kv(TrainConfig(agent=f"{tmp_path / 'agent.py'}:agent", **common))
     context = config.max_position_embeddings
     assert unbounded.nbytes == kv_bytes(config, slots=slots, width=-(-context // 64) * 64, dtype_bytes=4)
+
+
+TRIM_CHILD = """
+import torch
+from nanorllm.policy.slot_cache import trim_host_heap
+def rss():
+    return int(dict(l.split(":", 1) for l in open("/proc/self/status"))["VmRSS"].split()[0]) * 1024
+held = [torch.ones(16384) for _ in range(4000)]  # 64 KiB blocks: glibc's heap, under its mmap threshold
+del held[::2]  # 125 MiB freed in holes between live blocks: glibc keeps them resident
+before = rss()
+trim_host_heap()
+print((before - rss()) // 2**20)
+"""
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's malloc_trim: nothing to hand back elsewhere")
+def test_trimming_the_heap_hands_the_freed_holes_back_to_the_system():
+    # what lets a learner whose passes change size hold one pass's memory, not the sum of their holes
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, timeout=HANG_S,
+                         cwd=ROOT, env=child_env())
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) >= 60  # MiB resident before the trim and not after

@@ -108,3 +108,16 @@ def test_on_cuda_unset_micro_batch_tokens_follow_free_memory():
     policy = HFCausalPolicy.from_name("tiny-random", device="cuda")
     assert step_micro_batch_tokens(policy, None) >= CPU_MICRO_BATCH_TOKENS
     assert step_max_pad_frac(policy, None) == 0.2
+
+
+def test_a_cpu_update_hands_the_heap_back_once_its_passes_are_done(tiny_policy_factory, monkeypatch):
+    # an update's passes are freed at other sizes than the next update's: held, they added up update by update
+    # (a game's learner grew to 18.8 GB against a 7 GB pass); trimmed, the next update starts from live memory
+    import nanorllm.trainer.update as update
+
+    calls = []
+    monkeypatch.setattr(update, "trim_host_heap", lambda: calls.append(1))
+    policy = tiny_policy_factory()
+    m = train_step(policy, make_optimizer(policy, config()), build_results(policy, two_turns=ONE_LONG),
+                   config(micro_batch_tokens=16))
+    assert m["perf/micro_batches"] > 1 and len(calls) == 1

@@ -254,6 +254,18 @@ def test_the_memory_plan_counts_a_model_opponent_where_rollouts_run():
     assert not any("eval opponent" in names for names in plan(eval_opponent="self").values())
 
 
+def test_the_memory_plan_of_a_game_shares_no_prompt_prefix_between_its_seats_rows():
+    from nanorllm.config import TrainConfig
+    from nanorllm.memory.plan import plan_run
+    from nanorllm.memory.tasks import TaskShape
+    from nanorllm.run.assembly import assemble
+
+    parts = assemble(TrainConfig(model="tiny-random", env=DUEL))
+    [act] = [p for p in plan_run(parts, free={"cpu": 10**12}, tasks=TaskShape(first=84, shared=71)).processes[0].parts
+             if p.name == "activations"]
+    assert "shared" not in act.note  # seat 0 and seat 1 are shown different rules: one pass holds both seats' rows
+
+
 def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path, capsys):
     assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--opponent", str(tmp_path / "no-model"),
                  "--output-dir", str(tmp_path / "runs")]) == 2

@@ -24,10 +24,11 @@ figure is the saved values of the forward (10 x hidden + 4 x intermediate per la
 the compute dtype) plus the head's logits and their gradient at the scored tokens only (the head gather), in
 the compute dtype, and one block of the loss's fp32 log-softmax (trainer/logprobs.py):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
-It is counted for the largest micro-batch the run can form: as many of the longest episodes (the
-first prompt measured with the tokenizer, memory/tasks.py; every turn's response at --max-new-tokens)
-as the token budget holds, the prompt's shared leading tokens once (the shared-prefix forward), each
-row's responses scored. A supervised run's plan (memory/sft_plan.py) is its learner alone, from the same parts.
+It is counted for the largest micro-batch the run can form: as many episodes of one width as the token
+budget holds, at the width between the first prompt (measured with the tokenizer, memory/tasks.py) and the
+longest episode (every turn's response at --max-new-tokens) whose pass computes the most tokens, the
+prompt's shared leading tokens once (the shared-prefix forward; none in a game, whose seats are shown
+different prompts), each row's responses scored. A supervised run's plan (memory/sft_plan.py) is its learner alone, from the same parts.
 """
 
 import os
@@ -240,6 +241,12 @@ def layer_bytes(config, dtype_bytes: int) -> int:
     return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
 
 
+def prefill_bytes(config, *, rows: int, tokens: int, dtype_bytes: int) -> int:
+    """A decode batch's joint prefill (policy/slot_batch.py: every joining row in one no-grad forward, one
+    layer's values alive at a time) of `rows` rows of `tokens` new tokens each."""
+    return rows * tokens * layer_bytes(config, dtype_bytes)
+
+
 def compute_bytes(dtype: str, device: str) -> int:
     """Bytes per value in the compute dtype (--dtype; auto: as utils/precision.py chooses it for `device`)."""
     return 2 if resolve_precision(dtype, device) == "bfloat16" else 4
@@ -292,15 +299,28 @@ class MicroBatch:
         return self.rows * self.scored_per_row
 
 
-def largest_micro_batch(cfg, *, budget: int, width: int, shared: int) -> MicroBatch:
-    """trainer/micro_batches.py's chunking of a step's longest episodes: rows x width within `budget` (one
-    row when an episode is longer), never more rows than a step has episodes. The shared prefix is computed
-    once unless the forward cannot share it (dropout on, --grad-checkpointing, FSDP: HFCausalPolicy.forward)."""
-    episodes = cfg.tasks_per_step * cfg.num_samples_per_task
-    rows = max(1, min(episodes, budget // width))
+def largest_micro_batch(cfg, *, budget: int, width: int, shared: int, shortest: int | None = None,
+                        seats: int = 1) -> MicroBatch:
+    """The largest pass trainer/micro_batches.py's chunking can form from a step's episodes: rows x w within
+    `budget` (one row when an episode is longer), for any episode width w from `shortest` (the first prompt's
+    length: a row holds at least that) to `width`, never more rows than a step has episodes (`seats` episodes a
+    game under self-play). Shorter rows fill the budget closer than the longest ones do (4 rows of 1,024 tokens
+    are a 4,096 budget, 3 of 1,071 are 3,213): the largest is the width whose pass computes the most tokens,
+    then scores the most (a row scores its turns' responses, no more than its width less `shortest`). The
+    shared prefix is computed once unless the forward cannot share it (dropout on, --grad-checkpointing, FSDP:
+    HFCausalPolicy.forward)."""
+    episodes = cfg.tasks_per_step * cfg.num_samples_per_task * seats
     sharing = cfg.disable_dropout and not getattr(cfg, "grad_checkpointing", False) and cfg.learner_parallel != "fsdp"
-    return MicroBatch(rows=rows, width=width, shared=min(shared, width - 1) if sharing and rows > 1 else 0,
-                      scored_per_row=cfg.max_turns * cfg.max_new_tokens)
+    per_row = cfg.max_turns * cfg.max_new_tokens
+    low = max(shared + 1, min(shortest or width, width))
+
+    def at(w: int) -> MicroBatch:  # a row of w tokens: its first prompt (`shortest` at least), then its turns
+        rows = max(1, min(episodes, budget // w))
+        scored = per_row if shortest is None else max(1, min(per_row, w - low))
+        return MicroBatch(rows=rows, width=w, shared=min(shared, w - 1) if sharing and rows > 1 else 0,
+                          scored_per_row=scored)
+
+    return max((at(w) for w in range(low, width + 1)), key=lambda mb: (mb.tokens, mb.scored, mb.width))
 
 
 def kv_bytes(config, *, slots: int, width: int, dtype_bytes: int) -> int:
@@ -352,18 +372,27 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         bounds = [n for n in (agent_row_tokens(cfg), context) if n]
         episode, shared = (min(bounds) if bounds else episode), 0
     width = -(-episode // 64) * 64  # the KV cache's slot width
-    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=shared)
+    seats = getattr(parts.env, "seats", 1)
+    if seats > 1:  # each seat is shown its own prompt (its player's rules): rows of a pass share no prefix
+        shared = 0
+    mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=shared, shortest=first,
+                             seats=seats if getattr(cfg, "opponent", "self") == "self" else 1)
     acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
                             checkpointing=getattr(cfg, "grad_checkpointing", False))
     rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
     # the learner decodes the held-out eval, every episode at once up to --max-batch-episodes (and --serial's rollouts)
     eval_episodes = (cfg.max_batch_episodes if tasks.eval_tasks is None else tasks.eval_tasks) * (cfg.eval_samples or 1)
     learner_rows = max(rollout_rows if cfg.serial else 0, min(cfg.max_batch_episodes, eval_episodes) + 1)
+    # what a joining row prefills: a game's seat its whole history (it holds no KV slot while the others move,
+    # rollout/games.py), any other row its first prompt past the shared prefix (later turns extend its own slot)
+    rejoin = episode if seats > 1 else max(1, first - tasks.shared)
     learner = Process("learner", learner_dev, [
         *trained_parts(total, trainable, lora=lora is not None, dtype_bytes=compute),
         Part("activations", acts, f"{mb.rows} x {mb.width} tokens{f', {mb.shared} shared' if mb.shared else ''}"),
         Part("kv", kv_bytes(config, slots=learner_rows, width=width, dtype_bytes=compute),
              f"agent rows of up to {width} tokens (--max-prompt-tokens bounds them)" if cfg.agent else ""),
+        Part("prefill", prefill_bytes(config, rows=learner_rows - 1, tokens=rejoin, dtype_bytes=compute),
+             f"{learner_rows - 1} x {rejoin} tokens"),
         *process_overheads(learner_dev)])
     if cfg.kl_coef > 0 and lora is None:
         learner.parts.insert(3, Part("reference", total * compute))
@@ -385,6 +414,8 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         processes.append(Process(f"worker {i}", dev, [
             Part("weights", replica),
             Part("kv", kv_bytes(config, slots=rollout_rows, width=width, dtype_bytes=compute)),
+            Part("prefill", prefill_bytes(config, rows=rollout_rows - 1, tokens=rejoin, dtype_bytes=compute),
+                 f"{rollout_rows - 1} x {rejoin} tokens"),
             *process_overheads(dev)]))
     for held in reward_source_models(parts.env_spec.reward_sources):
         if (rm := held_model_bytes(held)) is None:

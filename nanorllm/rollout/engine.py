@@ -41,6 +41,7 @@ from nanorllm.envs.base import Agent, Env, EnvBundle, EnvProtocolError, EpisodeS
 from nanorllm.envs.registry import DEFAULT_ENV, load_env
 from nanorllm.policy.base import Policy, SamplingParams
 from nanorllm.policy.slot_batch import new_stats
+from nanorllm.policy.slot_cache import trim_host_heap
 from nanorllm.rollout.agent_runner import AgentRunner
 from nanorllm.rollout.games import MODEL_FREE, GameRunner
 from nanorllm.rollout.row_bound import cut_text, cut_tool_results, feedback_chars, row_tokens
@@ -134,6 +135,14 @@ class RolloutEngine:
     def run(self, tasks: list[dict], *, num_samples: int = 1, group_ids: list[str] | None = None,
             seed: int | None = None, sampling: SamplingParams | None = None) -> RolloutBatch:
         """num_samples episodes per task (results in task order, then sample order) and the call's timings."""
+        try:
+            return self._run(tasks, num_samples, group_ids, seed, sampling)
+        finally:
+            if getattr(getattr(self.policy, "device", None), "type", None) == "cpu":
+                trim_host_heap()  # the call's freed prefill and decode buffers, back to the system
+
+    def _run(self, tasks: list[dict], num_samples: int, group_ids: list[str] | None, seed: int | None,
+             sampling: SamplingParams | None) -> RolloutBatch:
         t0 = time.perf_counter()
         if seed is not None:
             self.policy.seed(seed)

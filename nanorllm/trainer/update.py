@@ -28,6 +28,7 @@ import torch
 
 from nanorllm.config.fields import AdamWSettings, AllOf, Learner, LearnerForward
 from nanorllm.core.types import StepSample
+from nanorllm.policy.slot_cache import trim_host_heap
 from nanorllm.policy.lora import trainable_parameters
 from nanorllm.ranks.group import LearnerRanks
 from nanorllm.trainer.collate import collate_train_batch
@@ -97,6 +98,8 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
             n.update(ranks.updated(policy))  # FSDP: the new weights gathered into rank 0's full model
         optimizer.zero_grad(set_to_none=True)
     n["micro_batches"] = len(chunks)
+    if policy.device.type == "cpu":
+        trim_host_heap()  # what the passes freed, back to the system before the next update's sizes
     return n
 
 
