@@ -301,6 +301,7 @@ print((before - rss()) // 2**20)
 """
 
 
+@pytest.mark.slow  # a child process
 @pytest.mark.skipif(_LIBC is None, reason="glibc's malloc_trim: nothing to hand back elsewhere")
 def test_trimming_the_heap_hands_the_freed_holes_back_to_the_system():
     # what lets a learner whose passes change size hold one pass's memory, not the sum of their holes
