@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -240,15 +242,18 @@ def test_next_prompt_ids_keeps_end_of_turn_after_other_stop_token(tiny_policy, m
 
 def test_a_cpu_rollout_hands_its_freed_buffers_back_once_a_call_even_when_it_fails(tiny_policy, monkeypatch):
     # a prefill's and a decode step's buffers change size call by call: held, a process's heap grows with them
+    import nanorllm.policy.slot_cache as slot_cache
     import nanorllm.rollout.engine as rollout_engine
 
     calls = []
-    monkeypatch.setattr(rollout_engine, "trim_host_heap", lambda: calls.append(1))
+    monkeypatch.setattr(slot_cache, "_LIBC", SimpleNamespace(malloc_trim=calls.append))
     engine(tiny_policy, max_turns=1).run(TASKS[:2], num_samples=2)
-    assert calls == [1]
+    assert calls == [0]
     engine(ScriptedPolicy(lambda call, row, messages: WRONG), max_turns=1).run(TASKS[:1])
-    assert calls == [1]  # a policy with no device (a script, an API model): nothing of ours to trim
+    assert calls == [0]  # a policy with no device (a script, an API model): nothing of ours to trim
+    slot_cache.trim_host_heap(torch.device("cuda"))
+    assert calls == [0]  # a GPU's tensors are not on the host heap
     monkeypatch.setattr(rollout_engine.RolloutEngine, "_run", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         engine(tiny_policy).run(TASKS[:1])
-    assert calls == [1, 1]
+    assert calls == [0, 0]

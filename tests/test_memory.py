@@ -296,7 +296,7 @@ def rss():
 held = [torch.ones(16384) for _ in range(4000)]  # 64 KiB blocks: glibc's heap, under its mmap threshold
 del held[::2]  # 125 MiB freed in holes between live blocks: glibc keeps them resident
 before = rss()
-trim_host_heap()
+trim_host_heap(torch.device("cpu"))
 print((before - rss()) // 2**20)
 """
 

@@ -1,5 +1,7 @@
 """Micro-batches sized for the device, padding measured, rows bucketed by length when it is wasteful."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -82,8 +84,6 @@ def test_a_gpu_pass_counts_the_allocators_free_blocks_but_not_a_graph_pools(monk
     """On cuda:0 the driver has 60 GiB free; torch's default pool holds 10 GiB free in its segments, a
     decode engine's graph pool 30 GiB (only its replays can use them) and cuda:1's pool 5 GiB: a pass is
     sized for 70 GiB."""
-    from types import SimpleNamespace
-
     GiB = 2**30
     segments = [dict(device=0, segment_pool_id=(0, 0), total_size=16 * GiB, allocated_size=6 * GiB),
                 dict(device=0, segment_pool_id=(1, 0), total_size=32 * GiB, allocated_size=2 * GiB),
@@ -113,11 +113,11 @@ def test_on_cuda_unset_micro_batch_tokens_follow_free_memory():
 def test_a_cpu_update_hands_the_heap_back_once_its_passes_are_done(tiny_policy_factory, monkeypatch):
     # an update's passes are freed at other sizes than the next update's: held, they added up update by update
     # (a game's learner grew to 18.8 GB against a 7 GB pass); trimmed, the next update starts from live memory
-    import nanorllm.trainer.update as update
+    import nanorllm.policy.slot_cache as slot_cache
 
-    calls = []
-    monkeypatch.setattr(update, "trim_host_heap", lambda: calls.append(1))
     policy = tiny_policy_factory()
-    m = train_step(policy, make_optimizer(policy, config()), build_results(policy, two_turns=ONE_LONG),
-                   config(micro_batch_tokens=16))
+    results = build_results(policy, two_turns=ONE_LONG)  # its rollout calls trim too: counted before the update's
+    calls = []
+    monkeypatch.setattr(slot_cache, "_LIBC", SimpleNamespace(malloc_trim=calls.append))
+    m = train_step(policy, make_optimizer(policy, config()), results, config(micro_batch_tokens=16))
     assert m["perf/micro_batches"] > 1 and len(calls) == 1

@@ -266,6 +266,20 @@ def test_the_memory_plan_of_a_game_shares_no_prompt_prefix_between_its_seats_row
     assert "shared" not in act.note  # seat 0 and seat 1 are shown different rules: one pass holds both seats' rows
 
 
+def test_a_seats_row_is_sized_for_the_other_seats_replies_it_is_shown(tiny_policy):
+    # TextArena shows each player every message: a TicTacToe seat's rows ran to ~1,400 tokens against the 1,071 a
+    # one-player episode's feedback allowance gave them, and its slots widened and the plan missed mid-run
+    from nanorllm.rollout.prompt_budget import prompt_limit
+
+    sampling = SamplingParams(max_new_tokens=64)
+    game = RolloutEngine(tiny_policy, sampling=sampling, env=duel(5))
+    solo = RolloutEngine(tiny_policy, sampling=sampling, env=load_env("math", EpisodeSettings(max_turns=5)))
+    assert solo.slot_width(100) == -(-(100 + 5 * 64 + 4 * 128) // 64) * 64
+    assert game.slot_width(100) == -(-(100 + 5 * 64 + 4 * (128 + 64)) // 64) * 64  # the other seat's 4 replies
+    limits = [prompt_limit(tiny_policy, max_prompt_tokens=None, sampling=sampling, max_turns=5, seats=n) for n in (1, 2)]
+    assert limits[0] - limits[1] == 4 * 64  # the context check leaves the first prompt that much less
+
+
 def test_a_model_opponent_this_machine_cannot_read_is_refused_at_start(tmp_path, capsys):
     assert main([*TINY_ARGS, "--serial", "--env", DUEL, "--opponent", str(tmp_path / "no-model"),
                  "--output-dir", str(tmp_path / "runs")]) == 2

@@ -28,7 +28,8 @@ It is counted for the largest micro-batch the run can form: as many episodes of 
 budget holds, at the width between the first prompt (measured with the tokenizer, memory/tasks.py) and the
 longest episode (every turn's response at --max-new-tokens) whose pass computes the most tokens, the
 prompt's shared leading tokens once (the shared-prefix forward; none in a game, whose seats are shown
-different prompts), each row's responses scored. A supervised run's plan (memory/sft_plan.py) is its learner alone, from the same parts.
+different prompts), each row's responses scored. A supervised run's plan (memory/sft_plan.py) is its
+learner alone, from the same parts.
 """
 
 import os
@@ -358,7 +359,9 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     tokens = budget_tokens(cfg.micro_batch_tokens)
     # the longest first prompt the run accepts (rollout/prompt_budget.py): a longer one is refused or dropped
     context = getattr(config, "max_position_embeddings", None)
-    room = longest_episode(0, sampling_params(cfg), cfg.max_turns)  # the turns' responses and feedback
+    seats = getattr(parts.env, "seats", 1)
+    # the turns' responses and feedback (a game's seat is also shown the other seats' replies)
+    room = longest_episode(0, sampling_params(cfg), cfg.max_turns, seats)
     limit = cfg.max_prompt_tokens or (context - room if context else None)
     tasks = task_shape(parts, prompt_limit=limit) if tasks is None else tasks
     if tasks is None:  # guesses: the tokenizer cannot be had without loading a model
@@ -372,7 +375,6 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
         bounds = [n for n in (agent_row_tokens(cfg), context) if n]
         episode, shared = (min(bounds) if bounds else episode), 0
     width = -(-episode // 64) * 64  # the KV cache's slot width
-    seats = getattr(parts.env, "seats", 1)
     if seats > 1:  # each seat is shown its own prompt (its player's rules): rows of a pass share no prefix
         shared = 0
     mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=shared, shortest=first,

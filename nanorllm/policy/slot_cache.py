@@ -254,17 +254,18 @@ def release_freed(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     else:
-        trim_host_heap()
+        trim_host_heap(device)
 
 
-def trim_host_heap() -> None:
-    """Hand glibc's free heap pages back to the system (no-op elsewhere). A process whose big tensors change
-    size from one round to the next (a learner's micro-batches as a game's rows grow, a worker's decode batch)
-    leaves holes the next round's sizes do not fit, and its resident memory grows round by round: a TicTacToe
-    learner that needs 7 GB at once stood at 18.8 GB after 8 updates. Called once a round, it costs the next
-    round's first touch of those pages; forcing big blocks to mmap instead (MALLOC_MMAP_THRESHOLD_) cost the
-    update 58% on CPU."""
-    if _LIBC is not None:
+def trim_host_heap(device: torch.device | str | None) -> None:
+    """Hand glibc's free heap pages back to the system when `device` computes on the host: a CPU (not a GPU's
+    process, whose big tensors are not on the heap, nor a device-less policy; a no-op off glibc). A process
+    whose big tensors change size from one round to the next (a learner's micro-batches as a game's rows grow,
+    a worker's decode batch) leaves holes the next round's sizes do not fit, and its resident memory grows
+    round by round: a TicTacToe learner that needs 7 GB at once stood at 18.8 GB after 8 updates. Called once
+    a round, it costs the next round's first touch of those pages; forcing big blocks to mmap instead
+    (MALLOC_MMAP_THRESHOLD_) cost the update 58% on CPU."""
+    if _LIBC is not None and device is not None and torch.device(device).type == "cpu":
         _LIBC.malloc_trim(0)
 
 

@@ -67,9 +67,16 @@ EXAMPLE_TASK = {"task_id": "example", "question": "What is 12 + 34 - 5?", "answe
 FEEDBACK_TOKENS = 128  # room per later turn for the env's feedback and the chat markup (the cache grows past it)
 
 
-def longest_episode(first_prompt: int, sampling: SamplingParams, max_turns: int) -> int:
-    """Tokens the longest episode is expected to hold: what sizes each slot of the KV cache."""
-    return first_prompt + max_turns * sampling.max_new_tokens + (max_turns - 1) * FEEDBACK_TOKENS
+def feedback_tokens(sampling: SamplingParams, seats: int = 1) -> int:
+    """Room a later turn's observation takes: the env's feedback and the chat markup, and in a game of `seats`
+    players the other seats' replies since this seat last moved (TextArena shows each player every message)."""
+    return FEEDBACK_TOKENS + (seats - 1) * sampling.max_new_tokens
+
+
+def longest_episode(first_prompt: int, sampling: SamplingParams, max_turns: int, seats: int = 1) -> int:
+    """Tokens the longest episode (a game's: one seat's row) is expected to hold: what sizes each slot of the KV
+    cache."""
+    return first_prompt + max_turns * sampling.max_new_tokens + (max_turns - 1) * feedback_tokens(sampling, seats)
 
 
 def shared_prefix(prompts: list[list[int]]) -> list[int]:
@@ -138,8 +145,7 @@ class RolloutEngine:
         try:
             return self._run(tasks, num_samples, group_ids, seed, sampling)
         finally:
-            if getattr(getattr(self.policy, "device", None), "type", None) == "cpu":
-                trim_host_heap()  # the call's freed prefill and decode buffers, back to the system
+            trim_host_heap(getattr(self.policy, "device", None))  # the call's freed prefill and decode buffers
 
     def _run(self, tasks: list[dict], num_samples: int, group_ids: list[str] | None, seed: int | None,
              sampling: SamplingParams | None) -> RolloutBatch:
@@ -239,7 +245,8 @@ class RolloutEngine:
 
     def slot_width(self, first_prompt: int, params: SamplingParams | None = None) -> int:
         """Columns of the slot cache for episodes whose first prompt holds `first_prompt` tokens."""
-        return -(-longest_episode(first_prompt, params or self.sampling, self.max_turns) // 64) * 64
+        seats = getattr(self.env, "seats", 1)
+        return -(-longest_episode(first_prompt, params or self.sampling, self.max_turns, seats) // 64) * 64
 
     def prepare(self, example_task: dict, episodes: int, on_progress=None) -> float:
         """Before any rollout: allocate the slot KV cache for `episodes` episodes a call (at most

@@ -10,11 +10,12 @@ characters. Rows without a text "question" are the env's own business (its reset
 
 from nanorllm.envs.base import EnvBundle
 from nanorllm.policy.base import SamplingParams
-from nanorllm.rollout.engine import FEEDBACK_TOKENS, longest_episode
+from nanorllm.rollout.engine import feedback_tokens, longest_episode
 from nanorllm.rollout.row_bound import CHARS_PER_TOKEN
 
 
-def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingParams, max_turns: int) -> int | None:
+def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingParams, max_turns: int,
+                 seats: int = 1) -> int | None:
     """The longest first prompt a run accepts: `max_prompt_tokens` when given, else the model's context less the
     room the episode's turns need (responses and feedback); None when the model states no context."""
     if max_prompt_tokens is not None:
@@ -22,15 +23,15 @@ def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingPar
     context = getattr(policy.model.config, "max_position_embeddings", None)
     if not context:
         return None
-    return context - longest_episode(0, sampling, max_turns)
+    return context - longest_episode(0, sampling, max_turns, seats)
 
 
-def no_room(policy, *, sampling: SamplingParams, max_turns: int, limit: int) -> str:
+def no_room(policy, *, sampling: SamplingParams, max_turns: int, limit: int, seats: int = 1) -> str:
     """The problem when the limit comes from the model's context and the turns' room leaves no training task's first
     prompt a place: the flags that shrink the room are the fix, not --drop-long-prompts, which would drop them all."""
     context = policy.model.config.max_position_embeddings
     return (f"max_turns / max_new_tokens: {max_turns} turn(s) of up to {sampling.max_new_tokens} new tokens "
-            f"(--max-turns, --max-new-tokens) and {max_turns - 1} feedback turn(s) of ~{FEEDBACK_TOKENS} tokens take "
+            f"(--max-turns, --max-new-tokens) and {max_turns - 1} feedback turn(s) of ~{feedback_tokens(sampling, seats)} tokens take "
             f"{context - limit} of the model's {context}-token context, leaving {limit} for the first prompt, less than "
             "any training task's: lower --max-turns or --max-new-tokens (or use a model with a longer context)")
 

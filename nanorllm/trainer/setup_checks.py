@@ -20,14 +20,16 @@ def check_prompt_lengths(cfg: TrainConfig, policy: HFCausalPolicy, env: EnvBundl
     exit 2) when a task's first prompt is longer than the limit, naming each, or with --drop-long-prompts returned
     without them, counted."""
     sampling = sampling_params(cfg)
-    limit = prompt_limit(policy, max_prompt_tokens=cfg.max_prompt_tokens, sampling=sampling, max_turns=cfg.max_turns)
+    seats = getattr(env, "seats", 1)  # a game's seat is shown the other seats' replies too
+    limit = prompt_limit(policy, max_prompt_tokens=cfg.max_prompt_tokens, sampling=sampling, max_turns=cfg.max_turns,
+                         seats=seats)
     if limit is None:
         return tasks
     found = {what: long_prompts(ts, policy=policy, env=env, limit=limit) if limit > 0 else ts
              for what, ts in tasks.items()}
     if cfg.max_prompt_tokens is None and len(found["training"]) == len(tasks["training"]):
         # the turns' room leaves no task a place: --drop-long-prompts would drop them all
-        raise ConfigError([no_room(policy, sampling=sampling, max_turns=cfg.max_turns, limit=limit)],
+        raise ConfigError([no_room(policy, sampling=sampling, max_turns=cfg.max_turns, limit=limit, seats=seats)],
                           "--max-turns / --max-new-tokens")
     if not any(found.values()):
         return tasks

@@ -98,8 +98,7 @@ def update(policy, optimizer: torch.optim.Optimizer, samples: list[StepSample],
             n.update(ranks.updated(policy))  # FSDP: the new weights gathered into rank 0's full model
         optimizer.zero_grad(set_to_none=True)
     n["micro_batches"] = len(chunks)
-    if policy.device.type == "cpu":
-        trim_host_heap()  # what the passes freed, back to the system before the next update's sizes
+    trim_host_heap(policy.device)  # what the passes freed, back to the system before the next update's sizes
     return n
 
 
