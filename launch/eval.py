@@ -12,7 +12,8 @@
 The flags are training's for the same settings (--eval-limit, --threads, --max-turns, --env-arg ...). Prints one
 JSON line per set ("set": the spec of --tasks or of the env's default held-out set, then each --eval-set's name):
 {"set", "spec", "success_rate", "first_turn_success", "mean_reward", "mean_turns", "n", "failed", "grader_timeouts",
-"first_timeout_task"}, and with --eval-samples n "pass@k" for each k, "mean@n" and "sampled_failed". As in training,
+"first_timeout_task"}, and with --eval-samples n "pass@k" for each k, "mean@n" and "sampled_failed" (in a game also
+"sampled/selfplay/*": the sampled games' win, draw and invalid-move shares beside the greedy ones). As in training,
 an episode whose score failed (a reward function, judge or env that raised, timed out or gave nan) is not a 0: the
 rates are over the n scored episodes and "failed" counts the others.
 """

@@ -348,6 +348,17 @@ def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():
     assert res["sampled_failed"] == 0 and res["mean@2"] == 0.5  # self-play: a seat of each game wins
 
 
+def test_sampled_evaluation_reports_its_games_invalid_moves_beside_the_greedy_ones():
+    from nanorllm.trainer.evaluate import evaluate_sampled
+
+    env = duel(5, eval_opponent="self")
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4)]
+    res = evaluate_sampled(by_seat({0: "1", 1: "take three"}), tasks, sampling=SamplingParams(), env=env, samples=2)
+    # seat 1 breaks the rules at its first move in every game: half the episodes played broke one, seat 0 wins all
+    assert (res["sampled/selfplay/invalid_move_rate"], res["sampled/selfplay/win_rate/seat0"],
+            res["sampled/selfplay/win_rate/seat1"], res["sampled/selfplay/draw_rate"]) == (0.5, 1.0, 0.0, 0.0)
+
+
 def test_an_opponent_for_a_one_player_env_is_refused_at_start_naming_the_flag(tmp_path, capsys):
     assert main([*TINY_ARGS, "--serial", "--opponent", "random", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err

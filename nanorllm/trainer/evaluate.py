@@ -108,7 +108,8 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
                      ks: tuple[int, ...] = (), seed: int = 0, max_batch_episodes: int = 64,
                      hang_timeout_s: float = 600.0, opponent_policy: Policy | None = None) -> dict:
     """{"pass@k" for each k, "mean@n", "sampled_failed"}: `samples` episodes a task at `sampling`'s temperature,
-    counted over each task's scored samples (module docstring). The policy's
+    counted over each task's scored samples (module docstring), and in a game `sampled/selfplay/*` (selfplay_metrics
+    of these episodes). The policy's
     sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step draws
     the same numbers and the training rollouts after it are those a run without it would make."""
     ks = ks or default_ks(samples)
@@ -120,17 +121,21 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
     try:
         with Watchdog("held-out evaluation (sampled)", hang_timeout_s, env_name=env.spec) as dog:
             dog.follow(engine, tasks)
-            results = engine.run(tasks, num_samples=samples, seed=seed).results  # task order, then sample order
+            batch = engine.run(tasks, num_samples=samples, seed=seed)  # task order, then sample order
     finally:
         engine.close()  # an --agent's endpoint
         if saved is not None:
             generator.set_state(saved)
+    results = batch.results
     groups = [[r for r in rs if not r.failed] for rs in per_task(results, tasks, samples)]
     counts = [(len(g), sum(r.succeeded for r in g)) for g in groups]  # (scored samples, passed) a task
     out = {f"pass@{k}": mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in ks}
     scored = sum(n for n, _ in counts)
     out[f"mean@{samples}"] = sum(c for _, c in counts) / scored if scored else math.nan
     out["sampled_failed"] = len(results) - scored
+    # a game's sampled play, beside the greedy play's selfplay/*: its invalid moves above all, which greedy play alone
+    # does not show for the temperature training samples at
+    out.update({f"sampled/{k}": v for k, v in selfplay_metrics(results, batch.unplayed).items()})
     return out
 
 
