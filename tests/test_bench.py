@@ -48,3 +48,8 @@ def test_the_precision_bench_times_fp32_and_bf16_on_the_same_inputs():
     assert set(m) == {"matmul_gflops_fp32", "matmul_gflops_bf16"} and all(v > 0 for v in m.values())
     assert set(u) == {"update_s_fp32", "update_s_bf16"} and all(v > 0 for v in u.values())
     assert set(r) == {"rollout_tokens_per_s_fp32", "rollout_tokens_per_s_bf16"} and all(v > 0 for v in r.values())
+    k = precision.mismatch_figures(cfg, "cpu")
+    assert set(k) == {f"mismatch_{f}_{s}" for f in ("k3", "tokens_per_s") for s in ("fp32", "bf16", "bf16_autocast")}
+    # fp32 decode and fp32 scoring differ only in summation order; bf16's roundings are orders of magnitude larger
+    assert 0 <= k["mismatch_k3_fp32"] < 1e-3 * k["mismatch_k3_bf16"] and k["mismatch_k3_bf16_autocast"] >= 0
+    assert all(k[f"mismatch_tokens_per_s_{s}"] > 0 for s in ("fp32", "bf16", "bf16_autocast"))

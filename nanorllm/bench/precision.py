@@ -15,6 +15,13 @@ Figures, for DT in fp32 and bf16:
   rollout_tokens_per_s_DT     sampled tokens per second of one default step's rollouts (the training engine, on the
                               replica a worker holds: fp32, or bf16 weights)
   bf16_speedup_matmul, bf16_speedup_update, bf16_speedup_rollout   fp32's time over bf16's
+  mismatch_k3_S               the sampler against the learner at equal weights: the mean per-token k3 of the
+                              sampled tokens' logprobs (the decode engine's) against the learner's before its update
+                              (`pipeline/mismatch_kl` at lag 0), on one default step's episodes, for the sampler S:
+                              fp32 (an fp32 replica, an fp32 learner), bf16 (the bf16 replica a worker holds: bf16
+                              weights and residual stream) and bf16_autocast (bf16 autocast over fp32 weights, as the
+                              learner computes), the last two scored by a bf16 learner
+  mismatch_tokens_per_s_S     that sampler's sampled tokens per second
   with --main-job, per seed: main_wall_s_DT_sS and main_gain_DT_sS (the run's wall seconds to its end and its
   held-out gain in points)
 and `auto`: the dtype --dtype auto chooses on this machine's devices, with its reason.
@@ -67,7 +74,7 @@ def run_precision_bench(b: PrecisionBenchConfig) -> int:
     cfg = TrainConfig(model="tiny-random" if b.quick else b.model, drop_zero_std_groups=False)
     chosen = choose_precision("auto", [device])
     figures = {**matmul_figures(b.rounds, device), **update_figures(cfg, b.rounds, device),
-               **rollout_figures(cfg, b.rounds, device)}
+               **rollout_figures(cfg, b.rounds, device), **mismatch_figures(cfg, device)}
     for what, unit in (("matmul", "matmul_gflops"), ("rollout", "rollout_tokens_per_s")):
         figures[f"bf16_speedup_{what}"] = figures[f"{unit}_bf16"] / figures[f"{unit}_fp32"]
     figures["bf16_speedup_update"] = figures["update_s_fp32"] / figures["update_s_bf16"]
@@ -138,6 +145,34 @@ def rollout_figures(cfg: TrainConfig, rounds: int, device: str) -> dict:
         return sum(len(s.response_ids) for r in results for s in r.step_samples) / (time.perf_counter() - t0)
 
     return {f"rollout_tokens_per_s_{SHORT[dt]}": v for dt, v in interleaved(tokens_per_s, rounds).items()}
+
+
+SAMPLERS = {"fp32": ("float32", True), "bf16": ("bfloat16", True), "bf16_autocast": ("bfloat16", False)}
+
+
+def mismatch_figures(cfg: TrainConfig, device: str) -> dict:
+    """Each sampler of SAMPLERS (dtype, replica) samples one default step's rollouts; a learner of that dtype, at the
+    same weights, scores them in an update (restored after it). What is left between the bf16 learner and a sampler
+    computing as it does is the decode's own: one token a row against the learner's whole sequence, other matmul
+    shapes, so other roundings of each bf16 product."""
+    tasks = load_tasks(task_specs(cfg)[0], limit=cfg.tasks_per_step)
+    learners = {dt: HFCausalPolicy.from_name(cfg.model, device=device, dtype=dt) for dt in DTYPES}
+    start = [p.detach().clone() for p in learners["float32"].parameters()]
+    figures = {}
+    for name, (dt, replica) in SAMPLERS.items():
+        engine = training_engine(HFCausalPolicy.from_name(cfg.model, device=device, dtype=dt, replica=replica), cfg)
+        t0 = time.perf_counter()
+        results = engine.run(tasks, num_samples=cfg.num_samples_per_task, seed=0).results
+        figures[f"mismatch_tokens_per_s_{name}"] = (sum(len(s.response_ids) for r in results for s in r.step_samples)
+                                                    / (time.perf_counter() - t0))
+        for i, r in enumerate(results):
+            r.trajectory.final_reward = float(i % 2)  # every group trains: every token is scored
+        policy, run_cfg = learners[dt], replace(cfg, dtype=dt)
+        figures[f"mismatch_k3_{name}"] = train_step(policy, make_optimizer(policy, run_cfg), results, run_cfg)["approx_kl"]
+        with torch.no_grad():
+            for p, s in zip(policy.parameters(), start):
+                p.copy_(s)
+    return figures
 
 
 def main_job_figures(b: PrecisionBenchConfig) -> dict:
