@@ -81,7 +81,7 @@ def run_precision_bench(b: PrecisionBenchConfig) -> int:
     if b.main_job:
         figures.update(main_job_figures(b))
     for k, v in figures.items():
-        print(f"{k:32s} {v:12.4f}")
+        print(f"{k:36s} {v:12.6g}")
     print(f"auto on {device}: {chosen.name} ({chosen.why})")
     record_run(figures, t_start, b.json, model=cfg.model, device=device, threads=b.threads, auto=chosen.name,
                auto_why=chosen.why)
