@@ -430,6 +430,38 @@ def test_kuhn_poker_against_the_random_opponent_lists_its_legal_moves():
     assert {r.seat for r in results} == {0, 1} and all(not r.failed for r in results)
 
 
+def test_a_kuhn_game_deals_its_later_rounds_from_its_seed_whatever_else_draws_from_random():
+    """KuhnPoker deals every round at step time from the module-level `random`: a game's later rounds are its seed's
+    alone (not moved by another game's or the trainer's draws between its moves), and the trainer's stream is left
+    where it was."""
+    import random
+
+    from nanorllm.envs.textarena import innermost
+
+    env = load_env("textarena:KuhnPoker-v0", EpisodeSettings(max_turns=8))
+
+    def deals(disturb):
+        game = env.make_env()
+        game.reset({"task_id": "t", "seed": 11})
+        cards, done = [], False
+        while not done:
+            disturb()  # another game's turn, the trainer's own draws
+            _, _, done, _ = game.step("[check]")  # both check: a showdown, the next round dealt
+            state = innermost(game.game).state.game_state
+            cards.append((state["current_round"], state["player_cards"][0], state["player_cards"][1]))
+        return cards
+
+    alone = deals(lambda: None)
+    assert len({c for c in alone if c[0] > 1}) >= 2  # later rounds were dealt: there is something to compare
+    for k in range(5):  # before each game had its own stream, most of these dealt other cards in rounds 2 and 3
+        random.seed(k)
+        assert deals(lambda: [random.random() for _ in range(k + 1)]) == alone
+    random.seed(123)
+    before = random.getstate()
+    deals(lambda: None)
+    assert random.getstate() == before
+
+
 def test_a_game_for_more_than_two_players_is_refused_in_one_line():
     with pytest.raises(EnvSpecError) as err:
         load_env("textarena:SecretMafia-v0")

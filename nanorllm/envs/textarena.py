@@ -22,6 +22,7 @@ Tasks are seeds: `ta:count=N,seed=S` is the seeds S .. S+N-1. Training and held-
 ranges (`default_tasks` / `default_eval_tasks`, envs/seeds.py). A game for more than two players is refused.
 """
 
+import contextlib
 import difflib
 import random
 from typing import ClassVar
@@ -68,18 +69,36 @@ def next_messages(game) -> str:
     return messages_text(observation, seat)
 
 
-def start_game(game_id: str, seed: int, players: int = 1):
-    """A game made and started with `seed`, its first mover's observation's text. The trainer's own `random` stream
-    is left as it was: textarena seeds the global one."""
+class GameRandom:
+    """One game's own stream of the module-level `random`, which TextArena's games draw from: seeded at reset, and
+    drawn at step time too (KuhnPoker deals every round with `random.shuffle`). Shared, the stream would make a
+    game's later deals depend on every other game played at once and on the trainer's own draws: a held-out game
+    would not be its seed's, and two evaluations of one model would deal different cards. Each call into the game
+    runs with its stream swapped in (`active`), and the trainer's put back after it. One thread plays the games."""
+
+    def __init__(self, seed: int):
+        self.state = random.Random(seed).getstate()
+
+    @contextlib.contextmanager
+    def active(self):
+        saved = random.getstate()
+        random.setstate(self.state)
+        try:
+            yield
+        finally:
+            self.state = random.getstate()
+            random.setstate(saved)
+
+
+def start_game(game_id: str, seed: int, players: int = 1, stream: GameRandom | None = None):
+    """A game made and started with `seed` in `stream` (its own `random` stream, for its later calls; a new one when
+    not given), its first mover's observation's text. The trainer's own `random` stream is left as it was."""
     import textarena
 
-    saved = random.getstate()
-    try:
+    with (stream or GameRandom(seed)).active():
         game = textarena.make(game_id)
         game.reset(num_players=players, seed=seed)
         return game, next_messages(game)
-    finally:
-        random.setstate(saved)
 
 
 def tictactoe_moves(state) -> list[str]:
@@ -104,6 +123,7 @@ class TextArenaEnv:
         self.game_id, self.max_turns = game_id, max_turns
         self.players = 1
         self.game = None
+        self.random: GameRandom | None = None  # the game's own `random` stream
         self.turn = 0
         self.closed = True
         self.rewards: dict | None = None
@@ -111,7 +131,8 @@ class TextArenaEnv:
 
     def reset(self, task: dict) -> str:
         self.close()
-        self.game, observation = start_game(self.game_id, int(task["seed"]), self.players)
+        self.random = GameRandom(int(task["seed"]))
+        self.game, observation = start_game(self.game_id, int(task["seed"]), self.players, self.random)
         self.turn, self.closed = 0, False
         return observation or NO_MESSAGE
 
@@ -119,19 +140,26 @@ class TextArenaEnv:
         """The game's (rewards, game_info), closing it the first time only."""
         if self.game is not None and not self.closed:
             self.closed = True
-            self.rewards, self.game_info = self.game.close()
+            with self.random.active():
+                self.rewards, self.game_info = self.game.close()
         return self.rewards, self.game_info
+
+    def game_step(self, response: str) -> bool:
+        """The game's own step in its own `random` stream; whether the game is done. A game that raises is closed."""
+        try:
+            with self.random.active():
+                done, _ = self.game.step(response)
+        except BaseException:
+            self.close()
+            raise
+        return done
 
     def step(self, response: str) -> tuple[str | None, float, bool, dict]:
         assert self.game is not None and not self.closed, "call reset(task) first"
         self.turn += 1
         state = innermost(self.game).state
         errors_before = getattr(state, "error_count", 0)
-        try:
-            done, _ = self.game.step(response)
-        except BaseException:
-            self.close()
-            raise
+        done = self.game_step(response)
         invalid = getattr(state, "error_count", 0) > errors_before
         info = {"turn": self.turn, "invalid_move": invalid}
         if not done and self.turn < self.max_turns:
@@ -168,11 +196,7 @@ class TwoPlayerEnv(TextArenaEnv):
         self.turn += 1
         state = innermost(self.game).state
         mover, errors_before = self.seat(), getattr(state, "error_count", 0)
-        try:
-            done, _ = self.game.step(response)
-        except BaseException:
-            self.close()
-            raise
+        done = self.game_step(response)
         info = {"turn": self.turn, "invalid_move": getattr(state, "error_count", 0) > errors_before}
         if not done:
             return next_messages(self.game) or NO_MESSAGE, 0.0, False, info
