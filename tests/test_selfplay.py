@@ -276,7 +276,8 @@ def test_a_seats_row_is_sized_for_the_other_seats_replies_it_is_shown(tiny_polic
     solo = RolloutEngine(tiny_policy, sampling=sampling, env=load_env("math", EpisodeSettings(max_turns=5)))
     assert solo.slot_width(100) == -(-(100 + 5 * 64 + 4 * 128) // 64) * 64
     assert game.slot_width(100) == -(-(100 + 5 * 64 + 4 * (128 + 64)) // 64) * 64  # the other seat's 4 replies
-    limits = [prompt_limit(tiny_policy, max_prompt_tokens=None, sampling=sampling, max_turns=5, seats=n) for n in (1, 2)]
+    limits = [prompt_limit(tiny_policy, max_prompt_tokens=None, sampling=sampling, max_turns=5, seats=n)
+              for n in (1, 2)]
     assert limits[0] - limits[1] == 4 * 64  # the context check leaves the first prompt that much less
 
 

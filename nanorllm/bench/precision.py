@@ -168,7 +168,8 @@ def mismatch_figures(cfg: TrainConfig, device: str) -> dict:
         for i, r in enumerate(results):
             r.trajectory.final_reward = float(i % 2)  # every group trains: every token is scored
         policy, run_cfg = learners[dt], replace(cfg, dtype=dt)
-        figures[f"mismatch_k3_{name}"] = train_step(policy, make_optimizer(policy, run_cfg), results, run_cfg)["approx_kl"]
+        m = train_step(policy, make_optimizer(policy, run_cfg), results, run_cfg)
+        figures[f"mismatch_k3_{name}"] = m["approx_kl"]
         with torch.no_grad():
             for p, s in zip(policy.parameters(), start):
                 p.copy_(s)

@@ -29,9 +29,9 @@ def prompt_limit(policy, *, max_prompt_tokens: int | None, sampling: SamplingPar
 def no_room(policy, *, sampling: SamplingParams, max_turns: int, limit: int, seats: int = 1) -> str:
     """The problem when the limit comes from the model's context and the turns' room leaves no training task's first
     prompt a place: the flags that shrink the room are the fix, not --drop-long-prompts, which would drop them all."""
-    context = policy.model.config.max_position_embeddings
+    context, feedback = policy.model.config.max_position_embeddings, feedback_tokens(sampling, seats)
     return (f"max_turns / max_new_tokens: {max_turns} turn(s) of up to {sampling.max_new_tokens} new tokens "
-            f"(--max-turns, --max-new-tokens) and {max_turns - 1} feedback turn(s) of ~{feedback_tokens(sampling, seats)} tokens take "
+            f"(--max-turns, --max-new-tokens) and {max_turns - 1} feedback turn(s) of ~{feedback} tokens take "
             f"{context - limit} of the model's {context}-token context, leaving {limit} for the first prompt, less than "
             "any training task's: lower --max-turns or --max-new-tokens (or use a model with a longer context)")
 
