@@ -129,7 +129,7 @@ def test_a_seat_the_game_ended_before_it_moved_gives_no_episode_and_is_reported_
     batch = engine.run([HEAP5], num_samples=1, seed=0)
     (seat0,) = batch.results
     assert seat0.seat == 0 and seat0.reward == -1.0
-    assert batch.unplayed == [(1, 1.0)]  # seat 1 won on seat 0's invalid move, without a move of its own
+    assert batch.unplayed == [(1, 1.0, HEAP5["task_id"])]  # seat 1 won on seat 0's invalid move, without a move
 
 
 def test_held_out_evaluation_counts_the_games_the_opponent_lost_before_the_policy_moved():
@@ -347,6 +347,20 @@ def test_sampled_evaluation_counts_a_tasks_games_by_their_seats_episodes():
     tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4)]
     res = evaluate_sampled(by_seat({0: "1", 1: "1"}), tasks, sampling=SamplingParams(), env=env, samples=2)
     assert res["sampled_failed"] == 0 and res["mean@2"] == 0.5  # self-play: a seat of each game wins
+
+
+def test_sampled_evaluation_counts_the_games_the_opponent_lost_before_the_policy_moved_as_greedy_play_does():
+    """The greedy test above, sampled: the unplayed games are samples of their tasks, won, in mean@n and pass@k."""
+    from nanorllm.trainer.evaluate import evaluate_sampled
+
+    env = duel(5, eval_opponent="frozen-model")
+    tasks = [{"task_id": f"h{h}", "heap": h, "game": "nim"} for h in (3, 4, 5, 6, 7, 8)]
+    res = evaluate_sampled(by_seat({0: "nonsense", 1: "nonsense"}), tasks, sampling=SamplingParams(), env=env,
+                           samples=2, opponent_policy=ScriptedPolicy(lambda call, row, messages: "nonsense"))
+    # a task's 2 games: the policy seat goes turn about, so each task has one game it opened (lost on its own
+    # invalid move) and one the opponent opened (lost before the policy moved: unplayed, a win); was 0.0 / 0.0
+    assert (res["mean@2"], res["pass@1"], res["pass@2"], res["sampled_failed"]) == (0.5, 0.5, 1.0, 0)
+    assert (res["sampled/selfplay/win_rate/seat0"], res["sampled/selfplay/win_rate/seat1"]) == (0.0, 1.0)
 
 
 def test_sampled_evaluation_reports_its_games_invalid_moves_beside_the_greedy_ones():

@@ -12,6 +12,7 @@ a multiprocessing queue; only the learner turns samples into tensors.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # an episode that says nothing about the policy: the env raised ("error"), or a reward source could not compute
 # its score ("reward_failed": it raised, timed out, or gave nan/inf); left out of its group, never trained as a 0
@@ -131,12 +132,19 @@ class RolloutResult:
         return bool(steps) and success(steps[:1], steps[0].reward)
 
 
+class Unplayed(NamedTuple):
+    """A game's policy seat the game ended before it moved (the other seat broke the rules first): no episode, as
+    nothing was said to train on, but a game played, which held-out evaluation counts (trainer/evaluate.py)."""
+
+    seat: int
+    reward: float  # the seat's final reward from the game
+    task_id: str
+
+
 @dataclass
 class RolloutBatch:
     """One RolloutEngine.run call: its episodes (task order, then sample order) and its counters."""
 
     results: list[RolloutResult]
     timings: dict = field(default_factory=dict)  # rollout_s, generate_s, gen_tokens + the decode engine's counters
-    unplayed: list[tuple[int, float]] = field(default_factory=list)
-    """A game's policy seats the game ended before they moved (the other seat broke the rules first): (seat, final
-    reward). No episode, as nothing was said to train on; what held-out evaluation counts as games played."""
+    unplayed: list[Unplayed] = field(default_factory=list)  # a game's policy seats the game ended before they moved

@@ -40,7 +40,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from nanorllm.core.types import RolloutResult, StepSample, Trajectory, ending
+from nanorllm.core.types import RolloutResult, StepSample, Trajectory, Unplayed, ending
 from nanorllm.envs.base import Agent, EnvProtocolError, check_reset, check_step
 from nanorllm.policy.base import SamplingParams
 from nanorllm.policy.slot_batch import new_stats
@@ -144,7 +144,7 @@ class GameRunner:
         self.opponent_policy = engine.opponent_policy if self.opponent not in OPPONENTS else None
         self.pool = engine.opponent_policy if self.opponent == "pool" else None
         self.params = engine.sampling
-        self.unplayed: list[tuple[int, float]] = []
+        self.unplayed: list[Unplayed] = []
 
     def run(self, tasks: list[dict], num_samples: int, group_ids: list[str], params: SamplingParams,
             seed: int | None) -> tuple[list[RolloutResult], int, float, dict]:
@@ -347,7 +347,7 @@ class GameRunner:
         for seat, play in game.plays.items():
             if not play.samples:
                 if play.trains:
-                    self.unplayed.append((seat, finals[seat]))
+                    self.unplayed.append(Unplayed(seat, finals[seat], game.task["task_id"]))
                 continue
             last_reward, last_info = play.pending
             said = {"seat": seat, "outcome": outcome(finals[seat]), "success": finals[seat] > 0}  # a win

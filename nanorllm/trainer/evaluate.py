@@ -11,9 +11,10 @@ training's (`RolloutResult.succeeded`: the env's own `success` where a step's in
 Evaluation keeps training's failed-score rule: an episode the env raised in or whose score failed (a reward function,
 judge or reward model that raised, timed out or gave nan: `RolloutResult.failed`) says nothing about the policy, so
 every rate is over the scored episodes alone and the failed ones are counted beside it (`failed`), never averaged
-in as zeros. pass@k and mean@n count a task's scored samples only; a task with fewer than k of them is left out of
-pass@k (`sampled_failed` counts the failed samples). A count of the failed episodes themselves (the env's
-`reward/failed/<source>`) is over every episode: over the scored ones alone it would always read 0.
+in as zeros. pass@k and mean@n count a task's scored samples only (and a game's unplayed seats, as greedy success
+does); a task with fewer than k of them is left out of pass@k (`sampled_failed` counts the failed samples). A count
+of the failed episodes themselves (the env's `reward/failed/<source>`) is over every episode: over the scored ones
+alone it would always read 0.
 
 A rate over no episode is nan, which JSON has no word for: eval.json and launch/eval.py's lines hold it as null with
 `why_null` beside it naming the reason (`json_ready`).
@@ -52,9 +53,9 @@ def evaluate(policy: Policy, tasks: list[dict], *, sampling: SamplingParams, env
     scored = [r for r in results if not r.failed]
     timeouts, first_timeout = grader_timeouts(results)
     return {
-        "success_rate": mean([*(r.succeeded for r in scored), *(reward > 0 for _, reward in unplayed)]),
+        "success_rate": mean([*(r.succeeded for r in scored), *(u.reward > 0 for u in unplayed)]),
         "first_turn_success": mean(r.first_turn_succeeded for r in scored),
-        "mean_reward": mean([*(r.reward for r in scored), *(reward for _, reward in unplayed)]),  # partial scores
+        "mean_reward": mean([*(r.reward for r in scored), *(u.reward for u in unplayed)]),  # partial scores
         "mean_turns": mean(r.trajectory.num_turns for r in scored),
         "n": len(scored),
         "failed": len(results) - len(scored),
@@ -109,7 +110,9 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
                      hang_timeout_s: float = 600.0, opponent_policy: Policy | None = None) -> dict:
     """{"pass@k" for each k, "mean@n", "sampled_failed"}: `samples` episodes a task at `sampling`'s temperature,
     counted over each task's scored samples (module docstring), and in a game `sampled/selfplay/*` (selfplay_metrics
-    of these episodes). The policy's
+    of these episodes). A game's policy seat that the game ended before it moved counts as one of its task's samples
+    with its outcome, as `evaluate` counts it (a win: a pass), so greedy and sampled play stand on one footing. The
+    policy's
     sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step draws
     the same numbers and the training rollouts after it are those a run without it would make."""
     ks = ks or default_ks(samples)
@@ -127,12 +130,15 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
         if saved is not None:
             generator.set_state(saved)
     results = batch.results
-    groups = [[r for r in rs if not r.failed] for rs in per_task(results, tasks, samples)]
-    counts = [(len(g), sum(r.succeeded for r in g)) for g in groups]  # (scored samples, passed) a task
+    groups = [[r.succeeded for r in rs if not r.failed] for rs in per_task(results, tasks, samples)]
+    index = {t["task_id"]: i for i, t in enumerate(tasks)}
+    for u in batch.unplayed:
+        groups[index[u.task_id]].append(u.reward > 0)
+    counts = [(len(g), sum(g)) for g in groups]  # (scored samples, passed) a task
     out = {f"pass@{k}": mean(pass_at_k(n, c, k) for n, c in counts if n >= k) for k in ks}
     scored = sum(n for n, _ in counts)
     out[f"mean@{samples}"] = sum(c for _, c in counts) / scored if scored else math.nan
-    out["sampled_failed"] = len(results) - scored
+    out["sampled_failed"] = sum(r.failed for r in results)
     # a game's sampled play, beside the greedy play's selfplay/*: its invalid moves above all, which greedy play alone
     # does not show for the temperature training samples at
     out.update({f"sampled/{k}": v for k, v in selfplay_metrics(results, batch.unplayed).items()})

@@ -3,7 +3,7 @@
 from collections import Counter
 
 from nanorllm.algos.groups import group_by_task_id
-from nanorllm.core.types import RolloutResult
+from nanorllm.core.types import RolloutResult, Unplayed
 from nanorllm.rollout.games import outcome
 from nanorllm.trainer.collapse import distinct_answers
 
@@ -70,18 +70,18 @@ def rollout_metrics(results: list[RolloutResult], env=None) -> dict:
     return m
 
 
-def selfplay_metrics(results: list[RolloutResult], unplayed: list[tuple[int, float]] = ()) -> dict:
+def selfplay_metrics(results: list[RolloutResult], unplayed: list[Unplayed] = ()) -> dict:
     """A game's policy seats (rollout/games.py; {} for one-player episodes), against the run's opponent: each seat's
     share of wins (and under --opponent pool against each snapshot the step's games met, newest first), the share
     of draws, and the share of episodes with a move that broke the game's rules. Over the scored episodes (an env
     error says nothing of the play) and, for the win and draw shares, the `unplayed` seats (RolloutBatch.unplayed:
-    (seat, final reward) of a seat its game ended before it moved; held-out evaluation passes them)."""
+    the seats their games ended before they moved; held-out evaluation passes them)."""
     played = [r for r in results if r.seat is not None and not r.failed]
     if not played and not unplayed:
         return {}
-    seats = [r.seat for r in played] + [seat for seat, _ in unplayed]
+    seats = [r.seat for r in played] + [u.seat for u in unplayed]
     outcomes = [r.trajectory.steps[-1].info.get("outcome") if r.trajectory.steps else None for r in played]
-    outcomes += [outcome(reward) for _, reward in unplayed]
+    outcomes += [outcome(u.reward) for u in unplayed]
     m = {}
     for seat in sorted(set(seats)):
         mine = [o for s, o in zip(seats, outcomes) if s == seat]
