@@ -112,9 +112,8 @@ def evaluate_sampled(policy: Policy, tasks: list[dict], *, sampling: SamplingPar
     counted over each task's scored samples (module docstring), and in a game `sampled/selfplay/*` (selfplay_metrics
     of these episodes). A game's policy seat that the game ended before it moved counts as one of its task's samples
     with its outcome, as `evaluate` counts it (a win: a pass), so greedy and sampled play stand on one footing. The
-    policy's
-    sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step draws
-    the same numbers and the training rollouts after it are those a run without it would make."""
+    policy's sampling generator is seeded with `seed` for this call and put back after it, so an eval at any step
+    draws the same numbers and the training rollouts after it are those a run without it would make."""
     ks = ks or default_ks(samples)
     generator = getattr(policy, "generator", None)
     saved = generator.get_state() if generator is not None else None
