@@ -5,13 +5,13 @@ logprobs' and entropy's forward and backward over (N, V) logits, each in a fresh
 """
 
 import argparse
-import resource
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
+from nanorllm.bench.rss import peak_rss_bytes
 from nanorllm.bench.spawned import spawned_answer
 from nanorllm.trainer.logprobs import token_logprobs
 
@@ -25,10 +25,6 @@ def textbook(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
 
 
 LOSSES = {"textbook": textbook, "blocked": token_logprobs}
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measure(loss: str, dtype: str, tokens: int, vocab: int, rounds: int, out) -> None:

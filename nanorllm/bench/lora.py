@@ -25,14 +25,13 @@ Figures (ratios are LoRA / full fine-tune):
 and each worker's peak and final RSS (plain, unmerged, merged: one fresh process each, one decode).
 """
 
-import os
-import resource
 import time
 from dataclasses import dataclass
 
 import torch
 
 from nanorllm.bench.record import median, record_run
+from nanorllm.bench.rss import peak_rss_bytes, rss_now_bytes
 from nanorllm.bench.spawned import spawned_answer
 from nanorllm.config import TrainConfig
 from nanorllm.datasets.tasks import load_tasks
@@ -86,16 +85,6 @@ def _model(b: LoraBenchConfig) -> str:
     return "tiny-random" if b.quick else b.model
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def _rss_now() -> int:
-    """Resident bytes now (the peak of a process is often its model load's transient)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _start(cfg: TrainConfig) -> None:
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)
@@ -113,7 +102,7 @@ def _learner_main(cfg: TrainConfig, results: list, out) -> None:
              "grads": sum(p.numel() * p.element_size() for _, p in trained),
              "optimizer": sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                               if torch.is_tensor(t))}
-    rss, rss_now = _peak_rss(), _rss_now()  # before the replica below, which a learner process does not hold
+    rss, rss_now = peak_rss_bytes(), rss_now_bytes()  # before the replica below, which a learner process does not hold
     store = SharedWeights(policy.model, opt, params=trained)
     replica = HFCausalPolicy.from_name(cfg.model, dtype=cfg.dtype, replica=True, lora=lora)
     block = store.attach(replica.model, params=trainable_parameters(replica.model))
@@ -206,7 +195,7 @@ def _worker_main(cfg: TrainConfig, variant: str, prompts: list[list[int]], new_t
         holder = _MergedFromPristine(policy)
         holder.merge()
     rate = _tokens_per_s(policy, prompts, new_tokens)
-    out.put({"tokens_per_s": rate, "rss": _peak_rss(), "rss_now": _rss_now()})
+    out.put({"tokens_per_s": rate, "rss": peak_rss_bytes(), "rss_now": rss_now_bytes()})
 
 
 def _batch(b: LoraBenchConfig) -> tuple[list, list[list[int]]]:

@@ -16,13 +16,13 @@ AdamW, activations; docs/memory.md).
 
 import argparse
 import random
-import resource
 import sys
 import time
 
 import torch
 
 from nanorllm.bench.gpu_learner import update_setup
+from nanorllm.bench.rss import peak_rss_bytes, rss_now_bytes
 from nanorllm.core.types import RolloutResult, StepSample, Trajectory
 from nanorllm.trainer.step import train_step
 
@@ -57,14 +57,9 @@ def episodes(shape: tuple, seed: int, vocab: int = 256) -> list[RolloutResult]:
     return out
 
 
-def resident_gb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1e6
-
-
-def run(kind: str, updates: int, *, quick: bool = False, dtype: str = "bf16") -> list[dict]:
+def run(kind: str, updates: int, *, quick: bool = False) -> list[dict]:
     """`updates` train_steps on `kind`'s episodes (each its own draw); a row per update."""
-    policy, cfg, opt = update_setup("cpu", dtype, quick=quick)
+    policy, cfg, opt = update_setup("cpu", "bf16", quick=quick)
     rows = []
     for i in range(updates):
         results = episodes((QUICK if quick else SHAPES)[kind], seed=i)
@@ -72,8 +67,8 @@ def run(kind: str, updates: int, *, quick: bool = False, dtype: str = "bf16") ->
         m = train_step(policy, opt, results, cfg)
         rows.append({"update": i, "samples": m["train/samples"], "padded_tokens": int(m["train/padded_tokens"]),
                      "passes": int(m["perf/micro_batches"]), "seconds": time.perf_counter() - t0,
-                     "resident_after_gb": resident_gb(),
-                     "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6})
+                     "resident_after_gb": rss_now_bytes() / 1e9,
+                     "peak_gb": peak_rss_bytes() / 1e9})
     return rows
 
 
@@ -87,7 +82,7 @@ def main(argv: list[str]) -> int:
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     print(f"{args.kind}: {'toy model' if args.quick else 'SmolLM2-135M shape, random weights'}, bf16, CPU, "
-          f"{args.threads} threads; resident before {resident_gb():.2f} GB", flush=True)
+          f"{args.threads} threads; resident before {rss_now_bytes() / 1e9:.2f} GB", flush=True)
     for r in run(args.kind, args.updates, quick=args.quick):
         print(f"update {r['update']}: {r['samples']} samples, {r['padded_tokens']} padded tokens in {r['passes']} passes,"
               f" {r['seconds']:.1f} s, resident after {r['resident_after_gb']:.2f} GB, peak {r['peak_gb']:.2f} GB",
