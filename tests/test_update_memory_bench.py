@@ -1,5 +1,7 @@
 """The update-memory bench (nanorllm/bench/update_memory.py): its episodes have the shapes it names, and it runs."""
 
+import pytest
+
 from nanorllm.bench.update_memory import QUICK, SHAPES, episodes, run
 from nanorllm.trainer.micro_batches import episode_length
 
@@ -19,6 +21,7 @@ def test_game_episodes_are_long_unshared_multi_turn_rows_and_math_ones_short():
     assert [len(r.step_samples) for r in episodes(SHAPES["game"], seed=0)] == [len(r.step_samples) for r in game]
 
 
+@pytest.mark.slow  # it trains (a toy model, two updates)
 def test_quick_run_trains_every_episode_of_each_update_and_reports_its_memory():
     rows = run("game", 2, quick=True)
     assert [r["update"] for r in rows] == [0, 1]
