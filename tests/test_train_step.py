@@ -378,3 +378,41 @@ def test_prebuilt_masks_give_the_logits_transformers_own_masks_give(family):
             with torch.no_grad():
                 logits[prebuilt] = policy.forward(ids, mask, positions).logits
         torch.testing.assert_close(logits[True], logits[False], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_training_forward_over_padded_rows_passes_one_additive_mask_with_the_same_logits(family, autocast,
+                                                                                          monkeypatch):
+    """With gradients on and padding present the forward builds its masks and makes them additive in the query's
+    dtype itself, as SDPA would: the logits are the boolean masks' to the bit, and autograd keeps one (B, 1, T, T)
+    mask for every layer instead of SDPA's copy a layer."""
+    from nanorllm.policy import hf_causal
+
+    policy = tiny_family_policy(family, **({"sliding_window": 4} if family == "gemma2" else {}))
+    policy.compute_dtype = torch.bfloat16 if autocast else None
+    policy.share_prefix = False
+    ids = torch.randint(3, 200, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 7:] = 0  # right padding
+    mask[2, :4] = 0  # left padding
+    positions = mask.nonzero()[:, :2]
+    logits, masks_kept = {}, {}
+    for made_additive in (True, False):
+        if not made_additive:  # the boolean masks go to SDPA as transformers builds them
+            monkeypatch.setattr(hf_causal, "additive", lambda masks, dtype: masks)
+        kept = set()
+
+        def pack(t, kept=kept):
+            if t.dim() == 4 and t.shape[-2:] == (12, 12) and t.shape[1] == 1:
+                kept.add(t.untyped_storage().data_ptr())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits[made_additive] = policy.forward(ids, mask, positions).logits
+        masks_kept[made_additive] = len(kept)
+    assert logits[True].requires_grad and torch.equal(logits[True], logits[False])
+    if policy.model.config._attn_implementation == "eager":  # Gemma2's: transformers builds its masks additive
+        assert masks_kept[True] == masks_kept[False]
+    else:
+        assert masks_kept == {False: policy.model.config.num_hidden_layers, True: 1}

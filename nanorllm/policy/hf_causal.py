@@ -114,6 +114,10 @@ class HFCausalPolicy(Policy):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
+    def query_dtype(self) -> torch.dtype:
+        """The dtype the attention computes in: the autocast dtype, else the stored weights' (a LoRA base's)."""
+        return self.compute_dtype or next(self.model.parameters()).dtype
+
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
@@ -262,8 +266,13 @@ class HFCausalPolicy(Policy):
                 kwargs["use_cache"] = False
                 if position_ids is not None:
                     kwargs["position_ids"] = position_ids
-                if self.prebuilt_masks or position_ids is not None:
-                    kwargs["attention_mask"] = full_masks(self.model, attention_mask, position_ids)
+                # a training forward over padded rows passes its masks built, additive in the query's dtype: given a
+                # boolean mask SDPA makes that additive copy at every layer and saves each for the backward, a
+                # (B, 1, T, T) a layer; given it additive, every layer saves the one mask
+                training = torch.is_grad_enabled()
+                if self.prebuilt_masks or position_ids is not None or (training and not bool(attention_mask.all())):
+                    masks = full_masks(self.model, attention_mask, position_ids)
+                    kwargs["attention_mask"] = additive(masks, self.query_dtype()) if training else masks
             ids = input_ids[:, P:]
             rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) rows of the flat (B * (T - P)) states
             net = self._trained_model()
@@ -367,6 +376,16 @@ def full_masks(model, attention_mask: torch.Tensor, position_ids: torch.Tensor |
         same = sequence[:, None, :, None] == sequence[:, None, None, :]  # (B, 1, T, T)
         masks = {k: within(m, same) for k, m in masks.items()}
     return masks["full_attention"] if types == {"full_attention"} else masks
+
+
+def additive(masks, dtype: torch.dtype):
+    """full_masks' boolean 4-D masks as SDPA itself would make them additive: 0 where a token attends, -inf where
+    not, in the query's `dtype` (the same values, so the same attention); anything else as it is."""
+    if isinstance(masks, dict):
+        return {k: additive(m, dtype) for k, m in masks.items()}
+    if not isinstance(masks, torch.Tensor) or masks.dtype != torch.bool or masks.dim() != 4:
+        return masks
+    return torch.zeros(masks.shape, dtype=dtype, device=masks.device).masked_fill_(~masks, float("-inf"))
 
 
 def within(mask: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
