@@ -2,6 +2,7 @@
 padded tokens, passes, seconds, the resident memory left after it and the process's peak (VmHWM) so far.
 
     python -m nanorllm.bench.update_memory game --updates 3     # SmolLM2-135M's shape, random weights, bf16
+    python -m nanorllm.bench.update_memory game --dtype fp32   # fp32 (a CPU without bf16 units computes fp32)
     python -m nanorllm.bench.update_memory math --updates 3
     MALLOC_MMAP_THRESHOLD_=4194304 python -m nanorllm.bench.update_memory game   # an allocator setting, side by side
     python -m nanorllm.bench.update_memory game --quick         # a 2-layer toy: checks that it runs
@@ -57,9 +58,9 @@ def episodes(shape: tuple, seed: int, vocab: int = 256) -> list[RolloutResult]:
     return out
 
 
-def run(kind: str, updates: int, *, quick: bool = False) -> list[dict]:
-    """`updates` train_steps on `kind`'s episodes (each its own draw); a row per update."""
-    policy, cfg, opt = update_setup("cpu", "bf16", quick=quick)
+def run(kind: str, updates: int, *, quick: bool = False, dtype: str = "bf16") -> list[dict]:
+    """`updates` train_steps on `kind`'s episodes (each its own draw) at `dtype` (bf16 or fp32); a row per update."""
+    policy, cfg, opt = update_setup("cpu", dtype, quick=quick)
     rows = []
     for i in range(updates):
         results = episodes((QUICK if quick else SHAPES)[kind], seed=i)
@@ -78,12 +79,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a 2-layer toy model and small episodes")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     args = ap.parse_args(argv)
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
-    print(f"{args.kind}: {'toy model' if args.quick else 'SmolLM2-135M shape, random weights'}, bf16, CPU, "
+    print(f"{args.kind}: {'toy model' if args.quick else 'SmolLM2-135M shape, random weights'}, {args.dtype}, CPU, "
           f"{args.threads} threads; resident before {rss_now_bytes() / 1e9:.2f} GB", flush=True)
-    for r in run(args.kind, args.updates, quick=args.quick):
+    for r in run(args.kind, args.updates, quick=args.quick, dtype=args.dtype):
         print(f"update {r['update']}: {r['samples']} samples, {r['padded_tokens']} padded tokens in {r['passes']} passes,"
               f" {r['seconds']:.1f} s, resident after {r['resident_after_gb']:.2f} GB, peak {r['peak_gb']:.2f} GB",
               flush=True)
