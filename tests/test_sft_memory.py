@@ -37,7 +37,7 @@ def test_the_sft_learner_holds_the_rl_learners_model_parts_and_its_own_activatio
     assert {k: parts[k] for k in same} == {k: learner[k] for k in same}
     config = model_config(model)
     acts = activation_bytes(config, 2048, scored=2048, dtype_bytes=2 if dtype == "bf16" else 4,
-                            checkpointing=checkpointing)
+                            checkpointing=checkpointing, lora=lora_spec(cfg))
     assert parts["activations"] == acts and "2048 tokens, each scored" in sft.table()
     assert sft.processes[0].total == sum(learner[k] for k in same) + acts
     assert len(sft.processes) == 1 and sft.shm_bytes == 0  # no workers, no shared weight block

@@ -20,9 +20,10 @@ process's device, plus a CUDA context (CUDA_CONTEXT_BYTES) on each CUDA device a
 the host (CPU processes' parts, every runtime, the /dev/shm block) shares what the host has available for
 this process: the least of MemAvailable and its memory cgroups' limits (policy/slot_cache.py
 `host_memory`); a CUDA device's parts are held against its `mem_get_info`. The activation
-figure is the saved values of the forward (10 x hidden + 4 x intermediate per layer and token, in
-the compute dtype) plus the head's logits and their gradient at the scored tokens only (the head gather), in
-the compute dtype, and one block of the loss's fp32 log-softmax (trainer/logprobs.py):
+figure is what each decoder layer's forward saves for the backward, per token (`saved_layer_bytes`: measured
+with saved-tensor hooks on two model families, tests/test_memory_saved.py) plus the head's logits and their
+gradient at the scored tokens only (the head gather), in the compute dtype, and one block of the loss's fp32
+log-softmax (trainer/logprobs.py):
 what a backward keeps alive at its peak, not the CUDA micro-batch sizing's deliberately high bound.
 It is counted for the largest micro-batch the run can form: as many episodes of one width as the token
 budget holds, at the width between the first prompt (measured with the tokenizer, memory/tasks.py) and the
@@ -52,12 +53,23 @@ RUNTIME_BYTES = 350 * 2**20  # VmHWM of a process that imported torch, transform
 # A CUDA context's device memory (kernels, cuBLAS workspace), not measured on this CPU-only machine: torch 2.x
 # with lazy module loading takes a few hundred MB on recent GPUs; 500 MiB errs on the side of refusing.
 CUDA_CONTEXT_BYTES = 500 * 2**20
+# Values one decoder layer's forward keeps alive per token (saved for the backward when it trains; a no-grad
+# forward's peak, one layer at a time, otherwise): the attention's and the MLP's own and every Linear's input.
 LAYER_SAVED_PER_HIDDEN, LAYER_SAVED_PER_INTERMEDIATE = 10, 4
+# Under bf16 autocast over fp32 masters the residual stream and the RMSNorms' math stay fp32: 4 x hidden fp32
+# values more a layer (measured: 16.1 bytes a hidden unit on SmolLM2's and Qwen2.5's shapes).
+AUTOCAST_FP32_PER_HIDDEN = 4
+# Under LoRA the frozen base's Linears keep no input: the attention's and MLP's own values in the compute dtype,
+# the RMSNorms' fp32 math, and each adapter its input and its A output (rank wide) in fp32 (peft casts the input
+# to the adapter's dtype: under bf16 a copy each; in fp32 the adapters that read one input share it).
+LORA_BASE_PER_HIDDEN, LORA_BASE_PER_INTERMEDIATE, LORA_FP32_PER_HIDDEN = 4, 3, 2
 # The head at the scored tokens: its logits (the compute dtype) kept for the backward and their gradient; the
 # loss's fp32 log-softmax runs a block of rows at a time (trainer/logprobs.py), up to this many block-sized
 # fp32 tensors alive at once (the upcast, the scaled logits and the log-softmax; then log p, p and a product).
 HEAD_COPIES_PER_VOCAB, HEAD_BLOCK_COPIES = 2, 3
-CHECKPOINTED_PER_HIDDEN = 2  # with --grad-checkpointing a layer keeps its input; one layer is recomputed at a time
+# with --grad-checkpointing a layer keeps its input (the residual stream: fp32 but for a LoRA base stored in bf16);
+# one layer is recomputed at a time
+CHECKPOINTED_PER_HIDDEN = 1
 FIRST_PROMPT_TOKENS = 256  # a first prompt's length where it cannot be measured (memory/tasks.py)
 FIT_SHARE = 0.9  # of what a device or /dev/shm has free: the allocator's slack
 GB = 1e9
@@ -104,20 +116,29 @@ def model_config(name: str):
 def parameter_counts(config, lora) -> tuple[int, int]:
     """(every parameter, those that train) of the model `config` describes, counted on the meta device;
     `lora` a LoraSpec (its adapters train) or None (everything trains)."""
-    from transformers import AutoModelForCausalLM
-
-    from nanorllm.policy.lora import target_names
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_model(config)
     total = sum(p.numel() for p in model.parameters())
     if lora is None:
         return total, total
-    leaves = set(target_names(model, lora.targets))
-    adapters = sum(lora.rank * (m.in_features + m.out_features) for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in leaves
-                   and m is not model.get_output_embeddings())
+    adapters = sum(lora.rank * (m.in_features + m.out_features) for _, m in adapted_linears(model, lora))
     return total + adapters, adapters
+
+
+def meta_model(config) -> torch.nn.Module:
+    """The causal LM `config` describes, built on the meta device: its shapes, no weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def adapted_linears(model: torch.nn.Module, lora) -> list[tuple[str, torch.nn.Linear]]:
+    """(name, Linear) of every layer `lora`'s adapters wrap (policy/lora.py target_names; never the head)."""
+    from nanorllm.policy.lora import target_names
+
+    leaves = set(target_names(model, lora.targets))
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+            and n.rsplit(".", 1)[-1] in leaves and m is not model.get_output_embeddings()]
 
 
 @dataclass
@@ -236,10 +257,33 @@ def shm_free_bytes(path: str = "/dev/shm") -> int:
         return 1 << 62
 
 
+def intermediate_size(config) -> int:
+    return getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+
+
 def layer_bytes(config, dtype_bytes: int) -> int:
-    """Bytes one decoder layer's forward keeps alive per token (module docstring)."""
-    inter = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * inter) * dtype_bytes
+    """Bytes one decoder layer's forward keeps alive per token with every value in one dtype: a no-grad forward's
+    (prefill, a teacher's, a reward model's), and what a layer saves for the backward in fp32."""
+    return (LAYER_SAVED_PER_HIDDEN * config.hidden_size + LAYER_SAVED_PER_INTERMEDIATE * intermediate_size(config)) \
+        * dtype_bytes
+
+
+def saved_layer_bytes(config, *, dtype_bytes: int, lora=None) -> int:
+    """Bytes one decoder layer's forward saves for the backward per token, as the learner runs it: every weight
+    trained (fp32, or bf16 autocast over fp32 masters: its residual stream and norms in fp32), or under `lora` (a
+    LoraSpec) a frozen base in the compute dtype and fp32 adapters (the constants above)."""
+    hidden, inter = config.hidden_size, intermediate_size(config)
+    if lora is None:
+        autocast = AUTOCAST_FP32_PER_HIDDEN * hidden * 4 if dtype_bytes < 4 else 0
+        return layer_bytes(config, dtype_bytes) + autocast
+    adapters = adapted_linears(meta_model(config), lora)
+    if dtype_bytes < 4:  # each adapter its own fp32 copy of its input
+        inputs = sum(m.in_features for _, m in adapters)
+    else:  # one copy of each input: the adapters of one module reading one width share it (q, k, v: the same)
+        inputs = sum(width for _, width in {(n.rsplit(".", 1)[0], m.in_features) for n, m in adapters})
+    adapter_values = (inputs + lora.rank * len(adapters)) / config.num_hidden_layers
+    base = (LORA_BASE_PER_HIDDEN * hidden + LORA_BASE_PER_INTERMEDIATE * inter) * dtype_bytes
+    return int(base + (LORA_FP32_PER_HIDDEN * hidden + adapter_values) * 4)
 
 
 def prefill_bytes(config, *, rows: int, tokens: int, dtype_bytes: int) -> int:
@@ -267,12 +311,13 @@ def trained_parts(total: int, trainable: int, *, lora: bool, dtype_bytes: int) -
     return [Part("weights", weights), Part("grads", trainable * 4), Part("adam", trainable * 8)]
 
 
-def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, checkpointing: bool) -> int:
+def activation_bytes(config, tokens: int, *, scored: int, dtype_bytes: int, checkpointing: bool, lora=None) -> int:
     """Bytes a forward/backward keeps alive at its peak (module docstring): `tokens` computed through the
-    decoder, `scored` of them through the head."""
+    decoder, `scored` of them through the head; `lora` the run's LoraSpec or None."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
-    layer = layer_bytes(config, dtype_bytes)
-    body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * dtype_bytes + layer) if checkpointing else layers * layer
+    layer = saved_layer_bytes(config, dtype_bytes=dtype_bytes, lora=lora)
+    residual = dtype_bytes if lora is not None else 4  # a LoRA base is stored in the compute dtype, else fp32 masters
+    body = (layers * CHECKPOINTED_PER_HIDDEN * hidden * residual + layer) if checkpointing else layers * layer
     return int(tokens * body + head_bytes(config.vocab_size, scored, dtype_bytes=dtype_bytes))
 
 
@@ -380,7 +425,7 @@ def plan_run(parts: RunParts, *, config=None, free: dict[str, int] | None = None
     mb = largest_micro_batch(cfg, budget=tokens, width=episode, shared=shared, shortest=first,
                              seats=seats if getattr(cfg, "opponent", "self") == "self" else 1)
     acts = activation_bytes(config, mb.tokens, scored=mb.scored, dtype_bytes=compute,
-                            checkpointing=getattr(cfg, "grad_checkpointing", False))
+                            checkpointing=getattr(cfg, "grad_checkpointing", False), lora=lora)
     rollout_rows = min(cfg.max_batch_episodes, cfg.tasks_per_step * cfg.num_samples_per_task) + 1
     # the learner decodes the held-out eval, every episode at once up to --max-batch-episodes (and --serial's rollouts)
     eval_episodes = (cfg.max_batch_episodes if tasks.eval_tasks is None else tasks.eval_tasks) * (cfg.eval_samples or 1)

@@ -28,7 +28,8 @@ def plan_sft(cfg: SFTConfig, device: str, *, config=None, free: dict[str, int] |
     total, trainable = parameter_counts(config, lora)
     compute = compute_bytes(cfg.dtype, device)
     tokens = max(budget_tokens(cfg.micro_batch_tokens), cfg.max_tokens or 0)
-    acts = activation_bytes(config, tokens, scored=tokens, dtype_bytes=compute, checkpointing=cfg.grad_checkpointing)
+    acts = activation_bytes(config, tokens, scored=tokens, dtype_bytes=compute, checkpointing=cfg.grad_checkpointing,
+                            lora=lora)
     learner = Process("learner", device, [*trained_parts(total, trainable, lora=lora is not None, dtype_bytes=compute),
                                           Part("activations", acts, f"{tokens} tokens, each scored"),
                                           *process_overheads(device)])
