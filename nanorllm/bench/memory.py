@@ -5,12 +5,14 @@
 
 One launch/train.py run with TRAIN_FLAGS (its run folder in a temporary directory unless TRAIN_FLAGS
 name an --output-dir), its processes' VmHWM (/proc/<pid>/status) read every 0.2 s until it exits: the
-learner's, and every child that loaded a model (a worker: the largest children, one per worker). A worker's RSS also counts the pages of the
+learner's, and every process under it (a worker, the child of the workers' fork server: the largest of them, one per
+worker). A worker's RSS also counts the pages of the
 shared weight block it reads, so its planned peak is its plan plus that block; the learner's plan
 already holds the block (it is its parameters on a CPU learner, or a part of its own).
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,11 +36,29 @@ def vm_hwm(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
+    """The processes `pid` started, from any of its threads."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
+    kids = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`: its children, theirs, and so on (the workers are the fork server's children)."""
+    found, todo = [], [pid]
+    while todo:
+        for kid in children(todo.pop()):
+            found.append(kid)
+            todo.append(kid)
+    return found
 
 
 def measure(flags: list[str]) -> dict:
@@ -55,7 +75,7 @@ def measure(flags: list[str]) -> dict:
         peaks: dict[int, int] = {}
         t0 = time.perf_counter()
         while proc.poll() is None:
-            for pid in [proc.pid, *children(proc.pid)]:
+            for pid in [proc.pid, *descendants(proc.pid)]:
                 peaks[pid] = max(peaks.get(pid, 0), vm_hwm(pid))
             time.sleep(0.2)
         log.seek(0)
