@@ -94,8 +94,8 @@ def test_a_gpu_pass_counts_the_allocators_free_blocks_but_not_a_graph_pools(monk
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 8 * GiB)
     shape = dict(layers=24, hidden=1024, intermediate=4096, vocab=32000)
     config = SimpleNamespace(num_hidden_layers=24, hidden_size=1024, intermediate_size=4096, vocab_size=32000)
-    policy = SimpleNamespace(device=torch.device("cuda:0"), compute_dtype=None,
-                             model=SimpleNamespace(config=config, parameters=lambda: iter([torch.zeros(1)])))
+    policy = SimpleNamespace(device=torch.device("cuda:0"), forward_dtype=lambda: torch.float32,
+                             model=SimpleNamespace(config=config))
     expected = fitting_micro_batch_tokens(70 * GiB, dtype_bytes=4, **shape)
     assert expected != fitting_micro_batch_tokens(100 * GiB, dtype_bytes=4, **shape)  # what reserved - allocated gives
     assert step_micro_batch_tokens(policy, None) == expected

@@ -114,8 +114,9 @@ class HFCausalPolicy(Policy):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def query_dtype(self) -> torch.dtype:
-        """The dtype the attention computes in: the autocast dtype, else the stored weights' (a LoRA base's)."""
+    def forward_dtype(self) -> torch.dtype:
+        """The dtype every forward computes in: the autocast dtype, else the stored weights' (a replica's, a LoRA
+        base's)."""
         return self.compute_dtype or next(self.model.parameters()).dtype
 
     def seed(self, seed: int) -> None:
@@ -167,7 +168,7 @@ class HFCausalPolicy(Policy):
         if cache is None or cache.slots < slots or cache.width < width:
             slots = max(slots, cache.slots if cache else 0)
             width = max(width, cache.width if cache else 0)
-            dtype = self.compute_dtype or next(self.model.parameters()).dtype
+            dtype = self.forward_dtype()
             self.slot_cache = cache = None  # let the old buffers go before the new ones are counted
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # and back to the device: cached blocks count as used in mem_get_info
@@ -272,7 +273,7 @@ class HFCausalPolicy(Policy):
                 training = torch.is_grad_enabled()
                 if self.prebuilt_masks or position_ids is not None or (training and not bool(attention_mask.all())):
                     masks = full_masks(self.model, attention_mask, position_ids)
-                    kwargs["attention_mask"] = additive(masks, self.query_dtype()) if training else masks
+                    kwargs["attention_mask"] = additive(masks, self.forward_dtype()) if training else masks
             ids = input_ids[:, P:]
             rows = positions[:, 0] * ids.shape[1] + (positions[:, 1] - P)  # (N,) rows of the flat (B * (T - P)) states
             net = self._trained_model()

@@ -119,7 +119,7 @@ def fitting_micro_batch_tokens(free_bytes: int, *, layers: int, hidden: int, int
 
 def step_micro_batch_tokens(policy, configured: int | None) -> int:
     """`micro_batch_tokens` as configured, or (None) 4096 on CPU and what fits on CUDA now (`device_micro_batch_tokens`)."""
-    dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+    dtype = policy.forward_dtype()
     return device_micro_batch_tokens(policy.model, policy.device, dtype, configured)
 
 

@@ -56,7 +56,7 @@ def check_logit_parity(policy, *, temperature: float = 1.0, tolerance: tuple[flo
     """Raise LogitParityError naming the model class if sampler and learner disagree; else
     {"gap_mean", "gap_max", "seconds"}."""
     t0 = time.perf_counter()
-    dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+    dtype = policy.forward_dtype()
     tol_mean, tol_max = tolerance or TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
     mean, worst = logprob_gaps(policy, temperature=temperature)
     if not (mean <= tol_mean and worst <= tol_max):
